@@ -1,1 +1,64 @@
-"""runifold toolkit."""
+"""runifold: durable workflows declared as versioned YAML graphs, run against PostgreSQL.
+
+The public names are re-exported here; everything else is internal and may change.
+"""
+
+from toolkit.definition import (
+    WorkflowDefinition,
+    load_definition,
+    load_definitions,
+    parse_definition,
+)
+from toolkit.embedded import start_embedded, stop_embedded
+from toolkit.errors import (
+    ConfigError,
+    DatabaseUnavailable,
+    DefinitionConflict,
+    DefinitionError,
+    HandlerNotFound,
+    InputError,
+    LeaseLost,
+    MissingHandlers,
+    ToolkitError,
+    UnknownDefinition,
+    UnknownTask,
+    WorkerIdInUse,
+)
+from toolkit.registry import App, EffectContext
+from toolkit.store import Store
+from toolkit.supervisor import (
+    CancellationToken,
+    SupervisorConfig,
+    SupervisorReport,
+    WorkflowSupervisor,
+)
+from toolkit.worker import Worker
+
+__all__ = [
+    "App",
+    "CancellationToken",
+    "ConfigError",
+    "DatabaseUnavailable",
+    "DefinitionConflict",
+    "DefinitionError",
+    "EffectContext",
+    "HandlerNotFound",
+    "InputError",
+    "LeaseLost",
+    "MissingHandlers",
+    "Store",
+    "SupervisorConfig",
+    "SupervisorReport",
+    "ToolkitError",
+    "UnknownDefinition",
+    "UnknownTask",
+    "Worker",
+    "WorkerIdInUse",
+    "WorkflowDefinition",
+    "WorkflowSupervisor",
+    "load_definition",
+    "load_definitions",
+    "parse_definition",
+    "start_embedded",
+    "stop_embedded",
+]

@@ -1,0 +1,1 @@
+"""Applications (handler registries) the worker tests run, in-process and as subprocesses."""

@@ -1,0 +1,72 @@
+"""Handlers that count their calls in a table outside the task rows (``test_calls``, created
+in the tests' template database).
+
+Used by in-process and process-level tests: the count of calls per idempotency key is the
+ground truth for "no completed effect ran twice".
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import anyio
+
+from toolkit import App, EffectContext
+
+app = App("counting")
+
+CREATE_CALLS = """
+CREATE TABLE IF NOT EXISTS test_calls (
+    idempotency_key text PRIMARY KEY,
+    step text NOT NULL,
+    calls integer NOT NULL,
+    last_token bigint NOT NULL
+)"""
+RECORD_CALL = """
+INSERT INTO test_calls (idempotency_key, step, calls, last_token) VALUES (%s, %s, 1, %s)
+ON CONFLICT (idempotency_key) DO UPDATE SET calls = test_calls.calls + 1, last_token = excluded.last_token
+"""
+
+
+async def record_call(ctx: EffectContext) -> None:
+    async with ctx.connection() as conn:
+        await conn.execute(RECORD_CALL, (ctx.idempotency_key, ctx.step, ctx.fencing_token))
+
+
+@app.effect("count.work")
+async def work(ctx: EffectContext, seconds: float = 0.0, value: Any = None) -> dict[str, Any]:
+    await record_call(ctx)
+    if seconds:
+        await anyio.sleep(seconds)
+    return {"step": ctx.step, "value": value, "attempt": ctx.attempt}
+
+
+@app.effect("count.flaky")
+async def flaky(ctx: EffectContext, fail_times: int = 1, error: str = "Transient") -> dict[str, Any]:
+    await record_call(ctx)
+    if ctx.attempt <= fail_times:
+        raise _named(error)(f"attempt {ctx.attempt} failed on purpose")
+    return {"attempt": ctx.attempt}
+
+
+@app.effect("count.sync_work")
+def sync_work(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
+    time.sleep(seconds)
+    return {"step": ctx.step, "thread": True}
+
+
+@app.effect("count.not_json")
+async def not_json(ctx: EffectContext) -> Any:
+    return {"when": object()}
+
+
+@app.effect("count.crash")
+async def crash(ctx: EffectContext) -> None:
+    await record_call(ctx)
+    os._exit(17)
+
+
+def _named(name: str) -> type[Exception]:
+    return type(name, (Exception,), {})

@@ -1,0 +1,104 @@
+"""Test fixtures: a real PostgreSQL, one template database per session, a fresh copy per test.
+
+The embedded server is used unless ``TOOLKIT_TEST_DSN`` names another (CI runs the store and
+worker tests a second time against the system PostgreSQL 15 that way).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.apps.counting import CREATE_CALLS
+from toolkit.database import Database
+from toolkit.embedded import start_embedded, stop_embedded
+from toolkit.migrations import migrate
+from toolkit.store import Store
+
+DATABASE_FIXTURES = {"dsn", "store", "template_dsn"}
+
+
+def with_dbname(dsn: str, dbname: str) -> str:
+    params = conninfo_to_dict(dsn)
+    params["dbname"] = dbname
+    return make_conninfo(**params)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A DSN of the server the tests use (its maintenance database)."""
+    dsn = os.environ.get("TOOLKIT_TEST_DSN")
+    if dsn:
+        yield dsn
+        return
+    home = tmp_path_factory.mktemp("embedded")
+    yield start_embedded(home)
+    stop_embedded(home)
+
+
+def _admin(dsn: str, statement: sql.Composable) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+@pytest.fixture(scope="session")
+def template_dsn(server_dsn: str) -> Iterator[str]:
+    """A migrated template database, built once per session."""
+    name = f"toolkit_template_{os.getpid()}"
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = with_dbname(server_dsn, name)
+
+    async def build() -> None:
+        db = await Database.connect(dsn)
+        try:
+            await migrate(db)
+            async with db.connection() as conn:
+                await conn.execute(CREATE_CALLS)
+        finally:
+            await db.close()
+
+    anyio.run(build)
+    yield dsn
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
+    """A fresh migrated database for one test."""
+    template = conninfo_to_dict(template_dsn)["dbname"]
+    name = f"toolkit_test_{uuid.uuid4().hex[:12]}"
+    _admin(
+        server_dsn,
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(str(template))),
+    )
+    yield with_dbname(server_dsn, name)
+    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+async def store(dsn: str) -> AsyncIterator[Store]:
+    """An open store on a fresh database."""
+    opened = await Store.open(dsn, migrate_schema=False)
+    try:
+        yield opened
+    finally:
+        await opened.close()

@@ -1,0 +1,418 @@
+"""The checks behind `toolkit.definition`: schema faults made readable, then graph checks.
+
+Each check returns `Problem`s (a path as parts, a message, maybe a line) and
+never raises on malformed input: the semantic checks read the raw document
+defensively, so they run (and report) even when the schema already failed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import reprlib
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+from jsonschema_specifications import REGISTRY as _SPECIFICATIONS  # type: ignore[import-untyped]
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
+
+from toolkit._paths import JsonPath, format_path
+from toolkit._yaml_source import Problem
+from toolkit.durations import parse_duration
+from toolkit.expressions import check_template, compile_template
+
+FUTURE_KINDS = ("wait", "parallel", "map", "workflow", "set")
+"""Step kinds reserved for later format versions."""
+
+_DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+_SUBSCHEMA = (
+    *("additionalProperties", "items", "contains", "not", "if", "then", "else"),
+    *("propertyNames", "unevaluatedItems", "unevaluatedProperties"),
+)
+_SUBSCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxdict = 4
+_short.maxlist = 4
+
+
+def short(value: Any) -> str:
+    """A repr of ``value`` short enough for a one-line message."""
+    return _short.repr(value)
+
+
+def suggest(word: str, choices: Iterator[str] | list[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a Python value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
+
+
+# --- schema faults ----------------------------------------------------------------------------
+
+
+def schema_problems(doc: Any, schema: Mapping[str, Any]) -> tuple[list[Problem], list[Problem]]:
+    """Validate ``doc`` against the workflow schema.
+
+    Returns:
+        The problems of the most relevant error (`best_match`) and those of all others.
+    """
+    errors = list(Draft202012Validator(schema).iter_errors(doc))
+    if not errors:
+        return [], []
+    top = best_match(errors)
+    while top is not None and top.parent is not None:
+        top = top.parent
+    lead = [e for e in errors if e is top] or errors[:1]
+    rest = [e for e in errors if e is not lead[0]]
+    kinds = _step_kinds(schema)
+    return _translate(lead[0], kinds), [p for e in rest for p in _translate(e, kinds)]
+
+
+def _step_kinds(schema: Mapping[str, Any]) -> list[str]:
+    """Step kind keys, in ``$defs.step.oneOf`` order (each kind's def lists its key first)."""
+    defs = schema["$defs"]
+    return [
+        defs[branch["$ref"].rsplit("/", 1)[1]]["required"][0] for branch in defs["step"]["oneOf"]
+    ]
+
+
+def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
+    """Turn one jsonschema error into problems an author can act on."""
+    path: JsonPath = tuple(error.absolute_path)
+    instance, keyword, subschema = error.instance, error.validator, error.schema
+    is_step = len(path) == 2 and path[0] == "steps"
+    if keyword == "additionalProperties" and isinstance(instance, dict):
+        allowed = list(subschema.get("properties", {})) if isinstance(subschema, dict) else []
+        problems = []
+        for key in (k for k in instance if k not in allowed):
+            if is_step and key in FUTURE_KINDS:
+                message = f"step kind {key!r} is not supported yet (v1 has {', '.join(kinds)})"
+            else:
+                message = f"unknown field {key!r}{suggest(key, allowed)}"
+            problems.append(Problem((*path, key), message))
+        return problems
+    if keyword == "required" and isinstance(instance, dict) and isinstance(subschema, dict):
+        return [
+            Problem(path, f"missing required field {name!r}")
+            for name in subschema.get("required", [])
+            if name not in instance
+        ]
+    if keyword == "oneOf" and is_step and isinstance(instance, dict):
+        return _translate_step(error, path, instance, kinds)
+    if keyword == "type":
+        wanted = error.validator_value
+        wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
+        return [Problem(path, f"expected {wanted}, got {json_type(instance)} {short(instance)}")]
+    if "propertyNames" in error.relative_schema_path and isinstance(instance, str):
+        path = (*path, instance)
+    if keyword == "pattern" and isinstance(subschema, dict) and "title" in subschema:
+        examples = subschema.get("examples")
+        hint = f" (e.g. {', '.join(map(str, examples))})" if examples else ""
+        return [Problem(path, f"{short(instance)} is not a valid {subschema['title']}{hint}")]
+    if keyword == "minProperties" and path == ("steps",):
+        return [Problem(path, "define at least one step")]
+    if keyword in ("oneOf", "anyOf") and error.context:
+        deepest = best_match(error.context)
+        if deepest is not None:
+            return _translate(deepest, kinds)
+    return [
+        Problem(path, error.message if len(error.message) < 200 else error.message[:197] + "...")
+    ]
+
+
+def _translate_step(
+    error: ValidationError, path: JsonPath, step: dict[str, Any], kinds: list[str]
+) -> list[Problem]:
+    """Explain why a step matches no kind: by the kind key it has, not by every branch."""
+    present = [kind for kind in kinds if kind in step]
+    if len(present) == 1:
+        branch = kinds.index(present[0])
+        problems = [
+            problem
+            for sub in error.context or []
+            if sub.relative_schema_path and sub.relative_schema_path[0] == branch
+            for problem in _translate(sub, kinds)
+        ]
+        return problems or [Problem(path, f"invalid {present[0]} step")]
+    if present:
+        return [Problem(path, f"a step has exactly one kind, this one has {', '.join(present)}")]
+    future = [kind for kind in FUTURE_KINDS if kind in step]
+    if future:
+        message = f"step kind {future[0]!r} is not supported yet (v1 has {', '.join(kinds)})"
+        return [Problem((*path, future[0]), message)]
+    hint = next((suggest(key, kinds) for key in step if suggest(key, kinds)), "")
+    return [Problem(path, f"a step needs one of {', '.join(kinds)}{hint}")]
+
+
+# --- semantic checks --------------------------------------------------------------------------
+
+
+def semantic_problems(doc: Any, suspect: Callable[[JsonPath], bool]) -> list[Problem]:
+    """Checks beyond the schema: graph, expressions, durations, input schema.
+
+    Args:
+        doc: The document, possibly schema-invalid (read defensively).
+        suspect: Tells whether a path already has a schema fault; such steps are assumed
+            able to finish, so one fault does not cascade into many.
+    """
+    if not isinstance(doc, dict):
+        return []
+    steps = doc.get("steps")
+    steps = (
+        {k: v for k, v in steps.items() if isinstance(v, dict)} if isinstance(steps, dict) else {}
+    )
+    problems = _graph_problems(doc.get("start"), steps, suspect)
+    for step_id, step in steps.items():
+        problems += _step_problems(("steps", step_id), step)
+    defaults = doc.get("defaults")
+    if isinstance(defaults, dict):
+        problems += _duration_problems(("defaults",), defaults)
+    if "input" in doc:
+        problems += input_schema_problems(doc["input"])
+    return problems
+
+
+def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
+    """Yield (relative path, target) for every transition a step declares."""
+    if "next" in step:
+        yield ("next",), step["next"]
+    if "default" in step:
+        yield ("default",), step["default"]
+    rules = step.get("choice")
+    if isinstance(rules, list):
+        for i, rule in enumerate(rules):
+            if isinstance(rule, dict) and "next" in rule:
+                yield ("choice", i, "next"), rule["next"]
+
+
+def _graph_problems(
+    start: Any, steps: dict[str, dict[str, Any]], suspect: Callable[[JsonPath], bool]
+) -> list[Problem]:
+    problems = []
+    known = list(steps)
+    if isinstance(start, str) and steps and start not in steps:
+        problems.append(
+            Problem(("start",), f"start step {start!r} does not exist{suggest(start, known)}")
+        )
+    graph: dict[str, list[str]] = {}
+    able: set[str] = set()  # steps assumed able to finish on their own
+    for step_id, step in steps.items():
+        graph[step_id] = []
+        for rel, target in _edges(step):
+            if not isinstance(target, str):
+                continue
+            if target in steps:
+                graph[step_id].append(target)
+            else:
+                able.add(step_id)
+                problems.append(
+                    Problem(
+                        ("steps", step_id, *rel),
+                        f"next step {target!r} does not exist{suggest(target, known)}",
+                    )
+                )
+        terminal = any(k in step for k in ("succeed", "fail")) or (
+            "effect" in step and "next" not in step
+        )
+        if terminal or suspect(("steps", step_id)):
+            able.add(step_id)
+    reachable = (
+        _closure([start], graph) if isinstance(start, str) and start in steps else set(steps)
+    )
+    blind = any(suspect(("steps", step_id)) for step_id in reachable)  # may lead anywhere
+    for step_id in steps:
+        if step_id not in reachable and not blind:
+            problems.append(
+                Problem(("steps", step_id), f"step {step_id!r} is unreachable from start {start!r}")
+            )
+    reverse: dict[str, list[str]] = {step_id: [] for step_id in steps}
+    for source, targets in graph.items():
+        for target in targets:
+            reverse[target].append(source)
+    finishing = _closure(able, reverse)
+    for step_id in steps:
+        if step_id in reachable and step_id not in finishing:
+            problems.append(
+                Problem(
+                    ("steps", step_id),
+                    f"step {step_id!r} can never finish: every path from it loops without"
+                    " reaching a succeed, a fail or an effect without next",
+                )
+            )
+    return problems
+
+
+def _closure(roots: Any, graph: Mapping[str, list[str]]) -> set[str]:
+    """All nodes reachable from ``roots`` (included) along ``graph``."""
+    seen = set(roots)
+    queue = deque(seen)
+    while queue:
+        for target in graph.get(queue.popleft(), []):
+            if target not in seen:
+                seen.add(target)
+                queue.append(target)
+    return seen
+
+
+def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
+    problems = []
+    if "args" in step:
+        problems += template_problems((*path, "args"), step["args"])
+    problems += _duration_problems(path, step)
+    rules = step.get("choice")
+    for i, rule in enumerate(rules if isinstance(rules, list) else []):
+        when = rule.get("when") if isinstance(rule, dict) else None
+        if isinstance(when, str):
+            found = template_problems((*path, "choice", i, "when"), when)
+            if not found and not compile_template(when).is_expression:
+                found = [
+                    Problem(
+                        (*path, "choice", i, "when"),
+                        f"'when' must be one '${{ ... }}' expression, not a text template:"
+                        f" {when!r}",
+                    )
+                ]
+            problems += found
+    for kind, field in (("succeed", "output"), ("fail", "message")):
+        body = step.get(kind)
+        if isinstance(body, dict) and field in body:
+            problems += template_problems((*path, kind, field), body[field])
+    return problems
+
+
+def template_problems(path: JsonPath, value: Any) -> list[Problem]:
+    """Syntax problems of every expression inside ``value``, each at its own path."""
+    if isinstance(value, str):
+        return [
+            Problem(path, error.message) for error in check_template(value, path=format_path(path))
+        ]
+    if isinstance(value, dict):
+        return [p for key, item in value.items() for p in template_problems((*path, key), item)]
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value) for p in template_problems((*path, i), item)]
+    return []
+
+
+def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
+    """Check ``timeout`` and ``retry.initial`` / ``retry.max`` of a step or of ``defaults``."""
+    found: list[tuple[JsonPath, Any]] = []
+    if "timeout" in holder:
+        found.append(((*path, "timeout"), holder["timeout"]))
+    retry = holder.get("retry")
+    if isinstance(retry, dict):
+        found += [((*path, "retry", k), retry[k]) for k in ("initial", "max") if k in retry]
+    problems = []
+    for where, value in found:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            problems.append(Problem(where, str(exc)))
+            continue
+        if where[-1] == "timeout" and seconds <= 0:
+            problems.append(Problem(where, "timeout must be greater than zero"))
+    return problems
+
+
+# --- the input schema -------------------------------------------------------------------------
+
+
+def input_schema_problems(schema: Any) -> list[Problem]:
+    """Check that the ``input`` schema is a valid draft 2020-12 schema whose defaults fit it."""
+    if not isinstance(schema, (dict, bool)):
+        return []  # the workflow schema reports the type
+    meta = Draft202012Validator(
+        Draft202012Validator.META_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+    problems = [
+        Problem(("input", *e.absolute_path), f"invalid input schema: {e.message}")
+        for e in sorted(meta.iter_errors(schema), key=lambda e: list(map(str, e.absolute_path)))
+    ]
+    if problems or isinstance(schema, bool):
+        return problems
+    declared = schema.get("$schema")
+    if declared is not None and str(declared).rstrip("#") != _DRAFT_2020_12:
+        problems.append(
+            Problem(
+                ("input", "$schema"), f"the input schema must be draft 2020-12 ({_DRAFT_2020_12})"
+            )
+        )
+        return problems
+    registry = Registry().combine(_SPECIFICATIONS)
+    root = registry.resolver_with_root(DRAFT202012.create_resource(schema))
+    validator = input_validator(schema)
+    for path, subschema, resolver in _subschemas(schema, ("input",), root):
+        ref = subschema.get("$ref")
+        if isinstance(ref, str):
+            try:
+                resolver.lookup(ref)
+            except Unresolvable:
+                problems.append(
+                    Problem(
+                        (*path, "$ref"),
+                        f"cannot resolve $ref {ref!r}: only references inside the input schema"
+                        " (and to the JSON Schema meta-schemas) are supported",
+                    )
+                )
+                return problems  # validating defaults would hit the same reference
+        if "default" in subschema:
+            error = best_match(validator.evolve(schema=subschema).iter_errors(subschema["default"]))
+            if error is not None:
+                problems.append(
+                    Problem(
+                        (*path, "default"),
+                        f"default {short(subschema['default'])} does not match its own schema:"
+                        f" {error.message}",
+                    )
+                )
+    return problems
+
+
+def input_validator(schema: Mapping[str, Any] | bool) -> Draft202012Validator:
+    """A validator for task input that never fetches remote references."""
+    return Draft202012Validator(schema, registry=Registry())
+
+
+def _subschemas(
+    schema: Any, path: JsonPath, resolver: Any
+) -> Iterator[tuple[JsonPath, dict[str, Any], Any]]:
+    """Yield (path, subschema, resolver) for ``schema`` and every schema nested in it."""
+    if not isinstance(schema, dict):
+        return
+    if "$id" in schema and len(path) > 1:
+        resolver = resolver.in_subresource(DRAFT202012.create_resource(schema))
+    yield path, schema, resolver
+    for keyword in _SUBSCHEMA:
+        if keyword in schema:
+            yield from _subschemas(schema[keyword], (*path, keyword), resolver)
+    for keyword in _SUBSCHEMA_LISTS:
+        if isinstance(schema.get(keyword), list):
+            for i, item in enumerate(schema[keyword]):
+                yield from _subschemas(item, (*path, keyword, i), resolver)
+    for keyword in _SUBSCHEMA_MAPS:
+        if isinstance(schema.get(keyword), dict):
+            for name, item in schema[keyword].items():
+                yield from _subschemas(item, (*path, keyword, name), resolver)

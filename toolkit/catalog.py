@@ -1,0 +1,106 @@
+"""The definition catalog: registered ``(name, version, digest)`` and their bodies (DESIGN §2)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from psycopg.types.json import Jsonb
+
+from toolkit.database import Database
+from toolkit.definition import WorkflowDefinition, definition_from_body
+from toolkit.errors import DefinitionConflict, UnknownDefinition
+
+DeployOutcome = Literal["registered", "unchanged"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CatalogEntry:
+    """A registered definition version with its task counts by state."""
+
+    name: str
+    version: int
+    digest: str
+    retired: bool
+    task_counts: dict[str, int]
+
+
+class DefinitionCatalog:
+    """Registered definition versions, stored in ``toolkit_definitions``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def deploy(self, definition: WorkflowDefinition) -> DeployOutcome:
+        """Register a definition version.
+
+        Returns:
+            ``"registered"`` when new, ``"unchanged"`` when the same digest was registered.
+
+        Raises:
+            DefinitionConflict: the same ``(name, version)`` is registered with another
+                digest; the message names what changed and asks for a version bump.
+        """
+        inserted = await self._db.fetch_one(
+            "insert_definition",
+            {
+                "name": definition.name,
+                "version": definition.version,
+                "digest": definition.digest,
+                "body": Jsonb(definition.body),
+                "source": definition.source,
+            },
+        )
+        if inserted is not None:
+            return "registered"
+        existing = await self.get(definition.name, definition.version)
+        if existing.digest == definition.digest:
+            return "unchanged"
+        raise DefinitionConflict(_conflict_message(existing, definition))
+
+    async def get(self, name: str, version: int | None = None) -> WorkflowDefinition:
+        """Load a registered definition; the latest non-retired version when ``version`` is None.
+
+        Raises:
+            UnknownDefinition: nothing is registered under that name (and version).
+        """
+        if version is None:
+            row = await self._db.fetch_one("latest_definition", {"name": name})
+        else:
+            row = await self._db.fetch_one("get_definition", {"name": name, "version": version})
+        if row is None:
+            what = f"{name!r}" if version is None else f"{name!r} version {version}"
+            raise UnknownDefinition(f"no definition {what} is deployed (run `toolkit deploy`)")
+        return definition_from_body(row["body"], source=row["source"])
+
+    async def list(self) -> list[CatalogEntry]:
+        """Every registered version with its task counts by state."""
+        rows = await self._db.fetch_all("list_definitions")
+        return [
+            CatalogEntry(
+                name=row["name"],
+                version=row["version"],
+                digest=row["digest"],
+                retired=row["retired_at"] is not None,
+                task_counts=dict(row["task_counts"]),
+            )
+            for row in rows
+        ]
+
+
+def _conflict_message(old: WorkflowDefinition, new: WorkflowDefinition) -> str:
+    old_steps: dict[str, Any] = dict(old.body.get("steps", {}))
+    new_steps: dict[str, Any] = dict(new.body.get("steps", {}))
+    added = sorted(set(new_steps) - set(old_steps))
+    removed = sorted(set(old_steps) - set(new_steps))
+    changed = sorted(k for k in set(old_steps) & set(new_steps) if old_steps[k] != new_steps[k])
+    parts = [
+        f"steps added: {', '.join(added)}" if added else "",
+        f"steps removed: {', '.join(removed)}" if removed else "",
+        f"steps changed: {', '.join(changed)}" if changed else "",
+    ]
+    what = "; ".join(p for p in parts if p) or "top-level fields changed"
+    return (
+        f"{new.source or new.name}: {new.name} version {new.version} is already deployed with "
+        f"another digest ({what}); bump `version` to deploy a new one"
+    )

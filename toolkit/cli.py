@@ -1,0 +1,471 @@
+"""The ``toolkit`` command: a thin adapter that parses, calls the library and prints.
+
+Every error the toolkit raises on purpose prints as one line (or one line per fault) on
+stderr and exits 1; nothing is written when a command is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import click
+
+from toolkit.database import Database
+from toolkit.definition import load_definitions
+from toolkit.embedded import start_embedded, stop_embedded
+from toolkit.errors import ConfigError, ToolkitError
+from toolkit.migrations import migrate, schema_status
+from toolkit.registry import App
+from toolkit.store import Store
+from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.worker import Worker
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Where the store is: ``--dsn``/``TOOLKIT_DSN``, else the embedded server in ``home``."""
+
+    dsn: str | None
+    home: Path
+
+    @property
+    def embedded(self) -> bool:
+        """True when no DSN was given."""
+        return self.dsn is None
+
+    def resolve_dsn(self) -> str:
+        """The DSN to connect to, starting the embedded server when needed."""
+        return self.dsn if self.dsn is not None else start_embedded(self.home)
+
+    async def open_store(self, *, pool_size: int = 4) -> Store:
+        """Open the store; migrate automatically only on the embedded server."""
+        return await Store.open(
+            self.resolve_dsn(), pool_size=pool_size, migrate_schema=self.embedded
+        )
+
+
+def _run_async(func: Callable[..., Awaitable[T]], *args: Any) -> T:
+    return anyio.run(functools.partial(func, *args), backend="asyncio")
+
+
+class ToolkitGroup(click.Group):
+    """A click group that turns toolkit errors into one clear message and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ToolkitError as exc:
+            for line in str(exc).splitlines() or [type(exc).__name__]:
+                click.echo(f"error: {line}", err=True)
+            ctx.exit(1)
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, default=str, ensure_ascii=False)
+
+
+@click.group(cls=ToolkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--dsn",
+    envvar="TOOLKIT_DSN",
+    show_envvar=True,
+    help="PostgreSQL connection string. Default: the embedded server under TOOLKIT_HOME.",
+)
+@click.option(
+    "--home",
+    envvar="TOOLKIT_HOME",
+    show_envvar=True,
+    default=".toolkit",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the embedded server's data and the demo's reports.",
+)
+@click.option(
+    "--log-level",
+    envvar="TOOLKIT_LOG_LEVEL",
+    show_envvar=True,
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.pass_context
+def cli(ctx: click.Context, dsn: str | None, home: Path, log_level: str) -> None:
+    """runifold: durable workflows from versioned YAML, on PostgreSQL."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    ctx.obj = Settings(dsn=dsn, home=home)
+
+
+# --- definitions ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(paths: Sequence[Path]) -> None:
+    """Validate workflow definitions (files or folders); list every fault."""
+    definitions = load_definitions(paths)
+    for definition in definitions:
+        click.echo(
+            f"ok: {definition.source}: {definition.name} v{definition.version} {definition.digest[:12]}"
+        )
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.pass_obj
+def deploy(settings: Settings, paths: Sequence[Path]) -> None:
+    """Register definition versions (a no-op for an unchanged version)."""
+    definitions = load_definitions(paths)
+
+    async def main() -> None:
+        async with await settings.open_store() as store:
+            for definition in definitions:
+                outcome = await store.definitions.deploy(definition)
+                click.echo(
+                    f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}"
+                )
+
+    _run_async(main)
+
+
+# --- tasks ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("name")
+@click.option("--version", "version", type=int, help="Definition version. Default: the latest.")
+@click.option("--input", "input_json", help="Task input as JSON.")
+@click.option("--input-file", type=click.File("r"), help="File holding the task input as JSON.")
+@click.option("--tenant", default="default", show_default=True)
+@click.pass_obj
+def submit(
+    settings: Settings,
+    name: str,
+    version: int | None,
+    input_json: str | None,
+    input_file: Any,
+    tenant: str,
+) -> None:
+    """Submit a task of definition NAME; prints its id."""
+    if input_json is not None and input_file is not None:
+        raise ConfigError("give --input or --input-file, not both")
+    source = "--input-file" if input_file is not None else "--input"
+    text = input_file.read() if input_file is not None else (input_json or "{}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: not valid JSON: {exc}") from exc
+
+    async def main() -> int:
+        async with await settings.open_store() as store:
+            definition = await store.definitions.get(name, version)
+            (task_id,) = await store.tasks.submit(definition, [value], tenant=tenant)
+            return task_id
+
+    click.echo(_run_async(main))
+
+
+@cli.command()
+@click.option(
+    "--state",
+    type=click.Choice(["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]),
+)
+@click.option("--tenant")
+@click.option("--name", help="Definition name.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tasks(
+    settings: Settings,
+    state: str | None,
+    tenant: str | None,
+    name: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List tasks, newest first."""
+
+    async def main() -> list[Any]:
+        async with await settings.open_store() as store:
+            return await store.tasks.list(state=state, tenant=tenant, name=name, limit=limit)
+
+    records = _run_async(main)
+    if as_json:
+        click.echo(_dump([dataclasses.asdict(r) for r in records]))
+        return
+    click.echo(
+        f"{'ID':>8}  {'STATE':<10} {'WAIT':<15} {'DEFINITION':<28} {'TENANT':<12} {'CLAIMS':>6}  UPDATED"
+    )
+    for r in records:
+        click.echo(
+            f"{r.id:>8}  {r.state:<10} {r.wait_reason or '-':<15} "
+            f"{r.definition_name + ' v' + str(r.definition_version):<28} {r.tenant:<12} "
+            f"{r.attempts:>6}  {r.updated_at:%Y-%m-%d %H:%M:%S}"
+        )
+
+
+@cli.command()
+@click.argument("task_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(settings: Settings, task_id: int, as_json: bool) -> None:
+    """Show a task: state, checkpoint, effect evidence and events."""
+
+    async def main() -> dict[str, Any]:
+        async with await settings.open_store() as store:
+            record = await store.tasks.get(task_id)
+            return {
+                "task": dataclasses.asdict(record),
+                "evidence": await store.tasks.evidence(task_id),
+                "events": await store.tasks.events(task_id),
+            }
+
+    data = _run_async(main)
+    if as_json:
+        click.echo(_dump(data))
+        return
+    task = data["task"]
+    click.echo(
+        f"task {task['id']}: {task['definition_name']} v{task['definition_version']} "
+        f"({task['definition_digest'][:12]}), tenant {task['tenant']}"
+    )
+    click.echo(
+        f"  state:      {task['state']}"
+        + (f" ({task['wait_reason']})" if task["wait_reason"] else "")
+    )
+    if task["lease_owner"]:
+        click.echo(
+            f"  lease:      {task['lease_owner']} token {task['lease_token']} until {task['lease_expires_at']}"
+        )
+    click.echo(f"  claims:     {task['attempts']}, fencing token {task['lease_token']}")
+    click.echo(f"  input:      {json.dumps(task['input'], default=str)}")
+    if task["state"] == "waiting" and task["wait_reason"] == "reconciliation":
+        click.echo(
+            f"  uncertain:  step occurrence {task['checkpoint'].get('pending')} "
+            "(intent recorded, outcome unknown)"
+        )
+    click.echo(f"  cursor:     {task['checkpoint'].get('cursor')}")
+    if task["result"] is not None:
+        click.echo(f"  result:     {json.dumps(task['result'], default=str)}")
+    if task["error"] is not None:
+        click.echo(f"  error:      {json.dumps(task['error'], default=str)}")
+    click.echo("  evidence:")
+    for ev in data["evidence"]:
+        outcome = ev["result"] if ev["record"] == "completed" else ev["error"]
+        click.echo(
+            f"    {ev['recorded_at']:%H:%M:%S.%f} {ev['occurrence']:<20} {ev['record']:<9} "
+            f"attempt {ev['attempt']} token {ev['fencing_token']} "
+            f"{'' if outcome is None else json.dumps(outcome, default=str)[:80]}"
+        )
+    click.echo("  events:")
+    for ev in data["events"]:
+        detail = "" if ev["detail"] is None else json.dumps(ev["detail"], default=str)[:100]
+        click.echo(
+            f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
+            f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"
+        )
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE[:ATTR]`` (default attribute ``app``) and return the :class:`App`.
+
+    Raises:
+        ConfigError: the module cannot be imported or the attribute is not an App.
+    """
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
+    app = getattr(module, attr or "app", None)
+    if not isinstance(app, App):
+        raise ConfigError(f"--app {spec}: {module_name}.{attr or 'app'} is not a toolkit.App")
+    return app
+
+
+@cli.command()
+@click.option(
+    "--app",
+    "app_spec",
+    envvar="TOOLKIT_APP",
+    show_envvar=True,
+    required=True,
+    help="The handlers: MODULE[:ATTR], an importable toolkit.App (ATTR defaults to app).",
+)
+@click.option(
+    "--definitions",
+    "definitions_path",
+    envvar="TOOLKIT_DEFINITIONS",
+    show_envvar=True,
+    default="definitions",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Definition files or folder this worker runs.",
+)
+@click.option("--concurrency", default=8, show_default=True, help="Cycles in flight at most.")
+@click.option("--claim-batch", default=16, show_default=True, help="Tasks per claim at most.")
+@click.option("--worker-id", help="Unique worker id. Default: HOST:PID.")
+@click.option("--lease", default=30.0, show_default=True, help="Lease duration, seconds.")
+@click.option(
+    "--heartbeat",
+    default=10.0,
+    show_default=True,
+    help="Heartbeat interval, seconds (at most lease/3).",
+)
+@click.option("--grace", default=10.0, show_default=True, help="Shutdown grace period, seconds.")
+@click.option("--until-idle", is_flag=True, help="Exit once no task is queued or leased.")
+@click.pass_obj
+def run(
+    settings: Settings,
+    app_spec: str,
+    definitions_path: Path,
+    concurrency: int,
+    claim_batch: int,
+    worker_id: str | None,
+    lease: float,
+    heartbeat: float,
+    grace: float,
+    until_idle: bool,
+) -> None:
+    """Run a worker until SIGINT/SIGTERM (or, with --until-idle, until the queue drains)."""
+    config = SupervisorConfig(
+        concurrency=concurrency, claim_batch=claim_batch, lease=lease, heartbeat=heartbeat,
+        grace=grace, until_idle=until_idle,
+    )  # fmt: skip
+    app = load_app(app_spec)
+    definitions = load_definitions([definitions_path])
+
+    async def main() -> None:
+        async with await settings.open_store(pool_size=concurrency + 2) as store:
+            worker = Worker(store, app, definitions, worker_id=worker_id)
+            shutdown = CancellationToken()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
+                report = await WorkflowSupervisor(worker, config).run(shutdown)
+                tg.cancel_scope.cancel()
+        click.echo(
+            f"worker {report.worker_id}: claimed {report.claimed}, succeeded {report.succeeded}, "
+            f"failed {report.failed}, waiting {report.waiting}, retried {report.retried}, "
+            f"released {report.released}, lease lost {report.lease_lost}, "
+            f"cycles {report.cycles}, max loop lag {report.max_loop_lag * 1000:.0f} ms, "
+            f"wall {report.wall_time:.2f} s"
+        )
+
+    _run_async(main)
+
+
+async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. A second one: stop at once."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if shutdown.cancelled:
+                scope.cancel()
+                return
+            shutdown.cancel()
+
+
+# --- demo and database ------------------------------------------------------------------------
+
+
+@cli.command()
+@click.option(
+    "--definitions",
+    "definitions_dir",
+    default="definitions",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+@click.option("--concurrency", default=16, show_default=True)
+@click.pass_obj
+def demo(settings: Settings, definitions_dir: Path, concurrency: int) -> None:
+    """Deploy the example definitions, submit tasks on real input, run a worker until drained."""
+    from toolkit.demo import run_demo
+
+    async def main() -> str:
+        async with await settings.open_store(pool_size=concurrency + 2) as store:
+            summary = await run_demo(
+                store, definitions_dir, home=settings.home, concurrency=concurrency
+            )
+            return summary.render()
+
+    click.echo(_run_async(main))
+    if settings.embedded:
+        click.echo(
+            f"(embedded PostgreSQL keeps running with its data in {settings.home}/pgdata; "
+            "`toolkit db stop` stops it)"
+        )
+
+
+@cli.group()
+def db() -> None:
+    """Schema migrations and the embedded server."""
+
+
+@db.command("migrate")
+@click.pass_obj
+def db_migrate(settings: Settings) -> None:
+    """Apply pending schema migrations."""
+
+    async def main() -> list[str]:
+        database = await Database.connect(settings.resolve_dsn())
+        try:
+            return [f"{m.version:04d}_{m.name}" for m in await migrate(database)]
+        finally:
+            await database.close()
+
+    applied = _run_async(main)
+    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+@db.command("status")
+@click.pass_obj
+def db_status(settings: Settings) -> None:
+    """Show the schema version against the one this toolkit needs."""
+
+    async def main() -> tuple[int, int, tuple[int, ...]]:
+        database = await Database.connect(settings.resolve_dsn())
+        try:
+            status = await schema_status(database)
+        finally:
+            await database.close()
+        return status.current, status.expected, status.pending
+
+    current, expected, pending = _run_async(main)
+    click.echo(
+        f"schema version {current}, expected {expected}"
+        + (f", pending {list(pending)}" if pending else "")
+    )
+    if pending:
+        sys.exit(1)
+
+
+@db.command("stop")
+@click.pass_obj
+def db_stop(settings: Settings) -> None:
+    """Stop the embedded server of TOOLKIT_HOME."""
+    stopped = stop_embedded(settings.home)
+    click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()

@@ -1,0 +1,534 @@
+"""Workflow definitions: load, validate, graph-check and digest them.
+
+A definition is a YAML (or JSON) document in the format described by
+``schemas/workflow.schema.json`` (format v1). Loading it:
+
+1. parses the YAML with a safe loader, remembering the line of every value
+   and refusing duplicate keys;
+2. validates it against the JSON Schema;
+3. checks what the schema cannot express: ``start`` and every ``next`` /
+   ``default`` target exist, every step is reachable from ``start`` and can
+   reach a terminal step (``succeed``, ``fail``, or an effect without
+   ``next``), expressions compile, durations parse, and the ``input`` schema
+   is a valid draft 2020-12 schema whose ``default`` values fit it;
+4. builds immutable `WorkflowDefinition` objects.
+
+Every fault of a file is collected and raised together as one
+`DefinitionError`, each `DefinitionFault` naming the file, the line and the
+JSON path (``$.steps.reserve.retry.max_attempts``).
+
+The identity of a definition is ``(name, version, digest)``: the digest is the
+SHA-256 of the canonical JSON of the document, so it does not depend on key
+order, comments or YAML formatting.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import importlib.resources
+import json
+import os
+import pathlib
+import random
+import types
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+
+from toolkit import _definition_checks as checks
+from toolkit._paths import JsonPath, format_path
+from toolkit._yaml_source import Problem, YamlSource, load_yaml, to_json
+from toolkit.durations import parse_duration
+from toolkit.errors import DefinitionError, DefinitionFault, InputError
+from toolkit.expressions import Template, compile_template
+
+__all__ = [
+    "ChoiceRule",
+    "ChoiceStep",
+    "EffectStep",
+    "FailStep",
+    "RetryPolicy",
+    "Step",
+    "SucceedStep",
+    "WorkflowDefinition",
+    "definition_from_body",
+    "load_definition",
+    "load_definitions",
+    "parse_definition",
+    "schema_path",
+]
+
+_SCHEMA_FILE = "workflow.schema.json"
+_DEFAULT_RETRY: Mapping[str, Any] = types.MappingProxyType(
+    {"max_attempts": 1, "initial": 1.0, "factor": 2.0, "max": 300.0, "jitter": True}
+)
+
+
+# --- the model --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how often a failed effect is attempted again.
+
+    Attributes:
+        max_attempts: Attempts in total, including the first (1 means no retry).
+        initial: Delay before the first retry, in seconds.
+        factor: Multiplier applied to the delay after each retry (≥ 1).
+        max: Upper bound of any delay, in seconds.
+        jitter: Whether delays are randomised (between 50% and 100% of the computed delay).
+        non_retryable: Error names that fail the step at once, whatever the attempt count.
+    """
+
+    max_attempts: int = 1
+    initial: float = 1.0
+    factor: float = 2.0
+    max: float = 300.0
+    jitter: bool = True
+    non_retryable: tuple[str, ...] = ()
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Return the delay, in seconds, before retrying after failed attempt number ``attempt``.
+
+        The delay is ``min(max, initial * factor ** (attempt - 1))``; with jitter it is then
+        scaled by a random factor between 0.5 and 1.0.
+
+        Args:
+            attempt: The 1-based number of the attempt that failed.
+            rand: Source of uniform random numbers in ``[0, 1)``; pass a fixed function for
+                deterministic tests.
+
+        Raises:
+            ValueError: If ``attempt`` is less than 1.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt numbers start at 1, got {attempt}")
+        try:
+            delay = min(self.max, self.initial * self.factor ** (attempt - 1))
+        except OverflowError:
+            delay = self.max
+        if self.jitter:
+            delay *= 0.5 + 0.5 * rand()
+        return delay
+
+
+@dataclass(frozen=True)
+class EffectStep:
+    """Calls the application handler registered under ``handler``.
+
+    Attributes:
+        id: Step id.
+        handler: Registered handler name, e.g. ``inventory.reserve``.
+        idempotent: Whether calling the handler again with the same arguments is safe. When a
+            crash leaves an attempt's outcome unknown, an idempotent effect is called again; a
+            non-idempotent one fails closed (the task waits for reconciliation).
+        args: The handler's arguments (a constant None when the step has no ``args``).
+        retry: Retry policy (step fields over ``defaults.retry`` over built-in defaults).
+        timeout: Time limit of one attempt in seconds, or None for no limit.
+        next: The following step; None means the workflow succeeds with this step's output.
+    """
+
+    id: str
+    handler: str
+    idempotent: bool
+    args: Template
+    retry: RetryPolicy
+    timeout: float | None
+    next: str | None
+
+
+@dataclass(frozen=True)
+class ChoiceRule:
+    """One rule of a choice step: go to ``next`` when ``when`` is truthy (JMESPath truthiness)."""
+
+    when: Template
+    next: str
+
+
+@dataclass(frozen=True)
+class ChoiceStep:
+    """Branches on the first matching rule, else ``default``.
+
+    Attributes:
+        id: Step id.
+        choices: Rules, tried in order.
+        default: Step to go to when no rule matches; when None, no match is a runtime error
+            (`toolkit.errors.NoChoiceMatched`).
+    """
+
+    id: str
+    choices: tuple[ChoiceRule, ...]
+    default: str | None
+
+
+@dataclass(frozen=True)
+class SucceedStep:
+    """Ends the workflow successfully with ``output`` (a constant None when absent)."""
+
+    id: str
+    output: Template
+
+
+@dataclass(frozen=True)
+class FailStep:
+    """Ends the workflow with the error named ``error`` and a ``message`` (may be templated)."""
+
+    id: str
+    error: str
+    message: Template
+
+
+Step = EffectStep | ChoiceStep | SucceedStep | FailStep
+"""Any step of a format v1 definition."""
+
+
+@dataclass(frozen=True, eq=False)
+class WorkflowDefinition:
+    """A validated, immutable workflow definition.
+
+    Two definitions are equal when their `key` is equal.
+
+    Attributes:
+        name: Workflow name.
+        version: Workflow version (≥ 1).
+        description: Free text ("" when absent).
+        input_schema: JSON Schema of the task input (``{}``, accepting anything, when absent).
+        start: Id of the first step.
+        steps: The steps by id, in document order (read-only mapping).
+        body: The validated document as plain JSON: what the registry stores. Treat it as
+            read-only.
+        digest: SHA-256 hex digest of the canonical JSON of ``body``.
+        source: The file the definition was loaded from, the ``source`` label given to
+            `parse_definition`, or None.
+    """
+
+    name: str
+    version: int
+    description: str
+    input_schema: Mapping[str, Any]
+    start: str
+    steps: Mapping[str, Step]
+    body: Mapping[str, Any]
+    digest: str
+    source: str | None = None
+    _validator: Draft202012Validator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_validator", checks.input_validator(self.input_schema))
+
+    @property
+    def key(self) -> tuple[str, int, str]:
+        """The definition identity ``(name, version, digest)``."""
+        return (self.name, self.version, self.digest)
+
+    def handlers(self) -> frozenset[str]:
+        """Return the names of all effect handlers the definition calls."""
+        return frozenset(s.handler for s in self.steps.values() if isinstance(s, EffectStep))
+
+    def validate_input(self, value: Any) -> Any:
+        """Check task input against the input schema and fill in its defaults.
+
+        Defaults declared under ``properties`` (at the top level and in nested objects) are
+        applied to absent properties before validation.
+
+        Args:
+            value: The task input (JSON data). Not modified.
+
+        Returns:
+            A copy of ``value`` with defaults applied.
+
+        Raises:
+            InputError: If the input does not match; ``path`` is the JSON path of the most
+                relevant fault, and the message names it.
+        """
+        filled = _apply_defaults(self.input_schema, copy.deepcopy(value))
+        error = best_match(self._validator.iter_errors(filled))
+        if error is not None:
+            raise InputError(
+                f"invalid input for {self.name} v{self.version}: {error.json_path}:"
+                f" {error.message}",
+                path=error.json_path,
+            )
+        return filled
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, WorkflowDefinition):
+            return NotImplemented
+        return self.key == other.key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+
+def _apply_defaults(schema: Any, value: Any) -> Any:
+    """Set absent properties that declare a ``default`` (recursively into objects)."""
+    if not isinstance(schema, Mapping) or not isinstance(value, dict):
+        return value
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping):
+        return value
+    for name, subschema in properties.items():
+        if not isinstance(subschema, Mapping):
+            continue
+        if name not in value and "default" in subschema:
+            value[name] = copy.deepcopy(subschema["default"])
+        if name in value:
+            value[name] = _apply_defaults(subschema, value[name])
+    return value
+
+
+# --- the schema -------------------------------------------------------------------------------
+
+
+def schema_path() -> pathlib.Path:
+    """Return the path of ``workflow.schema.json``.
+
+    The wheel ships the schema inside the package (``toolkit/schemas/``); a source checkout
+    has it in ``schemas/`` at the repository root, next to the package.
+    """
+    packaged = importlib.resources.files("toolkit") / "schemas" / _SCHEMA_FILE
+    if packaged.is_file():
+        return pathlib.Path(str(packaged))
+    return pathlib.Path(__file__).resolve().parent.parent / "schemas" / _SCHEMA_FILE
+
+
+@functools.cache
+def _workflow_schema() -> Mapping[str, Any]:
+    with schema_path().open(encoding="utf-8") as file:
+        schema: dict[str, Any] = json.load(file)
+    return schema
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def parse_definition(text: str, *, source: str = "<string>") -> WorkflowDefinition:
+    """Parse and validate a definition from YAML (or JSON) text.
+
+    Args:
+        text: The document.
+        source: Name used for the file in faults and kept as the definition's ``source``.
+
+    Raises:
+        DefinitionError: With every fault found in the document.
+    """
+    return _parse(text, source)[0]
+
+
+def load_definition(path: str | os.PathLike[str]) -> WorkflowDefinition:
+    """Read, parse and validate a definition file.
+
+    Raises:
+        DefinitionError: With every fault of the file, or one fault naming the file when it
+            cannot be read or is not UTF-8.
+    """
+    return _load(path)[0]
+
+
+def load_definitions(paths: Iterable[str | os.PathLike[str]]) -> list[WorkflowDefinition]:
+    """Load many definition files; a directory stands for its ``*.yaml`` / ``*.yml`` files.
+
+    Directory entries are taken in sorted order (not recursively); a file given twice is
+    loaded once. Two files declaring the same ``(name, version)`` is a fault.
+
+    Returns:
+        The definitions in load order.
+
+    Raises:
+        DefinitionError: With the faults of all files together.
+    """
+    files: list[pathlib.Path] = []
+    for entry in map(pathlib.Path, paths):
+        if entry.is_dir():
+            files += sorted(
+                p for p in entry.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()
+            )
+        else:
+            files.append(entry)
+    definitions: list[WorkflowDefinition] = []
+    faults: list[DefinitionFault] = []
+    seen_files: set[pathlib.Path] = set()
+    first_file: dict[tuple[str, int], str] = {}
+    for file in files:
+        if file.resolve() in seen_files:
+            continue
+        seen_files.add(file.resolve())
+        try:
+            definition, yaml_source = _load(file)
+        except DefinitionError as exc:
+            faults += exc.faults
+            continue
+        name_version = (definition.name, definition.version)
+        if name_version in first_file:
+            faults.append(
+                DefinitionFault(
+                    str(file),
+                    yaml_source.line_of(("version",)) if yaml_source else None,
+                    "$.version",
+                    f"{definition.name} version {definition.version} is also defined in"
+                    f" {first_file[name_version]}",
+                )
+            )
+            continue
+        first_file[name_version] = str(file)
+        definitions.append(definition)
+    if faults:
+        raise DefinitionError(faults)
+    return definitions
+
+
+def definition_from_body(
+    body: Mapping[str, Any], *, source: str | None = None
+) -> WorkflowDefinition:
+    """Rebuild a definition from its stored JSON body, with the same validation as YAML.
+
+    Args:
+        body: The ``body`` of a `WorkflowDefinition` (or any document in the format).
+        source: Kept as the definition's ``source``; also names the file in faults
+            (``<body>`` when None).
+
+    Raises:
+        DefinitionError: If the body is not a valid definition (faults have no line).
+    """
+    doc, problems = to_json(body)
+    return _check_and_build(doc, problems, source or "<body>", None, source)
+
+
+def _load(path: str | os.PathLike[str]) -> tuple[WorkflowDefinition, YamlSource | None]:
+    name = os.fspath(path)
+    try:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        message = f"the file is not valid UTF-8 (byte {exc.start})"
+        raise DefinitionError([DefinitionFault(name, None, "$", message)]) from exc
+    except OSError as exc:
+        message = f"cannot read the file: {exc.strerror or exc}"
+        raise DefinitionError([DefinitionFault(name, None, "$", message)]) from exc
+    return _parse(text, name)
+
+
+def _parse(text: str, source: str) -> tuple[WorkflowDefinition, YamlSource | None]:
+    yaml_source = load_yaml(text)
+    problems = list(yaml_source.problems)
+    if yaml_source.empty:
+        problems.append(Problem((), "the document is empty", None))
+    if yaml_source.empty or (yaml_source.data is None and problems):  # nothing to validate
+        raise DefinitionError(_faults(problems, source, yaml_source))
+    definition = _check_and_build(yaml_source.data, problems, source, yaml_source, source)
+    return definition, yaml_source
+
+
+def _check_and_build(
+    doc: Any,
+    problems: list[Problem],
+    file: str,
+    yaml_source: YamlSource | None,
+    source: str | None,
+) -> WorkflowDefinition:
+    """Run schema and semantic checks on ``doc``; build the definition if nothing is wrong."""
+    lead, rest = checks.schema_problems(doc, _workflow_schema())
+    flagged = {p.path for p in lead + rest}
+
+    def suspect(path: JsonPath) -> bool:
+        return any(flagged_path[: len(path)] == path for flagged_path in flagged)
+
+    semantic = [p for p in checks.semantic_problems(doc, suspect) if p.path not in flagged]
+    line_of = yaml_source.line_of if yaml_source else (lambda path: None)
+    ordered = (
+        problems + lead + sorted(rest + semantic, key=lambda p: p.line or line_of(p.path) or 0)
+    )
+    if ordered:
+        raise DefinitionError(_faults(ordered, file, yaml_source))
+    return _build(doc, source)
+
+
+def _faults(
+    problems: list[Problem], file: str, yaml_source: YamlSource | None
+) -> list[DefinitionFault]:
+    faults: list[DefinitionFault] = []
+    for problem in problems:
+        line = problem.line
+        if line is None and yaml_source is not None and not yaml_source.empty:
+            line = yaml_source.line_of(problem.path)
+        fault = DefinitionFault(file, line, format_path(problem.path), problem.message)
+        if fault not in faults:
+            faults.append(fault)
+    return faults
+
+
+# --- building ---------------------------------------------------------------------------------
+
+
+def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
+    """Build the model from a document that passed every check."""
+    defaults = doc.get("defaults", {})
+    steps = {step_id: _build_step(step_id, raw, defaults) for step_id, raw in doc["steps"].items()}
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return WorkflowDefinition(
+        name=doc["name"],
+        version=int(doc["version"]),
+        description=doc.get("description", ""),
+        input_schema=_input_schema(doc.get("input", True)),
+        start=doc["start"],
+        steps=types.MappingProxyType(steps),
+        body=doc,
+        digest=hashlib.sha256(canonical.encode()).hexdigest(),
+        source=source,
+    )
+
+
+def _input_schema(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
+    """Normalise a boolean input schema to the equivalent object schema."""
+    if isinstance(schema, bool):
+        return {} if schema else {"not": {}}
+    return schema
+
+
+def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> Step:
+    path = format_path(("steps", step_id))
+    if "effect" in raw:
+        timeout = raw.get("timeout", defaults.get("timeout"))
+        return EffectStep(
+            id=step_id,
+            handler=raw["effect"],
+            idempotent=raw["idempotent"],
+            args=compile_template(raw.get("args"), path=f"{path}.args"),
+            retry=_retry_policy(
+                {**_DEFAULT_RETRY, **defaults.get("retry", {}), **raw.get("retry", {})}
+            ),
+            timeout=None if timeout is None else parse_duration(timeout),
+            next=raw.get("next"),
+        )
+    if "choice" in raw:
+        rules = tuple(
+            ChoiceRule(
+                when=compile_template(rule["when"], path=f"{path}.choice[{i}].when"),
+                next=rule["next"],
+            )
+            for i, rule in enumerate(raw["choice"])
+        )
+        return ChoiceStep(id=step_id, choices=rules, default=raw.get("default"))
+    if "succeed" in raw:
+        output = raw["succeed"].get("output")
+        return SucceedStep(
+            id=step_id, output=compile_template(output, path=f"{path}.succeed.output")
+        )
+    fail = raw["fail"]
+    message = compile_template(fail.get("message", ""), path=f"{path}.fail.message")
+    return FailStep(id=step_id, error=fail["error"], message=message)
+
+
+def _retry_policy(fields: Mapping[str, Any]) -> RetryPolicy:
+    return RetryPolicy(
+        max_attempts=int(fields["max_attempts"]),
+        initial=parse_duration(fields["initial"]),
+        factor=float(fields["factor"]),
+        max=parse_duration(fields["max"]),
+        jitter=bool(fields["jitter"]),
+        non_retryable=tuple(fields.get("non_retryable", ())),
+    )

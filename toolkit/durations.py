@@ -1,0 +1,78 @@
+"""Durations as written in workflow definitions.
+
+A duration is either a number of seconds (``30``, ``0.5``) or a string of one
+or more ``<number><unit>`` parts with units in decreasing order, without
+spaces: ``500ms``, ``30s``, ``5m``, ``2h``, ``2d``, ``1h30m``, ``1.5h``.
+Units: ``d`` (days of 24 hours), ``h``, ``m`` (minutes), ``s``, ``ms``.
+
+The JSON Schema of the definition format (``$defs/duration``) uses the same
+grammar as `DURATION_PATTERN`, so a string the schema accepts always parses.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+__all__ = ["DURATION_PATTERN", "parse_duration"]
+
+_NUMBER = r"\d+(?:\.\d+)?"
+
+DURATION_PATTERN = (
+    rf"^(?=\d)(?:({_NUMBER})d)?(?:({_NUMBER})h)?(?:({_NUMBER})m)?(?:({_NUMBER})s)?"
+    rf"(?:({_NUMBER})ms)?$"
+)
+"""Regular expression (ECMA-262 and Python compatible) of a duration string."""
+
+_DURATION = re.compile(DURATION_PATTERN)
+_UNIT_SECONDS = (86400.0, 3600.0, 60.0, 1.0, 0.001)
+_EXAMPLES = "500ms, 30s, 5m, 2h, 2d, 1h30m"
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Convert a duration to seconds.
+
+    Args:
+        value: A non-negative number of seconds, or a string such as ``500ms``, ``30s``,
+            ``5m``, ``2h``, ``2d`` or ``1h30m`` (units in decreasing order, no spaces).
+
+    Returns:
+        The duration in seconds, a finite non-negative float.
+
+    Raises:
+        ValueError: If ``value`` is not a duration (wrong type, negative, not finite, a
+            string without unit, unknown or misordered units ...). The message quotes the
+            value and shows examples of valid durations.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(
+            f"invalid duration {value!r}: expected a number of seconds or a string like {_EXAMPLES}"
+        )
+    if isinstance(value, str):
+        match = _DURATION.fullmatch(value)
+        if match is None:
+            hint = " (add a unit, e.g. 's')" if _is_plain_number(value) else ""
+            raise ValueError(
+                f"invalid duration {value!r}{hint}: expected a number of seconds or a string"
+                f" like {_EXAMPLES}"
+            )
+        seconds = sum(
+            float(part) * unit
+            for part, unit in zip(match.groups(), _UNIT_SECONDS, strict=True)
+            if part is not None
+        )
+    else:
+        try:
+            seconds = float(value)
+        except OverflowError:
+            seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ValueError(f"invalid duration {value!r}: not a finite number of seconds")
+    if seconds < 0:
+        raise ValueError(f"invalid duration {value!r}: durations cannot be negative")
+    return seconds
+
+
+def _is_plain_number(text: str) -> bool:
+    """Tell whether ``text`` is a bare number, so the error can suggest adding a unit."""
+    return re.fullmatch(r"\s*[-+]?\d+(?:\.\d+)?\s*", text) is not None

@@ -1,0 +1,248 @@
+"""The toolkit's exception hierarchy.
+
+Every error the toolkit raises on purpose derives from `ToolkitError`, so an
+application can catch the whole family with one ``except`` clause. Each class
+docstring's first line doubles as its default message, and the structured
+facts an operator or program acts on (file, line, JSON path, step id,
+expression ...) are attributes, not only text in the message.
+
+To add an error: subclass `ToolkitError` (or a closer relative), write a
+one-line summary docstring (the default message), accept the message as the
+first optional argument and any structured facts as keyword-only arguments,
+and store them as attributes before calling ``super().__init__(message)``.
+Pickling (e.g. across process pools) keeps the attributes without any extra
+code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "ConfigError",
+    "DatabaseUnavailable",
+    "DefinitionConflict",
+    "DefinitionError",
+    "DefinitionFault",
+    "ExpressionError",
+    "ExpressionSyntaxError",
+    "HandlerNotFound",
+    "InputError",
+    "LeaseLost",
+    "MissingHandlers",
+    "NoChoiceMatched",
+    "ResultNotJson",
+    "SchemaOutdated",
+    "StoreError",
+    "ToolkitError",
+    "UnknownDefinition",
+    "UnknownTask",
+    "WorkerIdInUse",
+]
+
+
+def _rebuild(cls: type[ToolkitError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Recreate a pickled `ToolkitError` without calling its ``__init__``."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
+
+class ToolkitError(Exception):
+    """Base of every error the toolkit raises on purpose."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or self.default_message())
+
+    @classmethod
+    def default_message(cls) -> str:
+        """Return the summary line of the class docstring, the message used when none is given."""
+        doc = inspect.cleandoc(cls.__doc__ or "") or cls.__name__
+        return doc.split("\n", 1)[0].strip()
+
+    @property
+    def message(self) -> str:
+        """The human-readable message (the first constructor argument)."""
+        return str(self.args[0]) if self.args else self.default_message()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+# --- workflow definitions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DefinitionFault:
+    """One problem found in a workflow definition.
+
+    Attributes:
+        file: The file the definition came from (or a label such as ``<string>``).
+        line: 1-based line in that file, or None when unknown (e.g. a definition rebuilt
+            from its stored JSON body, or a fault about the file as a whole).
+        path: JSON path of the faulty value, e.g. ``$.steps.reserve.retry.max_attempts``.
+        message: What is wrong, phrased so the author can fix it.
+    """
+
+    file: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file if self.line is None else f"{self.file}:{self.line}"
+        return f"{where}: {self.path}: {self.message}"
+
+
+class DefinitionError(ToolkitError):
+    """Invalid workflow definition.
+
+    Attributes:
+        faults: Every fault found, in report order. ``str(error)`` is one
+            ``FILE:LINE: PATH: message`` line per fault.
+    """
+
+    def __init__(self, faults: Iterable[DefinitionFault], message: str | None = None) -> None:
+        self.faults: tuple[DefinitionFault, ...] = tuple(faults)
+        super().__init__(message or "\n".join(map(str, self.faults)) or None)
+
+
+class InputError(ToolkitError):
+    """Task input does not match the workflow's input schema.
+
+    Attributes:
+        path: JSON path of the (most relevant) faulty value in the input, e.g. ``$.order_id``.
+    """
+
+    def __init__(self, message: str | None = None, *, path: str = "$") -> None:
+        self.path = path
+        super().__init__(message)
+
+
+# --- expressions ----------------------------------------------------------------------------
+
+
+class ExpressionSyntaxError(ToolkitError):
+    """Invalid expression.
+
+    Attributes:
+        path: JSON path of the string holding the expression, e.g. ``$.steps.a.args.order``.
+        expression: The expression text between ``${`` and ``}`` (or the whole string when
+            the problem is with the ``${ }`` delimiters).
+    """
+
+    def __init__(
+        self, message: str | None = None, *, path: str = "$", expression: str = ""
+    ) -> None:
+        self.path = path
+        self.expression = expression
+        super().__init__(message)
+
+
+class ExpressionError(ToolkitError):
+    """Expression evaluation failed.
+
+    Raised at run time, e.g. when a JMESPath function gets a value of the wrong type.
+
+    Attributes:
+        expression: The expression text, when known.
+        step: Id of the step whose expression failed, when known (the engine fills it in).
+        path: JSON path of the expression inside the definition, when known.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        expression: str | None = None,
+        step: str | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.expression = expression
+        self.step = step
+        self.path = path
+        super().__init__(message)
+
+
+# --- execution ------------------------------------------------------------------------------
+
+
+class NoChoiceMatched(ToolkitError):
+    """No choice rule matched and the choice step has no default.
+
+    Attributes:
+        step: Id of the choice step.
+    """
+
+    def __init__(self, message: str | None = None, *, step: str | None = None) -> None:
+        self.step = step
+        if message is None and step is not None:
+            message = f"no rule of choice step {step!r} matched and it has no default"
+        super().__init__(message)
+
+
+# --- store, leases and workers ----------------------------------------------------------------
+
+
+class ConfigError(ToolkitError):
+    """A setting or option is invalid."""
+
+
+class DatabaseUnavailable(ToolkitError):
+    """The database cannot be reached; nothing was written by the failed call."""
+
+
+class StoreError(ToolkitError):
+    """The database refused an operation."""
+
+
+class SchemaOutdated(ToolkitError):
+    """The database schema is older than this toolkit needs: run `toolkit db migrate`."""
+
+
+class LeaseLost(ToolkitError):
+    """The lease is no longer held (expired, or claimed by another worker); nothing was written.
+
+    Attributes:
+        task_id: the task whose lease was lost.
+        token: the fencing token the writer held.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, task_id: int | None = None, token: int | None = None
+    ) -> None:
+        self.task_id = task_id
+        self.token = token
+        super().__init__(message or f"lease on task {task_id} with token {token} is no longer held")
+
+
+class UnknownDefinition(ToolkitError):
+    """No such definition (name and version) is deployed."""
+
+
+class DefinitionConflict(ToolkitError):
+    """This definition version is already deployed with another digest: bump the version."""
+
+
+class UnknownTask(ToolkitError):
+    """No task has this id."""
+
+
+class WorkerIdInUse(ToolkitError):
+    """Another live worker process holds this worker id."""
+
+
+class HandlerNotFound(ToolkitError):
+    """No handler is registered under this name."""
+
+
+class MissingHandlers(ToolkitError):
+    """Effects of the loaded definitions name handlers the application does not register."""
+
+
+class ResultNotJson(ToolkitError):
+    """A handler returned a value that cannot be stored as JSON."""

@@ -1,0 +1,28 @@
+"""The example application: the handlers of the definitions in ``definitions/``.
+
+``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON report)
+and ``order-saga`` (reserve, review large orders, charge, ship). Run it with
+``toolkit run --app toolkit.examples`` or ``toolkit demo``. The order saga writes the
+application tables created by :func:`ensure_example_tables`.
+"""
+
+from __future__ import annotations
+
+from toolkit.examples import ingest, orders
+from toolkit.examples.orders import ensure_example_tables
+from toolkit.registry import App
+
+__all__ = ["app", "ensure_example_tables"]
+
+app = App("examples")
+"""The example handlers, by the names the example definitions use."""
+
+app.add("files.hash", ingest.hash_file_handler)
+app.add("csv.profile", ingest.profile_csv_handler)
+app.add("csv.aggregate", ingest.aggregate_csv_handler)
+app.add("reports.write", ingest.write_report_handler)
+
+app.add("inventory.reserve", orders.reserve_handler)
+app.add("orders.review", orders.review_handler)
+app.add("payments.charge", orders.charge_handler)
+app.add("shipping.ship", orders.ship_handler)

@@ -1,0 +1,208 @@
+"""Leases and fenced writes: claim, heartbeat, commit (DESIGN §2, §4).
+
+Every state-changing write carries ``(worker_id, token)`` and is applied only while that
+lease is held and unexpired, in the same statement; otherwise it changes nothing and the
+caller gets :class:`~toolkit.errors.LeaseLost`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from psycopg.types.json import Jsonb
+
+from toolkit.database import Database
+from toolkit.errors import LeaseLost
+
+TaskState = Literal["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]
+WaitReason = Literal["timer", "signal", "callback", "child", "budget", "limit", "reconciliation"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ClaimedTask:
+    """A task this worker now leases.
+
+    Attributes:
+        id: task id.
+        tenant: task tenant.
+        digest: the definition digest the task is pinned to.
+        input: the task input (JSON).
+        checkpoint: the stored checkpoint (JSON).
+        token: the fencing token of this lease.
+        attempts: claims of this task so far, this one included.
+        recovered: the previous lease expired while held (a takeover).
+        queue_delay: seconds from ``run_at`` to this claim, in database time.
+    """
+
+    id: int
+    tenant: str
+    digest: str
+    input: Any
+    checkpoint: dict[str, Any]
+    token: int
+    attempts: int
+    recovered: bool
+    queue_delay: float
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidenceRecord:
+    """One effect evidence record to append (``started``, ``completed`` or ``failed``)."""
+
+    occurrence: str
+    step: str
+    handler: str
+    idempotent: bool
+    idempotency_key: str
+    record: Literal["started", "completed", "failed"]
+    attempt: int
+    result: Any = None
+    error: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One task event to append (the history of transitions)."""
+
+    kind: str
+    detail: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FencedWrite:
+    """Everything one fenced statement writes for one task.
+
+    Attributes:
+        task_id: the task.
+        token: the fencing token the writer holds.
+        checkpoint: the new checkpoint JSON.
+        state: the task's next state; ``leased`` keeps the lease, any other releases it.
+        wait_reason: required with ``waiting``.
+        delay_seconds: when set, ``run_at`` becomes database now + this many seconds.
+        result: the task result (terminal ``succeeded``).
+        error: the task error (terminal ``failed``), JSON.
+        evidence: effect evidence records to append, in order.
+        events: task events to append, in order.
+    """
+
+    task_id: int
+    token: int
+    checkpoint: Mapping[str, Any]
+    state: TaskState = "leased"
+    wait_reason: WaitReason | None = None
+    delay_seconds: float | None = None
+    result: Any = None
+    error: Any = None
+    evidence: Sequence[EvidenceRecord] = ()
+    events: Sequence[Event] = ()
+
+
+class Leases:
+    """Claims, heartbeats and fenced writes of one store."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def claim(
+        self, worker_id: str, digests: Sequence[str], limit: int, lease_seconds: float
+    ) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of the given definitions in one statement.
+
+        Due means queued with ``run_at`` reached, or leased with an expired lease
+        (recoverable). Each claim raises the task's fencing token by one.
+
+        Args:
+            worker_id: the claiming worker's id.
+            digests: definition digests this worker has loaded; no other task is claimed.
+            limit: most tasks to claim.
+            lease_seconds: lease duration, seconds, from database now.
+
+        Returns:
+            The claimed tasks, in id order (possibly none).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        if limit <= 0 or not digests:
+            return []
+        rows = await self._db.fetch_all(
+            "claim_tasks",
+            {
+                "worker_id": worker_id,
+                "digests": list(digests),
+                "limit": limit,
+                "lease_seconds": lease_seconds,
+            },
+        )
+        return [
+            ClaimedTask(
+                id=row["id"],
+                tenant=row["tenant"],
+                digest=row["definition_digest"],
+                input=row["input"],
+                checkpoint=row["checkpoint"],
+                token=row["lease_token"],
+                attempts=row["attempts"],
+                recovered=row["recovered"],
+                queue_delay=row["queue_delay"],
+            )
+            for row in rows
+        ]
+
+    async def renew(
+        self, worker_id: str, held: Mapping[int, int], lease_seconds: float
+    ) -> set[int]:
+        """Extend every lease in ``held`` in one statement (the heartbeat).
+
+        Args:
+            worker_id: the holder.
+            held: task id to fencing token of every lease the process holds.
+            lease_seconds: new lease duration from database now, seconds.
+
+        Returns:
+            The task ids whose leases were renewed; any other in ``held`` is lost.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        rows = await self._db.fetch_all(
+            "renew_leases",
+            {
+                "worker_id": worker_id,
+                "task_ids": list(held),
+                "tokens": list(held.values()),
+                "lease_seconds": lease_seconds,
+            },
+        )
+        return {row["id"] for row in rows}
+
+    async def commit(self, worker_id: str, write: FencedWrite) -> None:
+        """Apply one fenced write: checkpoint, evidence, events and next state, atomically.
+
+        Raises:
+            LeaseLost: the lease is no longer held by ``(worker_id, write.token)`` or has
+                expired; nothing was written.
+            DatabaseUnavailable: the database cannot be reached (the write may or may not
+                have committed; the fence makes a retry safe).
+        """
+        row = await self._db.fetch_one("commit_fenced", _fenced_params(worker_id, write))
+        if row is None:
+            raise LeaseLost(task_id=write.task_id, token=write.token)
+
+
+def _fenced_params(worker_id: str, write: FencedWrite) -> dict[str, Any]:
+    return {
+        "task_id": write.task_id,
+        "worker_id": worker_id,
+        "token": write.token,
+        "checkpoint": Jsonb(write.checkpoint),
+        "state": write.state,
+        "wait_reason": write.wait_reason,
+        "delay_seconds": write.delay_seconds,
+        "result": None if write.result is None else Jsonb(write.result),
+        "error": None if write.error is None else Jsonb(write.error),
+        "records": Jsonb([dataclasses.asdict(record) for record in write.evidence]),
+        "events": Jsonb([dataclasses.asdict(event) for event in write.events]),
+    }

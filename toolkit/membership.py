@@ -1,0 +1,76 @@
+"""Worker identity in the store: registration, refusal of a live duplicate id, stop (DESIGN §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from toolkit.database import Database
+from toolkit.errors import WorkerIdInUse
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRecord:
+    """A registered worker process."""
+
+    worker_id: str
+    pid: int
+    host: str
+    concurrency: int
+    definitions: Any
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    expires_at: datetime.datetime
+    stopped_at: datetime.datetime | None
+    live: bool
+
+
+class Membership:
+    """The ``toolkit_workers`` table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def register(
+        self,
+        worker_id: str,
+        *,
+        concurrency: int,
+        definitions: Sequence[str],
+        lease_seconds: float,
+    ) -> None:
+        """Register this process under ``worker_id``; renewed by every heartbeat.
+
+        Raises:
+            WorkerIdInUse: another live process holds the id (its heartbeat is fresh).
+        """
+        row = await self._db.fetch_one(
+            "register_worker",
+            {
+                "worker_id": worker_id,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "concurrency": concurrency,
+                "definitions": Jsonb(list(definitions)),
+                "lease_seconds": lease_seconds,
+            },
+        )
+        if row is None:
+            raise WorkerIdInUse(
+                f"worker id {worker_id!r} is held by another live process; "
+                "pick another --worker-id or stop that process"
+            )
+
+    async def stop(self, worker_id: str) -> None:
+        """Record this process's worker as stopped."""
+        await self._db.execute("stop_worker", {"worker_id": worker_id, "pid": os.getpid()})
+
+    async def list(self) -> list[WorkerRecord]:
+        """Live workers first, then recently stopped ones."""
+        return [WorkerRecord(**row) for row in await self._db.fetch_all("list_workers")]

@@ -1,0 +1,154 @@
+"""The application's side: effect handlers registered by name, and the context they get.
+
+Handler names resolve only through an :class:`App`'s registry, never by importing a path
+named in YAML (DESIGN §2, "Effect").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, TypeVar
+
+import psycopg
+
+from toolkit.definition import EffectStep, WorkflowDefinition
+from toolkit.errors import HandlerNotFound, MissingHandlers
+
+HandlerFunc = Callable[..., Any]
+F = TypeVar("F", bound=HandlerFunc)
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectContext:
+    """What a handler learns about the call it serves.
+
+    Attributes:
+        task_id: the task's id.
+        tenant: the task's tenant.
+        workflow: ``(name, version)`` of the definition.
+        step: the step id.
+        occurrence: the step occurrence, e.g. ``"charge#2"`` on the second entry of a loop.
+        attempt: 1 for the first attempt at this occurrence, then 2, 3, ...
+        fencing_token: the lease's fencing token; a write to another system can carry it so
+            that system can refuse a stale writer.
+        idempotency_key: stable across retries, crashes and takeovers of this occurrence,
+            different for every other occurrence; pass it to the system you call.
+    """
+
+    task_id: int
+    tenant: str
+    workflow: tuple[str, int]
+    step: str
+    occurrence: str
+    attempt: int
+    fencing_token: int
+    idempotency_key: str
+    _connection: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]] = (
+        dataclasses.field(repr=False)
+    )
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """Borrow an autocommit connection to the store's database for application tables.
+
+        Use it as ``async with ctx.connection() as conn: ...``. Writes made here are the
+        application's, not fenced by the lease: key them by :attr:`idempotency_key`.
+        """
+        return self._connection()
+
+
+@dataclasses.dataclass(frozen=True)
+class Handler:
+    """A registered effect handler."""
+
+    name: str
+    func: HandlerFunc
+    is_async: bool
+
+    def call(self, ctx: EffectContext, args: Any) -> Awaitable[Any] | Any:
+        """Call the function: ``func(ctx, **args)`` for a mapping, ``func(ctx, args)`` else."""
+        if isinstance(args, dict):
+            return self.func(ctx, **args)
+        if args is None:
+            return self.func(ctx)
+        return self.func(ctx, args)
+
+
+class App:
+    """A registry of effect handlers, looked up by the names definitions use.
+
+    Example::
+
+        app = toolkit.App()
+
+        @app.effect("inventory.reserve")
+        async def reserve(ctx: toolkit.EffectContext, order: str) -> dict:
+            ...
+    """
+
+    def __init__(self, name: str = "app") -> None:
+        self.name = name
+        self._handlers: dict[str, Handler] = {}
+
+    def effect(self, name: str) -> Callable[[F], F]:
+        """Register the decorated function, async or sync, as the handler ``name``.
+
+        Sync handlers run in a worker thread so they never block heartbeats.
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
+
+        def register(func: F) -> F:
+            self.add(name, func)
+            return func
+
+        return register
+
+    def add(self, name: str, func: HandlerFunc) -> None:
+        """Register ``func`` as the handler ``name`` (the non-decorator form).
+
+        Raises:
+            ValueError: ``name`` is already registered.
+        """
+        if name in self._handlers:
+            raise ValueError(f"handler {name!r} is registered twice")
+        self._handlers[name] = Handler(name, func, inspect.iscoroutinefunction(func))
+
+    @property
+    def handler_names(self) -> frozenset[str]:
+        """Every registered handler name."""
+        return frozenset(self._handlers)
+
+    def handler(self, name: str) -> Handler:
+        """Look up a handler.
+
+        Raises:
+            HandlerNotFound: nothing is registered under ``name``.
+        """
+        try:
+            return self._handlers[name]
+        except KeyError:
+            raise HandlerNotFound(
+                f"no handler registered as {name!r} in app {self.name!r}"
+            ) from None
+
+    def check(self, definitions: Iterable[WorkflowDefinition]) -> None:
+        """Check that every effect of every definition has a handler here.
+
+        Raises:
+            MissingHandlers: one line per missing handler, naming the file and step.
+        """
+        lines = []
+        for definition in definitions:
+            for step in definition.steps.values():
+                if isinstance(step, EffectStep) and step.handler not in self._handlers:
+                    where = definition.source or f"{definition.name} v{definition.version}"
+                    lines.append(
+                        f"{where}: $.steps.{step.id}.effect: no handler {step.handler!r} "
+                        f"is registered in app {self.name!r}"
+                    )
+        if lines:
+            raise MissingHandlers("\n".join(lines))

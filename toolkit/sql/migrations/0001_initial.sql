@@ -1,0 +1,94 @@
+-- runifold store, schema version 1.
+-- Time is always the database's: clock_timestamp() / now(), never a worker clock (DESIGN §2).
+
+CREATE TABLE toolkit_definitions (
+    name         text        NOT NULL,
+    version      integer     NOT NULL CHECK (version > 0),
+    digest       text        NOT NULL,
+    body         jsonb       NOT NULL,
+    source       text,
+    deployed_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    retired_at   timestamptz,
+    PRIMARY KEY (name, version),
+    UNIQUE (digest)
+);
+
+CREATE TABLE toolkit_tasks (
+    id                 bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    tenant             text        NOT NULL DEFAULT 'default',
+    definition_name    text        NOT NULL,
+    definition_version integer     NOT NULL,
+    definition_digest  text        NOT NULL,
+    input              jsonb       NOT NULL,
+    state              text        NOT NULL DEFAULT 'queued'
+        CHECK (state IN ('queued', 'leased', 'waiting', 'succeeded', 'failed', 'cancelled')),
+    wait_reason        text
+        CHECK (wait_reason IN ('timer', 'signal', 'callback', 'child', 'budget', 'limit', 'reconciliation')),
+    run_at             timestamptz NOT NULL DEFAULT clock_timestamp(),
+    checkpoint         jsonb       NOT NULL,
+    lease_owner        text,
+    lease_token        bigint      NOT NULL DEFAULT 0,
+    lease_expires_at   timestamptz,
+    attempts           integer     NOT NULL DEFAULT 0,
+    result             jsonb,
+    error              jsonb,
+    created_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    finished_at        timestamptz,
+    CHECK ((state = 'waiting') = (wait_reason IS NOT NULL)),
+    CHECK ((state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
+    FOREIGN KEY (definition_name, definition_version)
+        REFERENCES toolkit_definitions (name, version)
+);
+
+-- The claim path: only live rows are indexed, so terminal history never slows a claim.
+CREATE INDEX toolkit_tasks_claimable ON toolkit_tasks (run_at, id)
+    WHERE state IN ('queued', 'leased');
+CREATE INDEX toolkit_tasks_waiting ON toolkit_tasks (run_at)
+    WHERE state = 'waiting';
+CREATE INDEX toolkit_tasks_definition ON toolkit_tasks (definition_name, definition_version, state);
+CREATE INDEX toolkit_tasks_state ON toolkit_tasks (state, tenant);
+
+-- Effect evidence, append-only: one row per record (started / completed / failed),
+-- each written under the fencing token that held the lease (DESIGN §2).
+CREATE TABLE toolkit_effect_evidence (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id          bigint      NOT NULL REFERENCES toolkit_tasks (id) ON DELETE CASCADE,
+    occurrence       text        NOT NULL,
+    step             text        NOT NULL,
+    handler          text        NOT NULL,
+    idempotent       boolean     NOT NULL,
+    idempotency_key  text        NOT NULL,
+    record           text        NOT NULL CHECK (record IN ('started', 'completed', 'failed')),
+    attempt          integer     NOT NULL,
+    fencing_token    bigint      NOT NULL,
+    worker_id        text        NOT NULL,
+    result           jsonb,
+    error            jsonb,
+    recorded_at      timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX toolkit_effect_evidence_task ON toolkit_effect_evidence (task_id, occurrence, id);
+
+-- Every transition of a task, append-only, with database time, worker and token.
+CREATE TABLE toolkit_task_events (
+    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id        bigint      NOT NULL REFERENCES toolkit_tasks (id) ON DELETE CASCADE,
+    kind           text        NOT NULL,
+    worker_id      text,
+    fencing_token  bigint,
+    detail         jsonb,
+    at             timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX toolkit_task_events_task ON toolkit_task_events (task_id, id);
+
+CREATE TABLE toolkit_workers (
+    worker_id     text PRIMARY KEY,
+    pid           integer     NOT NULL,
+    host          text        NOT NULL,
+    concurrency   integer     NOT NULL,
+    definitions   jsonb       NOT NULL,
+    started_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+    heartbeat_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    expires_at    timestamptz NOT NULL,
+    stopped_at    timestamptz
+);

@@ -1,0 +1,28 @@
+-- name: register_worker
+-- Registers a worker id; refused (no row) while another live process holds the same id.
+INSERT INTO toolkit_workers (worker_id, pid, host, concurrency, definitions, expires_at)
+VALUES (%(worker_id)s, %(pid)s, %(host)s, %(concurrency)s, %(definitions)s,
+        clock_timestamp() + %(lease_seconds)s * interval '1 second')
+ON CONFLICT (worker_id) DO UPDATE
+SET pid = excluded.pid,
+    host = excluded.host,
+    concurrency = excluded.concurrency,
+    definitions = excluded.definitions,
+    started_at = clock_timestamp(),
+    heartbeat_at = clock_timestamp(),
+    expires_at = excluded.expires_at,
+    stopped_at = NULL
+WHERE toolkit_workers.stopped_at IS NOT NULL
+   OR toolkit_workers.expires_at <= clock_timestamp()
+RETURNING worker_id;
+
+-- name: stop_worker
+UPDATE toolkit_workers
+SET stopped_at = clock_timestamp()
+WHERE worker_id = %(worker_id)s AND pid = %(pid)s AND stopped_at IS NULL;
+
+-- name: list_workers
+SELECT worker_id, pid, host, concurrency, definitions, started_at, heartbeat_at, expires_at,
+       stopped_at, stopped_at IS NULL AND expires_at > clock_timestamp() AS live
+FROM toolkit_workers
+ORDER BY live DESC, heartbeat_at DESC;

@@ -1,0 +1,98 @@
+"""A worker: one process's identity, its handlers and the definitions it can run.
+
+A worker claims only tasks pinned to a definition digest it has loaded (DESIGN §2, §4), so a
+checkpoint is never resumed with another graph.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+
+from toolkit.definition import WorkflowDefinition
+from toolkit.errors import ConfigError
+from toolkit.leases import ClaimedTask
+from toolkit.registry import App
+from toolkit.store import Store
+
+
+def default_worker_id() -> str:
+    """A worker id unique to this process: ``HOST:PID``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Worker:
+    """The store, the app's handlers and the loaded definitions of one worker process.
+
+    Args:
+        store: an open store.
+        app: the handler registry; every effect of every definition must have a handler.
+        definitions: the definitions this worker runs (at least one).
+        worker_id: the id fencing every write; default :func:`default_worker_id`.
+
+    Raises:
+        ConfigError: no definitions were given.
+        MissingHandlers: an effect names a handler the app does not have.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        app: App,
+        definitions: Sequence[WorkflowDefinition],
+        *,
+        worker_id: str | None = None,
+    ) -> None:
+        if not definitions:
+            raise ConfigError("a worker needs at least one workflow definition to run")
+        app.check(definitions)
+        self.store = store
+        self.app = app
+        self.worker_id = worker_id or default_worker_id()
+        self._by_digest: Mapping[str, WorkflowDefinition] = {d.digest: d for d in definitions}
+        self._digests = list(self._by_digest)
+
+    @property
+    def definitions(self) -> list[WorkflowDefinition]:
+        """The loaded definitions."""
+        return list(self._by_digest.values())
+
+    def definition(self, digest: str) -> WorkflowDefinition:
+        """The loaded definition with this digest (claims return only these)."""
+        return self._by_digest[digest]
+
+    async def register(self, concurrency: int, lease_seconds: float) -> None:
+        """Deploy the loaded definitions (a no-op when registered) and register the worker id.
+
+        Raises:
+            DefinitionConflict: a definition's version is registered with another digest.
+            WorkerIdInUse: another live process holds the id.
+        """
+        for definition in self._by_digest.values():
+            await self.store.definitions.deploy(definition)
+        await self.store.workers.register(
+            self.worker_id,
+            concurrency=concurrency,
+            definitions=[f"{d.name}@{d.version}" for d in self._by_digest.values()],
+            lease_seconds=lease_seconds,
+        )
+
+    async def unregister(self) -> None:
+        """Record the worker stopped; an unreachable database is ignored (its row expires)."""
+        try:
+            await self.store.workers.stop(self.worker_id)
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+    async def claim(self, limit: int, lease_seconds: float) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of the loaded definitions."""
+        return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
+
+    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> set[int]:
+        """Renew the held leases (task id to token); returns the ids still held."""
+        return await self.store.leases.renew(self.worker_id, held, lease_seconds)
+
+    async def pending_work(self) -> bool:
+        """True while a task of the loaded definitions is queued or leased."""
+        return await self.store.tasks.pending_work(self._digests)
