@@ -78,7 +78,9 @@ def template_dsn(server_dsn: str) -> Iterator[str]:
 
     anyio.run(build)
     yield dsn
-    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    _admin(
+        server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
 
 
 @pytest.fixture
@@ -88,10 +90,14 @@ def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
     name = f"toolkit_test_{uuid.uuid4().hex[:12]}"
     _admin(
         server_dsn,
-        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(str(template))),
+        sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(str(template))
+        ),
     )
     yield with_dbname(server_dsn, name)
-    _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    _admin(
+        server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
 
 
 @pytest.fixture

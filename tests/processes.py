@@ -32,7 +32,9 @@ def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[
     )
 
 
-def wait_for(condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition") -> None:
+def wait_for(
+    condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition"
+) -> None:
     """Poll a store condition until it holds, failing the test past ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

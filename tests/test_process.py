@@ -41,7 +41,9 @@ def definitions_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_sigkill_mid_workflow_then_another_worker_finishes_it(dsn: str, definitions_file: Path) -> None:
+def test_sigkill_mid_workflow_then_another_worker_finishes_it(
+    dsn: str, definitions_file: Path
+) -> None:
     (task_id,) = _submit(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.4}])
     first = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file), "--worker-id", "A")
     try:
@@ -55,7 +57,9 @@ def test_sigkill_mid_workflow_then_another_worker_finishes_it(dsn: str, definiti
     )
     out, err = second.communicate(timeout=60)
     assert second.returncode == 0, err
-    state, token = query(dsn, "SELECT state, lease_token FROM toolkit_tasks WHERE id = %s", (task_id,))[0]
+    state, token = query(
+        dsn, "SELECT state, lease_token FROM toolkit_tasks WHERE id = %s", (task_id,)
+    )[0]
     assert state == "succeeded" and token == 2
     after = call_counts(dsn)
     keys = {step: f"{task_id}:{step}#1" for step in ("s1", "s2", "s3", "s4", "s5")}
@@ -65,7 +69,12 @@ def test_sigkill_mid_workflow_then_another_worker_finishes_it(dsn: str, definiti
     # The idempotent step in flight at the kill may run again (same key); the rest once.
     assert after[keys["s3"]] in (1, 2)
     assert after[keys["s4"]] == 1 and after[keys["s5"]] == 1
-    kinds = [r[0] for r in query(dsn, "SELECT kind FROM toolkit_task_events WHERE task_id = %s ORDER BY id", (task_id,))]
+    kinds = [
+        r[0]
+        for r in query(
+            dsn, "SELECT kind FROM toolkit_task_events WHERE task_id = %s ORDER BY id", (task_id,)
+        )
+    ]
     assert "recovered" in kinds and kinds[-1] == "succeeded"
     assert "claimed 1" in out
 
@@ -75,7 +84,7 @@ def test_sigterm_during_work_exits_zero_and_loses_nothing(dsn: str, definitions_
     worker = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file), "--grace", "0.2")
     wait_for(lambda: bool(call_counts(dsn)), what="a handler running")
     worker.send_signal(signal.SIGTERM)
-    out, err = worker.communicate(timeout=30)
+    _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0, err
     assert "Traceback" not in err
     rows = query(dsn, "SELECT state, lease_owner FROM toolkit_tasks WHERE id = ANY(%s)", (ids,))

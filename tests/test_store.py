@@ -9,7 +9,7 @@ from tests.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
-from toolkit.leases import EvidenceRecord, Event, FencedWrite
+from toolkit.leases import Event, EvidenceRecord, FencedWrite
 from toolkit.migrations import migrate, schema_status
 from toolkit.store import Store
 
@@ -98,7 +98,11 @@ async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_ref
     after = await store.tasks.get(task_id)
     assert after == before  # nothing changed
     assert await store.tasks.evidence(task_id) == []
-    assert [e["kind"] for e in await store.tasks.events(task_id)] == ["submitted", "claimed", "recovered"]
+    assert [e["kind"] for e in await store.tasks.events(task_id)] == [
+        "submitted",
+        "claimed",
+        "recovered",
+    ]
     # The same write under the current token applies.
     await store.leases.commit("new", FencedWrite(**{**stale.__dict__, "token": second.token}))
     assert (await store.tasks.get(task_id)).state == "succeeded"
@@ -139,7 +143,9 @@ async def test_deploy_same_digest_is_noop_and_changed_digest_is_refused(store: S
 
 
 async def test_submit_validates_input_before_writing(store: Store) -> None:
-    d = await _deployed(store, THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}"))
+    d = await _deployed(
+        store, THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}")
+    )
     with pytest.raises(InputError):
         await store.tasks.submit(d, [{"n": 1}, {"m": 2}])
     assert await store.tasks.counts_by_state() == {}
@@ -148,6 +154,6 @@ async def test_submit_validates_input_before_writing(store: Store) -> None:
 async def test_unreachable_database_is_one_clear_error() -> None:
     from toolkit.errors import DatabaseUnavailable
 
-    with pytest.raises(DatabaseUnavailable, match="cannot reach PostgreSQL at .*port=1") as info:
+    with pytest.raises(DatabaseUnavailable, match=r"cannot reach PostgreSQL at .*port=1") as info:
         await Database.connect("postgresql://u:secret@127.0.0.1:1/x", timeout=2)
     assert "secret" not in str(info.value)

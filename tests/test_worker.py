@@ -23,7 +23,9 @@ FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.
 async def run_until_idle(store: Store, *texts: str, **config: Any):
     definitions = [definition(t) for t in texts]
     worker = Worker(store, app, definitions)
-    return await WorkflowSupervisor(worker, SupervisorConfig(until_idle=True, **{**FAST, **config})).run()
+    return await WorkflowSupervisor(
+        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
+    ).run()
 
 
 async def submit(store: Store, text: str, inputs: list[Any]) -> list[int]:
@@ -34,10 +36,14 @@ async def submit(store: Store, text: str, inputs: list[Any]) -> list[int]:
 
 async def calls(store: Store) -> dict[str, int]:
     async with store.db.connection() as conn:
-        exists = await (await conn.execute("SELECT to_regclass('test_calls') IS NOT NULL")).fetchone()
+        exists = await (
+            await conn.execute("SELECT to_regclass('test_calls') IS NOT NULL")
+        ).fetchone()
         if not exists or not exists[0]:
             return {}
-        rows = await (await conn.execute("SELECT idempotency_key, calls FROM test_calls")).fetchall()
+        rows = await (
+            await conn.execute("SELECT idempotency_key, calls FROM test_calls")
+        ).fetchall()
     return dict(rows)
 
 
@@ -131,7 +137,9 @@ async def test_faults_end_in_clear_states(store: Store) -> None:
     tasks = {k: await store.tasks.get(i) for k, i in zip(kinds, ids, strict=True)}
     assert tasks["json"].state == "failed" and tasks["json"].error["name"] == "ResultNotJson"
     assert "bad_json" in tasks["json"].error["message"]
-    assert tasks["timeout_idem"].state == "failed" and tasks["timeout_idem"].error["name"] == "Timeout"
+    assert (
+        tasks["timeout_idem"].state == "failed" and tasks["timeout_idem"].error["name"] == "Timeout"
+    )
     # A non-idempotent call that timed out is uncertain: fail closed, never retried.
     assert tasks["timeout_nonidem"].state == "waiting"
     assert tasks["timeout_nonidem"].wait_reason == "reconciliation"

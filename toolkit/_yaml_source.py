@@ -5,9 +5,9 @@ each JSON path to its line, reports duplicate mapping keys (PyYAML silently
 keeps the last one), and constructs plain JSON data. It never raises on bad
 input: every problem comes back as a `Problem`.
 
-The loader follows the JSON-compatible core of YAML 1.2 more closely than
-PyYAML's default YAML 1.1 rules: only ``true``/``false`` are booleans (``yes``,
-``no``, ``on``, ``off`` stay strings) and dates stay strings.
+Plain scalars are resolved by the YAML 1.2 core schema, not PyYAML's YAML 1.1
+rules: only ``true``/``false`` are booleans (``yes``, ``no``, ``on``, ``off``
+stay strings), dates stay strings, ``012`` is 12 and ``1:30`` a string.
 """
 
 from __future__ import annotations
@@ -27,22 +27,54 @@ MAX_NODES = 100_000
 """Refuse documents whose node tree (with aliases expanded) is larger than this."""
 
 _BOOL_TAG = "tag:yaml.org,2002:bool"
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
-_STR_TAG = "tag:yaml.org,2002:str"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Loader(yaml.SafeLoader):
-    """`yaml.SafeLoader` with YAML 1.2-style booleans and no implicit timestamps."""
+    """`yaml.SafeLoader` resolving plain scalars by the YAML 1.2 core schema rules.
+
+    Differences from PyYAML's YAML 1.1 rules: only true/false are booleans (``yes``, ``no``,
+    ``on``, ``off`` stay strings), dates stay strings, ``012`` is 12 (not octal 10), ``1:30``
+    stays a string (not 90), and ``1e3`` is a number.
+    """
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_BOOL_TAG, _TIMESTAMP_TAG)]
+    first: [
+        (tag, regexp)
+        for tag, regexp in resolvers
+        if tag not in (_BOOL_TAG, _INT_TAG, _FLOAT_TAG, _TIMESTAMP_TAG)
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
     _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
+_Loader.add_implicit_resolver(_INT_TAG, re.compile(r"^[-+]?[0-9]+$"), list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    _FLOAT_TAG,
+    re.compile(
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def _construct_int(loader: yaml.SafeLoader, node: Node) -> Any:
+    """Read decimal integers as decimal (YAML 1.1 reads ``012`` as octal)."""
+    if not isinstance(node, ScalarNode):
+        return loader.construct_scalar(node)  # type: ignore[arg-type]  # raises ConstructorError
+    value = loader.construct_scalar(node)
+    if re.fullmatch(r"[-+]?[0-9]+", value):
+        return int(value)
+    return loader.construct_yaml_int(node)  # explicit `!!int 0x1F` and friends
+
+
+_Loader.add_constructor(_INT_TAG, _construct_int)
 
 
 @dataclass(frozen=True)

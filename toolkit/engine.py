@@ -36,7 +36,7 @@ from toolkit.errors import (
     ResultNotJson,
 )
 from toolkit.expressions import is_truthy
-from toolkit.leases import ClaimedTask, EvidenceRecord, Event, FencedWrite, Leases
+from toolkit.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite, Leases
 from toolkit.registry import App, EffectContext, Handler
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,7 @@
-"""Schema migrations: numbered plain-SQL files applied in order, each in one transaction
-together with its version bump (STYLE.md, "SQL and migrations").
+"""Schema migrations: numbered plain-SQL files applied in order.
+
+Each is applied in one transaction together with its version bump (STYLE.md, "SQL and
+migrations").
 """
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import re
-from typing import LiteralString, cast
+from typing import LiteralString
 
 from toolkit.database import Database
 
@@ -114,7 +116,7 @@ async def migrate(db: Database) -> list[Migration]:
                 done = {row[0] for row in await (await conn.execute(_APPLIED)).fetchall()}
                 if migration.version in done:
                     continue
-                await conn.execute(cast(LiteralString, migration.sql))
+                await conn.execute(migration.sql)  # SQL of a file shipped in the package
                 await conn.execute(_RECORD, (migration.version, migration.name))
                 applied.append(migration)
     return applied

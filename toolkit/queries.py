@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import re
-from typing import LiteralString, cast
+from typing import LiteralString
 
 _NAME_LINE = re.compile(r"^--\s*name:\s*(?P<name>\w+)\s*$", re.MULTILINE)
 
@@ -62,4 +62,4 @@ def query(name: str) -> LiteralString:
     Raises:
         KeyError: if no block has that name.
     """
-    return cast(LiteralString, _all_queries()[name])
+    return _all_queries()[name]

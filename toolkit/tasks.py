@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import datetime
 from collections.abc import Sequence
@@ -115,13 +116,13 @@ class Tasks:
         rows = await self._db.fetch_all("count_tasks_by_state")
         return {row["state"]: row["n"] for row in rows}
 
-    async def evidence(self, task_id: int) -> list[dict[str, Any]]:
+    async def evidence(self, task_id: int) -> builtins.list[dict[str, Any]]:
         """The task's effect evidence records, oldest first."""
         return [
             dict(row) for row in await self._db.fetch_all("task_evidence", {"task_id": task_id})
         ]
 
-    async def events(self, task_id: int) -> list[dict[str, Any]]:
+    async def events(self, task_id: int) -> builtins.list[dict[str, Any]]:
         """The task's events (every transition), oldest first."""
         return [dict(row) for row in await self._db.fetch_all("task_events", {"task_id": task_id})]
 

@@ -82,7 +82,7 @@ class Worker:
         """Record the worker stopped; an unreachable database is ignored (its row expires)."""
         try:
             await self.store.workers.stop(self.worker_id)
-        except Exception:  # noqa: BLE001 - best effort on the way out
+        except Exception:
             pass
 
     async def claim(self, limit: int, lease_seconds: float) -> list[ClaimedTask]:

@@ -26,7 +26,8 @@ CREATE TABLE IF NOT EXISTS test_calls (
 )"""
 RECORD_CALL = """
 INSERT INTO test_calls (idempotency_key, step, calls, last_token) VALUES (%s, %s, 1, %s)
-ON CONFLICT (idempotency_key) DO UPDATE SET calls = test_calls.calls + 1, last_token = excluded.last_token
+ON CONFLICT (idempotency_key) DO UPDATE
+SET calls = test_calls.calls + 1, last_token = excluded.last_token
 """
 
 
@@ -44,7 +45,9 @@ async def work(ctx: EffectContext, seconds: float = 0.0, value: Any = None) -> d
 
 
 @app.effect("count.flaky")
-async def flaky(ctx: EffectContext, fail_times: int = 1, error: str = "Transient") -> dict[str, Any]:
+async def flaky(
+    ctx: EffectContext, fail_times: int = 1, error: str = "Transient"
+) -> dict[str, Any]:
     await record_call(ctx)
     if ctx.attempt <= fail_times:
         raise _named(error)(f"attempt {ctx.attempt} failed on purpose")

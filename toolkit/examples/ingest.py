@@ -288,7 +288,9 @@ def _checked_table(path: str, sha256: str | None) -> Table:
     """Read ``path``, refusing it if its content no longer has the hash an earlier step saw."""
     table = read_table(path)
     if sha256 is not None and sha256_file(path) != sha256:
-        raise SourceChanged(f"{path} changed since it was hashed (expected sha256 {sha256[:12]}...)")
+        raise SourceChanged(
+            f"{path} changed since it was hashed (expected sha256 {sha256[:12]}...)"
+        )
     return table
 
 
@@ -298,7 +300,11 @@ def _checked_table(path: str, sha256: str | None) -> Table:
 def hash_file_handler(ctx: EffectContext, path: str) -> dict[str, Any]:
     """``files.hash``: the file's absolute path, size in bytes and SHA-256."""
     resolved = Path(path).resolve()
-    return {"path": str(resolved), "bytes": resolved.stat().st_size, "sha256": sha256_file(resolved)}
+    return {
+        "path": str(resolved),
+        "bytes": resolved.stat().st_size,
+        "sha256": sha256_file(resolved),
+    }
 
 
 def profile_csv_handler(ctx: EffectContext, path: str, sha256: str | None = None) -> dict[str, Any]:

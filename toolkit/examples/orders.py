@@ -18,7 +18,7 @@ import hashlib
 import importlib.resources
 from collections.abc import Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -77,13 +77,19 @@ def price_order(items: Sequence[Mapping[str, Any]]) -> PricedOrder:
     """
     if not items:
         raise OrderError("an order needs at least one item")
-    lines = []
+    lines: list[dict[str, Any]] = []
     for item in items:
         qty, price = int(item["qty"]), money(item["price"])
         if qty < 1 or price < 0:
             raise OrderError(f"{item['sku']}: quantity {qty} or price {price} out of range")
-        lines.append({"sku": str(item["sku"]), "qty": qty, "price": float(price),
-                      "amount": float(money(price * qty))})  # fmt: skip
+        lines.append(
+            {
+                "sku": str(item["sku"]),
+                "qty": qty,
+                "price": float(price),
+                "amount": float(money(price * qty)),
+            }
+        )
     total = sum((money(line["amount"]) for line in lines), Decimal("0.00"))
     return PricedOrder(tuple(lines), sum(line["qty"] for line in lines), total)
 
@@ -132,12 +138,15 @@ _prepared: set[tuple[str, str, str]] = set()
 
 @functools.cache
 def _queries() -> dict[str, str]:
-    text = (importlib.resources.files("toolkit.examples") / "examples.sql").read_text(encoding="utf-8")
+    text = (importlib.resources.files("toolkit.examples") / "examples.sql").read_text(
+        encoding="utf-8"
+    )
     return parse_named_blocks(text)
 
 
 def _sql(name: str) -> LiteralString:
-    return cast(LiteralString, _queries()[name])
+    """The named block of ``examples.sql`` (SQL text from the package, never built at run time)."""
+    return _queries()[name]
 
 
 def _database_key(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str, str]:
@@ -187,9 +196,15 @@ async def reserve_handler(
     (reservation,) = await _fetch_one(
         ctx,
         "upsert_reservation",
-        {"key": ctx.idempotency_key, "order_id": order_id, "customer": customer,
-         "items": Jsonb(list(priced.lines)), "units": priced.units, "total": priced.total},
-    )  # fmt: skip
+        {
+            "key": ctx.idempotency_key,
+            "order_id": order_id,
+            "customer": customer,
+            "items": Jsonb(list(priced.lines)),
+            "units": priced.units,
+            "total": priced.total,
+        },
+    )
     return {
         "reservation_id": f"RES-{reservation:06d}",
         "order_id": order_id,
@@ -218,16 +233,29 @@ async def charge_handler(
         ``{"payment_id", "outbox_id", "amount", "currency"}``.
     """
     value = money(amount)
-    payload = {"order_id": order_id, "customer": customer, "amount": str(value),
-               "currency": currency, "task_id": ctx.task_id}  # fmt: skip
+    payload = {
+        "order_id": order_id,
+        "customer": customer,
+        "amount": str(value),
+        "currency": currency,
+        "task_id": ctx.task_id,
+    }
     (outbox_id,) = await _fetch_one(
         ctx,
         "insert_outbox",
-        {"key": ctx.idempotency_key, "topic": "payments.charge", "payload": Jsonb(payload),
-         "token": ctx.fencing_token},
-    )  # fmt: skip
-    return {"payment_id": f"PAY-{outbox_id:06d}", "outbox_id": outbox_id,
-            "amount": float(value), "currency": currency}  # fmt: skip
+        {
+            "key": ctx.idempotency_key,
+            "topic": "payments.charge",
+            "payload": Jsonb(payload),
+            "token": ctx.fencing_token,
+        },
+    )
+    return {
+        "payment_id": f"PAY-{outbox_id:06d}",
+        "outbox_id": outbox_id,
+        "amount": float(value),
+        "currency": currency,
+    }
 
 
 async def ship_handler(
@@ -241,8 +269,13 @@ async def ship_handler(
     shipment_id, carrier, tracking = await _fetch_one(
         ctx,
         "upsert_shipment",
-        {"key": ctx.idempotency_key, "order_id": order_id, "ship_to": ship_to,
-         "carrier": carrier_for(ship_to), "tracking": tracking_number(ctx.idempotency_key, ship_to),
-         "payment_id": payment_id},
-    )  # fmt: skip
+        {
+            "key": ctx.idempotency_key,
+            "order_id": order_id,
+            "ship_to": ship_to,
+            "carrier": carrier_for(ship_to),
+            "tracking": tracking_number(ctx.idempotency_key, ship_to),
+            "payment_id": payment_id,
+        },
+    )
     return {"shipment_id": f"SHP-{shipment_id:06d}", "carrier": carrier, "tracking": tracking}
