@@ -7,6 +7,8 @@ worker tests a second time against the system PostgreSQL 15 that way).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -43,15 +45,22 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def server_dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A DSN of the server the tests use (its maintenance database)."""
+def server_dsn() -> Iterator[str]:
+    """A DSN of the server the tests use (its maintenance database).
+
+    The embedded server's data lives outside pytest's rotating temp folders, which another
+    pytest session on the same machine may delete while this one runs.
+    """
     dsn = os.environ.get("TOOLKIT_TEST_DSN")
     if dsn:
         yield dsn
         return
-    home = tmp_path_factory.mktemp("embedded")
-    yield start_embedded(home)
-    stop_embedded(home)
+    home = tempfile.mkdtemp(prefix="toolkit-tests-")
+    try:
+        yield start_embedded(home)
+    finally:
+        stop_embedded(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _admin(dsn: str, statement: sql.Composable) -> None:

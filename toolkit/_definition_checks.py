@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import reprlib
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -126,7 +126,8 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
     if keyword == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        return [Problem(path, f"expected {wanted}, got {json_type(instance)} {short(instance)}")]
+        got = json_type(instance) if instance is None else f"{json_type(instance)} {short(instance)}"
+        return [Problem(path, f"expected {wanted}, got {got}")]
     if "propertyNames" in error.relative_schema_path and isinstance(instance, str):
         path = (*path, instance)
     if keyword == "pattern" and isinstance(subschema, dict) and "title" in subschema:
@@ -171,13 +172,15 @@ def _translate_step(
 # --- semantic checks --------------------------------------------------------------------------
 
 
-def semantic_problems(doc: Any, suspect: Callable[[JsonPath], bool]) -> list[Problem]:
+def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     """Checks beyond the schema: graph, expressions, durations, input schema.
 
     Args:
         doc: The document, possibly schema-invalid (read defensively).
-        suspect: Tells whether a path already has a schema fault; such steps are assumed
-            able to finish, so one fault does not cascade into many.
+        flagged: Paths that already have a schema fault. A step with a fault is assumed able
+            to finish, and one whose transitions may be misread (a fault on the step itself,
+            one of its fields, or its choice rules) stops the unreachable-step check, so one
+            fault does not cascade into many.
     """
     if not isinstance(doc, dict):
         return []
@@ -185,7 +188,7 @@ def semantic_problems(doc: Any, suspect: Callable[[JsonPath], bool]) -> list[Pro
     steps = (
         {k: v for k, v in steps.items() if isinstance(v, dict)} if isinstance(steps, dict) else {}
     )
-    problems = _graph_problems(doc.get("start"), steps, suspect)
+    problems = _graph_problems(doc.get("start"), steps, flagged)
     for step_id, step in steps.items():
         problems += _step_problems(("steps", step_id), step)
     defaults = doc.get("defaults")
@@ -210,8 +213,12 @@ def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
 
 
 def _graph_problems(
-    start: Any, steps: dict[str, dict[str, Any]], suspect: Callable[[JsonPath], bool]
+    start: Any, steps: dict[str, dict[str, Any]], flagged: Collection[JsonPath]
 ) -> list[Problem]:
+    faulty = {str(p[1]) for p in flagged if len(p) >= 2 and p[0] == "steps"}
+    blind = {
+        step_id for step_id in faulty & steps.keys() if _blind(steps[step_id], step_id, flagged)
+    }
     problems = []
     known = list(steps)
     if isinstance(start, str) and steps and start not in steps:
@@ -238,14 +245,13 @@ def _graph_problems(
         terminal = any(k in step for k in ("succeed", "fail")) or (
             "effect" in step and "next" not in step
         )
-        if terminal or suspect(("steps", step_id)):
+        if terminal or step_id in faulty:
             able.add(step_id)
     reachable = (
         _closure([start], graph) if isinstance(start, str) and start in steps else set(steps)
     )
-    blind = any(suspect(("steps", step_id)) for step_id in reachable)  # may lead anywhere
     for step_id in steps:
-        if step_id not in reachable and not blind:
+        if step_id not in reachable and not blind & reachable:
             problems.append(
                 Problem(("steps", step_id), f"step {step_id!r} is unreachable from start {start!r}")
             )
@@ -264,6 +270,14 @@ def _graph_problems(
                 )
             )
     return problems
+
+
+def _blind(step: Mapping[str, Any], step_id: str, flagged: Collection[JsonPath]) -> bool:
+    """Tell whether schema faults of a step may hide where it goes next."""
+    faults = [p[2:] for p in flagged if p[:2] == ("steps", step_id)]
+    if "choice" in step:
+        return any(len(rel) <= 1 or rel[0] == "choice" for rel in faults)
+    return any(rel[:1] == ("next",) or (len(rel) <= 1 and "next" not in step) for rel in faults)
 
 
 def _closure(roots: Any, graph: Mapping[str, list[str]]) -> set[str]:

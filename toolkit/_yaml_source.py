@@ -115,8 +115,9 @@ class YamlSource:
 def load_yaml(text: str) -> YamlSource:
     """Parse one YAML document safely, tracking lines and detecting duplicate keys."""
     source = YamlSource()
-    loader = _Loader(text)
+    loader: _Loader | None = None
     try:
+        loader = _Loader(text)
         node = loader.get_single_node()
         if node is None:
             source.empty = True
@@ -139,7 +140,8 @@ def load_yaml(text: str) -> YamlSource:
         source.problems.append(Problem((), f"invalid YAML: {exc}"))
         return source
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     data = _to_json(raw, (), source)
     if not source.problems:
         source.data = data
@@ -209,8 +211,10 @@ class _Walker:
 
 def _to_json(value: Any, path: JsonPath, source: YamlSource) -> Any:
     """Copy constructed YAML data into fresh JSON values, reporting what JSON cannot hold."""
-    if value is None or isinstance(value, (bool, int, str)):
+    if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, str):
+        return _text(value, path, source)
     if isinstance(value, float):
         if not math.isfinite(value):
             source.problems.append(Problem(path, f"{value} is not allowed: numbers must be finite"))
@@ -229,6 +233,7 @@ def _to_json(value: Any, path: JsonPath, source: YamlSource) -> Any:
                     )
                 )
                 continue
+            key = _text(key, (*path, key), source)
             result[key] = _to_json(item, (*path, key), source)
         return result
     source.problems.append(
@@ -239,6 +244,21 @@ def _to_json(value: Any, path: JsonPath, source: YamlSource) -> Any:
         )
     )
     return None
+
+
+def _text(value: str, path: JsonPath, source: YamlSource) -> str:
+    """Return ``value`` as valid Unicode, joining UTF-16 surrogate pairs written as escapes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        try:  # YAML "\ud83d\ude00" escapes give a surrogate pair: join it into one character
+            joined = value.encode("utf-16", "surrogatepass").decode("utf-16")
+            joined.encode("utf-8")
+        except UnicodeError:
+            source.problems.append(Problem(path, f"{value!r} contains an unpaired surrogate"))
+            return value
+        return joined
+    return value
 
 
 def to_json(value: Any) -> tuple[Any, list[Problem]]:

@@ -41,7 +41,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from toolkit import _definition_checks as checks
-from toolkit._paths import JsonPath, format_path
+from toolkit._paths import format_path
 from toolkit._yaml_source import Problem, YamlSource, load_yaml, to_json
 from toolkit.durations import parse_duration
 from toolkit.errors import DefinitionError, DefinitionFault, InputError
@@ -65,7 +65,7 @@ __all__ = [
 
 _SCHEMA_FILE = "workflow.schema.json"
 _DEFAULT_RETRY: Mapping[str, Any] = types.MappingProxyType(
-    {"max_attempts": 1, "initial": 1.0, "factor": 2.0, "max": 300.0, "jitter": True}
+    {"max_attempts": 3, "initial": 1.0, "factor": 2.0, "max": 60.0, "jitter": True}
 )
 
 
@@ -77,7 +77,8 @@ class RetryPolicy:
     """When and how often a failed effect is attempted again.
 
     Attributes:
-        max_attempts: Attempts in total, including the first (1 means no retry).
+        max_attempts: Attempts in total, including the first (1 means no retry). An attempt
+            lost to a crash or an expired lease counts too (docs/decisions.md). Default 3.
         initial: Delay before the first retry, in seconds.
         factor: Multiplier applied to the delay after each retry (≥ 1).
         max: Upper bound of any delay, in seconds.
@@ -85,10 +86,10 @@ class RetryPolicy:
         non_retryable: Error names that fail the step at once, whatever the attempt count.
     """
 
-    max_attempts: int = 1
+    max_attempts: int = 3
     initial: float = 1.0
     factor: float = 2.0
-    max: float = 300.0
+    max: float = 60.0
     jitter: bool = True
     non_retryable: tuple[str, ...] = ()
 
@@ -396,7 +397,9 @@ def definition_from_body(
         DefinitionError: If the body is not a valid definition (faults have no line).
     """
     doc, problems = to_json(body)
-    return _check_and_build(doc, problems, source or "<body>", None, source)
+    if problems:
+        raise DefinitionError(_faults(problems, source or "<body>", None))
+    return _check_and_build(doc, [], source or "<body>", None, source)
 
 
 def _load(path: str | os.PathLike[str]) -> tuple[WorkflowDefinition, YamlSource | None]:
@@ -433,11 +436,7 @@ def _check_and_build(
     """Run schema and semantic checks on ``doc``; build the definition if nothing is wrong."""
     lead, rest = checks.schema_problems(doc, _workflow_schema())
     flagged = {p.path for p in lead + rest}
-
-    def suspect(path: JsonPath) -> bool:
-        return any(flagged_path[: len(path)] == path for flagged_path in flagged)
-
-    semantic = [p for p in checks.semantic_problems(doc, suspect) if p.path not in flagged]
+    semantic = [p for p in checks.semantic_problems(doc, flagged) if p.path not in flagged]
     line_of = yaml_source.line_of if yaml_source else (lambda path: None)
     ordered = (
         problems + lead + sorted(rest + semantic, key=lambda p: p.line or line_of(p.path) or 0)

@@ -1,0 +1,20 @@
+"""The benchmark's handlers: one async effect that does nothing and returns ``{}``.
+
+Run by the worker subprocess as ``toolkit run --app bench.noop_app``; every benchmark
+definition calls it, idempotent or not (idempotence is a property of the step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import toolkit
+
+NOOP_HANDLER = "bench.noop"
+
+app = toolkit.App("bench")
+
+
+@app.effect(NOOP_HANDLER)
+async def noop(ctx: toolkit.EffectContext) -> dict[str, Any]:
+    return {}

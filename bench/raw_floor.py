@@ -1,0 +1,273 @@
+"""The raw floor: the least SQL doing the engine's durable work, with nothing around it.
+
+On the toolkit's own tables, ``concurrency`` connections (one thread each) repeat: claim a
+batch with ``FOR UPDATE SKIP LOCKED`` (the engine's claim predicate, fencing token + 1), then
+for every write of the protocol one fenced UPDATE per task (guarded by id + owner + token +
+state + unexpired lease), the last of which completes the task. The checkpoints written are
+the engine's own, serialised once up front, so no Python work happens between statements
+beyond the driver's.
+
+The write schedule is the engine's: one checkpoint per step, the last one completing the
+task; a non-idempotent chain also writes its first intent before the first call (every
+later intent rides on the previous step's checkpoint), so ``steps + 1`` writes per task.
+
+Modes (how one batch's writes reach the server):
+
+- ``unnest``: one ``UPDATE ... FROM unnest(ids, tokens)`` per write: a commit per batch-write.
+- ``pipeline``: ``executemany`` of the per-row UPDATE in pipeline mode: one round trip and
+  one (implicit) transaction per batch-write.
+- ``commit-per-write``: the per-row UPDATE pipelined with a Sync after each, so every
+  task-write is its own transaction, like the engine's one fenced statement per write.
+
+Run: ``.venv/bin/python bench/raw_floor.py [--dsn DSN] [--tasks N] [--steps S]
+[--non-idempotent] [--concurrency C] [--batch B] [--mode M]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, LiteralString
+
+if __package__ in {None, ""}:  # run as a script: make `bench` and `toolkit` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+
+from bench.workload import (
+    Workload,
+    bench_server,
+    scratch_database,
+    seed,
+    task_states,
+)
+from toolkit.checkpoint import Checkpoint
+
+Mode = Literal["unnest", "pipeline", "commit-per-write"]
+MODES: tuple[Mode, ...] = ("unnest", "pipeline", "commit-per-write")
+LEASE_SECONDS = 30.0
+
+CLAIM: LiteralString = """
+UPDATE toolkit_tasks t
+SET state = 'leased', lease_owner = %(owner)s, lease_token = t.lease_token + 1,
+    lease_expires_at = clock_timestamp() + %(lease)s * interval '1 second',
+    attempts = t.attempts + 1, updated_at = clock_timestamp()
+FROM (SELECT id FROM toolkit_tasks
+      WHERE state IN ('queued', 'leased') AND run_at <= clock_timestamp()
+        AND (state = 'queued' OR lease_expires_at <= clock_timestamp())
+      ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
+WHERE t.id = c.id
+RETURNING t.id, t.lease_token
+"""
+
+# Per-row statements, positional: (checkpoint, id, owner, token).
+ROW_CHECKPOINT: LiteralString = """
+UPDATE toolkit_tasks SET checkpoint = %s::jsonb, updated_at = clock_timestamp()
+WHERE id = %s AND lease_owner = %s AND lease_token = %s
+  AND state = 'leased' AND lease_expires_at > clock_timestamp()
+"""
+ROW_COMPLETE: LiteralString = """
+UPDATE toolkit_tasks
+SET checkpoint = %s::jsonb, state = 'succeeded', result = '{}', lease_owner = NULL,
+    lease_expires_at = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE id = %s AND lease_owner = %s AND lease_token = %s
+  AND state = 'leased' AND lease_expires_at > clock_timestamp()
+"""
+# Set statements, positional: (checkpoint, ids, tokens, owner).
+SET_CHECKPOINT: LiteralString = """
+UPDATE toolkit_tasks t SET checkpoint = %s::jsonb, updated_at = clock_timestamp()
+FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)
+WHERE t.id = h.id AND t.lease_token = h.token AND t.lease_owner = %s
+  AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+"""
+SET_COMPLETE: LiteralString = """
+UPDATE toolkit_tasks t
+SET checkpoint = %s::jsonb, state = 'succeeded', result = '{}', lease_owner = NULL,
+    lease_expires_at = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)
+WHERE t.id = h.id AND t.lease_token = h.token AND t.lease_owner = %s
+  AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Write:
+    """One write of the protocol: the checkpoint text, and whether it completes the task."""
+
+    checkpoint: str
+    final: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorResult:
+    """One floor run."""
+
+    mode: str
+    tasks: int
+    steps: int
+    writes: int
+    wall: float
+
+    @property
+    def steps_per_second(self) -> float:
+        return self.steps / self.wall
+
+
+class LeaseLostError(RuntimeError):
+    """A fenced write of the floor applied to fewer rows than it held."""
+
+
+def write_plan(workload: Workload) -> list[Write]:
+    """The checkpoints the engine writes for one task of ``workload``, in order.
+
+    Before each call the engine sets the attempt (and, when not idempotent, the pending
+    intent) of the step it is about to call; after the last step the cursor is None.
+    """
+    ids = workload.step_ids()
+    checkpoint = Checkpoint.initial(ids[0])
+    plan: list[Write] = []
+
+    def begin(step: str) -> None:
+        occurrence = checkpoint.occurrence(step)
+        checkpoint.attempts[occurrence] = 1
+        if not workload.idempotent:
+            checkpoint.pending = occurrence
+
+    begin(ids[0])
+    if not workload.idempotent:
+        plan.append(Write(json.dumps(checkpoint.to_json()), final=False))
+    for step, following in zip(ids, [*ids[1:], None], strict=True):
+        checkpoint.attempts.pop(checkpoint.occurrence(step), None)
+        checkpoint.pending = None
+        checkpoint.outputs[step] = {}
+        checkpoint.enter(following)
+        if following is not None:
+            begin(following)
+        plan.append(Write(json.dumps(checkpoint.to_json()), final=following is None))
+    return plan
+
+
+Claimed = Sequence[tuple[int, int]]
+WriteFn = Callable[[psycopg.Connection[Any], Claimed, str, Write], int]
+
+
+def _write_unnest(conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write) -> int:
+    ids, tokens = zip(*claimed, strict=True)
+    statement = SET_COMPLETE if write.final else SET_CHECKPOINT
+    return conn.execute(statement, (write.checkpoint, list(ids), list(tokens), owner)).rowcount
+
+
+def _write_pipeline(
+    conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write
+) -> int:
+    statement = ROW_COMPLETE if write.final else ROW_CHECKPOINT
+    cursor = conn.cursor()  # executemany pipelines the rows and syncs once at the end
+    cursor.executemany(statement, [(write.checkpoint, i, owner, t) for i, t in claimed])
+    return cursor.rowcount
+
+
+def _write_commit_per_write(
+    conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write
+) -> int:
+    statement = ROW_COMPLETE if write.final else ROW_CHECKPOINT
+    with conn.pipeline() as pipeline:
+        cursors = []
+        for task_id, token in claimed:
+            cursors.append(conn.execute(statement, (write.checkpoint, task_id, owner, token)))
+            pipeline.sync()
+    return sum(cursor.rowcount for cursor in cursors)
+
+
+WRITERS: dict[Mode, WriteFn] = {
+    "unnest": _write_unnest,
+    "pipeline": _write_pipeline,
+    "commit-per-write": _write_commit_per_write,
+}
+
+
+def _drain(dsn: str, plan: Sequence[Write], owner: str, batch: int, writer: WriteFn) -> int:
+    """Claim and finish batches on one connection until nothing is left; tasks finished."""
+    finished = 0
+    claim = {"owner": owner, "limit": batch, "lease": LEASE_SECONDS}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while claimed := conn.execute(CLAIM, claim).fetchall():
+            for write in plan:
+                if writer(conn, claimed, owner, write) != len(claimed):
+                    raise LeaseLostError(f"{owner}: a fenced write missed a held lease")
+            finished += len(claimed)
+    return finished
+
+
+def run_floor(
+    dsn: str, workload: Workload, *, concurrency: int, batch: int, mode: Mode
+) -> FloorResult:
+    """Run every queued task of a seeded database to completion the raw-SQL way.
+
+    Args:
+        dsn: a database seeded with :func:`bench.workload.seed`.
+        workload: what the tasks are (step count and idempotence).
+        concurrency: connections working in parallel, one thread each.
+        batch: tasks claimed per claim statement at most.
+        mode: how a batch's writes are sent (see the module doc).
+
+    Raises:
+        LeaseLostError: a fenced write did not apply (never expected: nobody else claims).
+    """
+    plan = write_plan(workload)
+    writer = WRITERS[mode]
+    finished = [0] * concurrency
+    errors: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            finished[index] = _drain(dsn, plan, f"floor-{index}", batch, writer)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise errors[0]
+    tasks = sum(finished)
+    return FloorResult(mode, tasks, tasks * workload.steps, tasks * len(plan), wall)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dsn", help="server DSN (default: a temporary embedded server)")
+    parser.add_argument("--tasks", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--non-idempotent", action="store_true")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--mode", choices=MODES, action="append", help="default: all")
+    args = parser.parse_args(argv)
+    workload = Workload(args.steps, idempotent=not args.non_idempotent)
+    with bench_server(args.dsn) as server:
+        for mode in args.mode or MODES:
+            with scratch_database(server, "bench_floor") as dsn:
+                seed(dsn, workload, args.tasks)
+                result = run_floor(
+                    dsn, workload, concurrency=args.concurrency, batch=args.batch, mode=mode
+                )
+                states = task_states(dsn)
+            print(
+                f"{mode:>16}: {result.tasks} tasks, {result.steps} steps, {result.writes} "
+                f"writes in {result.wall:.3f} s = {result.steps_per_second:,.0f} steps/s "
+                f"(states {states})"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The `toolkit` command: clear one-line errors, nothing written on refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.workflows import THREE_STEPS
+from toolkit.cli import cli
+
+UNREACHABLE = "postgresql://user:hunter2@127.0.0.1:1/nowhere?connect_timeout=2"
+
+
+def invoke(*args: str, dsn: str | None = None) -> tuple[int, str, str]:
+    runner = CliRunner()
+    env = {"TOOLKIT_DSN": dsn} if dsn else {}
+    result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def three_steps(tmp_path: Path) -> Path:
+    path = tmp_path / "three.yaml"
+    path.write_text(THREE_STEPS)
+    return path
+
+
+def test_validate_reports_every_fault_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(THREE_STEPS.replace("next: second", "next: nowhere").replace("version: 1", "version: 0"))
+    code, out, err = invoke("validate", str(bad))
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) >= 2
+    assert all(line.startswith(f"error: {bad}:") for line in lines)
+    assert any("$.version" in line for line in lines)
+    assert any("nowhere" in line for line in lines)
+    assert "Traceback" not in err
+
+
+def test_validate_accepts_the_examples() -> None:
+    code, out, _ = invoke("validate", "definitions")
+    assert code == 0 and out.count("ok: ") >= 2
+
+
+def test_invalid_yaml_is_one_located_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: x\nsteps: [unclosed\n")
+    code, _, err = invoke("validate", str(bad))
+    assert code == 1 and f"{bad}:" in err and "Traceback" not in err
+
+
+def test_unreachable_database_is_one_line_without_the_password(three_steps: Path) -> None:
+    code, _, err = invoke("deploy", str(three_steps), dsn=UNREACHABLE)
+    assert code == 1
+    assert err.startswith("error: cannot reach PostgreSQL at ") and err.count("\n") == 1
+    assert "hunter2" not in err
+
+
+def test_submit_and_show_and_tasks(dsn: str, three_steps: Path) -> None:
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    code, out, err = invoke("deploy", str(three_steps), dsn=dsn)
+    assert code == 0 and out.startswith("unchanged"), err
+    code, out, err = invoke("submit", "three-steps", "--input", '{"n": 3}', dsn=dsn)
+    assert code == 0, err
+    task_id = int(out)
+    code, out, _ = invoke("show", str(task_id), "--json", dsn=dsn)
+    shown = json.loads(out)
+    assert shown["task"]["state"] == "queued" and shown["events"][0]["kind"] == "submitted"
+    code, out, _ = invoke("tasks", "--state", "queued", dsn=dsn)
+    assert code == 0 and f"{task_id:>8}  queued" in out
+
+
+def test_submit_refuses_bad_input_and_writes_nothing(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "strict.yaml"
+    path.write_text(THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}"))
+    invoke("deploy", str(path), dsn=dsn)
+    code, _, err = invoke("submit", "three-steps", "--input", '{"m": 1}', dsn=dsn)
+    assert code == 1 and "n" in err and "Traceback" not in err
+    code, _, err = invoke("submit", "three-steps", "--input", "{not json", dsn=dsn)
+    assert code == 1 and "--input: not valid JSON" in err
+    code, _, err = invoke("submit", "no-such-workflow", dsn=dsn)
+    assert code == 1 and "no definition 'no-such-workflow'" in err
+    assert invoke("tasks", "--json", dsn=dsn)[1].strip() == "[]"
+
+
+def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps: Path) -> None:
+    code, _, err = invoke("run", "--app", "toolkit.examples", "--definitions", str(three_steps), dsn=dsn)
+    assert code == 1
+    assert f"{three_steps}: $.steps.first.effect: no handler 'count.work'" in err
+    code, _, err = invoke("run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn)
+    assert code == 1 and "cannot import 'no.such.module'" in err
+    code, _, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),
+        "--lease", "3", "--heartbeat", "2", dsn=dsn,
+    )  # fmt: skip
+    assert code == 1 and "at most a third of the lease" in err
+
+
+def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
+    invoke("deploy", str(three_steps), dsn=dsn)
+    for n in range(3):
+        invoke("submit", "three-steps", "--input", json.dumps({"n": n}), dsn=dsn)
+    code, out, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps), "--until-idle",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "succeeded 3" in out

@@ -1,0 +1,687 @@
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import pickle
+import re
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from toolkit.definition import (
+    ChoiceStep,
+    EffectStep,
+    FailStep,
+    RetryPolicy,
+    SucceedStep,
+    WorkflowDefinition,
+    definition_from_body,
+    load_definition,
+    load_definitions,
+    parse_definition,
+    schema_path,
+)
+from toolkit.errors import (
+    DefinitionError,
+    DefinitionFault,
+    ExpressionError,
+    InputError,
+    NoChoiceMatched,
+    ToolkitError,
+)
+
+CORPUS = pathlib.Path(__file__).parent / "corpus"
+VALID = sorted((CORPUS / "valid").glob("*.yaml"))
+INVALID = sorted((CORPUS / "invalid").glob("*.yaml"))
+
+# Each invalid corpus file starts with one or more lines
+#     # expect: LINE: PATH: FRAGMENT
+# mirroring how a fault prints (FILE:LINE: PATH: message) without the file. LINE is the
+# 1-based line of the fault in that file, or "-" when the fault has no line; PATH is the
+# exact JSON path; FRAGMENT must occur in the message. Every expectation must be met by
+# some fault of the file.
+EXPECT = re.compile(r"^# expect: (?P<line>\d+|-): (?P<path>\$.*?): (?P<fragment>.+)$")
+
+MINIMAL = """\
+name: demo
+version: 1
+start: done
+steps:
+  done: {succeed: {}}
+"""
+
+
+def expectations(path: pathlib.Path) -> list[tuple[int | None, str, str]]:
+    found = []
+    for text in path.read_text(encoding="utf-8").splitlines():
+        if not text.startswith("#"):
+            break
+        match = EXPECT.match(text)
+        if match:
+            line = None if match["line"] == "-" else int(match["line"])
+            found.append((line, match["path"], match["fragment"]))
+    return found
+
+
+def faults_of(text: str, source: str = "<string>") -> tuple[DefinitionFault, ...]:
+    with pytest.raises(DefinitionError) as caught:
+        parse_definition(text, source=source)
+    return caught.value.faults
+
+
+# --- the corpus -------------------------------------------------------------------------------
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(INVALID) >= 25
+    assert len(VALID) >= 5
+
+
+@pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
+def test_invalid_corpus(path: pathlib.Path) -> None:
+    expected = expectations(path)
+    assert expected, f"{path.name} must start with '# expect: LINE: PATH: FRAGMENT'"
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(path)
+    faults = caught.value.faults
+    assert faults
+    for line, json_path, fragment in expected:
+        assert any(
+            f.line == line and f.path == json_path and fragment in f.message for f in faults
+        ), f"no fault {line}: {json_path}: {fragment!r} in:\n{caught.value}"
+    for fault in faults:
+        assert fault.file == str(path)
+        assert fault.path.startswith("$")
+    assert str(caught.value).splitlines() == [str(f) for f in faults]
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_valid_corpus(path: pathlib.Path) -> None:
+    definition = load_definition(path)
+    assert definition.source == str(path)
+    assert definition.steps[definition.start]
+    assert re.fullmatch(r"[0-9a-f]{64}", definition.digest)
+    assert definition.key == (definition.name, definition.version, definition.digest)
+    # The stored body rebuilds the same definition.
+    rebuilt = definition_from_body(json.loads(json.dumps(definition.body)))
+    assert rebuilt == definition
+    assert rebuilt.digest == definition.digest
+    assert rebuilt.steps.keys() == definition.steps.keys()
+
+
+def reordered(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: reordered(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [reordered(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_digest_is_stable_under_formatting(path: pathlib.Path) -> None:
+    definition = load_definition(path)
+    body = reordered(definition.body)
+    assert list(body) != list(definition.body)
+    variants = [
+        yaml.safe_dump(body, default_flow_style=False, sort_keys=False),
+        yaml.safe_dump(body, default_flow_style=True, sort_keys=False, width=1000),
+        "# a comment\n\n" + yaml.safe_dump(body, sort_keys=True, indent=4),
+        json.dumps(body, indent=2),
+    ]
+    for text in variants:
+        assert parse_definition(text).digest == definition.digest
+
+
+@pytest.mark.parametrize("path", VALID, ids=lambda p: p.stem)
+def test_digest_changes_with_content(path: pathlib.Path) -> None:
+    definition = load_definition(path)
+    changed = json.loads(json.dumps(definition.body))
+    changed["description"] = changed.get("description", "") + " (changed)"
+    assert definition_from_body(changed).digest != definition.digest
+    bumped = {**definition.body, "version": definition.version + 1}
+    assert definition_from_body(bumped).digest != definition.digest
+
+
+def test_digest_is_sha256_of_canonical_json() -> None:
+    import hashlib
+
+    definition = parse_definition(MINIMAL)
+    canonical = json.dumps(
+        definition.body, sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    assert definition.digest == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --- the model --------------------------------------------------------------------------------
+
+
+ORDER = CORPUS / "valid" / "order-fulfilment.yaml"
+
+
+def test_model_of_the_order_example() -> None:
+    d = load_definition(ORDER)
+    assert (d.name, d.version, d.start) == ("order-fulfilment", 3, "reserve")
+    assert d.description.startswith("Reserve stock")
+    assert list(d.steps) == ["reserve", "route", "review", "decide", "charge", "done", "oops"]
+    assert d.handlers() == frozenset({"inventory.reserve", "orders.review", "payments.charge"})
+
+    reserve = d.steps["reserve"]
+    assert isinstance(reserve, EffectStep)
+    assert (reserve.handler, reserve.idempotent, reserve.next) == (
+        "inventory.reserve",
+        True,
+        "route",
+    )
+    assert reserve.retry == RetryPolicy(5, 1.0, 2.0, 60.0, True, ("OutOfStock",))
+    assert reserve.timeout == 30.0
+    assert reserve.args.render({"input": {"order_id": "A1"}}) == {"order": "A1"}
+
+    charge = d.steps["charge"]
+    assert isinstance(charge, EffectStep)
+    assert charge.retry == RetryPolicy(3, 1.0, 2.0, 60.0, True, ())  # from defaults
+    assert charge.timeout == 30.0
+    assert charge.args.is_constant and charge.args.render({}) is None
+
+    route = d.steps["route"]
+    assert isinstance(route, ChoiceStep)
+    assert route.default == "charge"
+    assert [rule.next for rule in route.choices] == ["review"]
+    assert route.choices[0].when.render({"steps": {"reserve": {"total": 101}}}) is True
+
+    done = d.steps["done"]
+    assert isinstance(done, SucceedStep)
+    assert done.output.render({"steps": {"charge": {"id": 7}}}) == {"id": 7}
+
+    oops = d.steps["oops"]
+    assert isinstance(oops, FailStep)
+    assert oops.error == "OrderRejected"
+    assert oops.message.render({"input": {"order_id": "A1"}}) == "order A1 rejected"
+
+
+def test_defaults_without_retry_or_timeout() -> None:
+    d = parse_definition(
+        "name: x\nversion: 1\nstart: a\nsteps:\n  a: {effect: h, idempotent: false}\n"
+    )
+    step = d.steps["a"]
+    assert isinstance(step, EffectStep)
+    assert step.retry == RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max=300.0)
+    assert step.timeout is None
+    assert step.next is None
+    assert d.input_schema == {}
+    assert d.description == ""
+
+
+def test_retry_fields_merge_step_over_defaults() -> None:
+    d = parse_definition(
+        """
+name: x
+version: 1
+defaults: {retry: {max_attempts: 4, initial: 2s, jitter: false}, timeout: 1m}
+start: a
+steps:
+  a: {effect: h, idempotent: true, retry: {initial: 500ms, non_retryable: [Boom]}, timeout: 5}
+"""
+    )
+    step = d.steps["a"]
+    assert isinstance(step, EffectStep)
+    assert step.retry == RetryPolicy(4, 0.5, 2.0, 300.0, False, ("Boom",))
+    assert step.timeout == 5.0
+
+
+def test_succeed_and_fail_defaults() -> None:
+    d = parse_definition(
+        "name: x\nversion: 1\nstart: a\nsteps:\n"
+        "  a: {choice: [{when: '${ input.ok }', next: b}], default: c}\n"
+        "  b: {succeed: {}}\n  c: {fail: {error: pkg.Bad}}\n"
+    )
+    b, c, a = d.steps["b"], d.steps["c"], d.steps["a"]
+    assert isinstance(b, SucceedStep) and b.output.render({}) is None
+    assert isinstance(c, FailStep) and c.message.render({}) == "" and c.error == "pkg.Bad"
+    assert isinstance(a, ChoiceStep)
+
+
+def test_choice_without_default_is_valid() -> None:
+    d = parse_definition(
+        "name: x\nversion: 1\nstart: a\nsteps:\n"
+        "  a: {choice: [{when: '${ input.ok }', next: b}]}\n  b: {succeed: {}}\n"
+    )
+    step = d.steps["a"]
+    assert isinstance(step, ChoiceStep) and step.default is None
+
+
+def test_definition_is_immutable_and_compares_by_key() -> None:
+    d = parse_definition(MINIMAL, source="a.yaml")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        d.name = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        d.steps["new"] = d.steps["done"]  # type: ignore[index]
+    same = parse_definition(MINIMAL.replace("{succeed: {}}", "\n    succeed: {}"), source="b")
+    assert same == d and hash(same) == hash(d)
+    assert {d, same} == {d}
+    assert d != parse_definition(MINIMAL.replace("version: 1", "version: 2"))
+    assert d != "not a definition"
+    assert isinstance(d, WorkflowDefinition)
+
+
+def test_source_labels() -> None:
+    assert parse_definition(MINIMAL).source == "<string>"
+    assert parse_definition(MINIMAL, source="x.yaml").source == "x.yaml"
+    body = parse_definition(MINIMAL).body
+    assert definition_from_body(body).source is None
+    assert definition_from_body(body, source="db").source == "db"
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+def test_validate_input_applies_nested_defaults() -> None:
+    d = load_definition(CORPUS / "valid" / "input-defaults.yaml")
+    value = {"customer": {"id": "c1"}, "options": {"channel": "sms"}}
+    result = d.validate_input(value)
+    assert result == {
+        "customer": {"id": "c1"},
+        "priority": 5,
+        "options": {"channel": "sms", "notify": True},
+    }
+    assert value == {"customer": {"id": "c1"}, "options": {"channel": "sms"}}  # not modified
+    assert d.validate_input({"customer": {"id": "c1"}})["options"] == {
+        "notify": True,
+        "channel": "email",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "path", "fragment"),
+    [
+        ({}, "$", "'customer' is a required property"),
+        ({"customer": {"id": 5}}, "$.customer.id", "5 is not of type 'string'"),
+        ({"customer": {"id": "c"}, "priority": -1}, "$.priority", "less than the minimum"),
+        ({"customer": {"id": "c"}, "options": {"channel": "fax"}}, "$.options.channel", "fax"),
+        ("text", "$", "is not of type 'object'"),
+    ],
+)
+def test_validate_input_errors(value: Any, path: str, fragment: str) -> None:
+    d = load_definition(CORPUS / "valid" / "input-defaults.yaml")
+    with pytest.raises(InputError) as caught:
+        d.validate_input(value)
+    assert caught.value.path == path
+    assert fragment in str(caught.value)
+    assert path in str(caught.value)
+
+
+def test_input_schema_absent_or_boolean() -> None:
+    assert parse_definition(MINIMAL).validate_input({"anything": [1]}) == {"anything": [1]}
+    closed = parse_definition(MINIMAL + "input: false\n")
+    with pytest.raises(InputError):
+        closed.validate_input({})
+    assert parse_definition(MINIMAL + "input: true\n").validate_input(3) == 3
+
+
+def test_input_schema_never_fetches_remote_references() -> None:
+    faults = faults_of(MINIMAL + "input: {$ref: 'https://example.com/schema.json'}\n")
+    assert faults[0].path == "$.input['$ref']"
+    assert "cannot resolve $ref" in faults[0].message
+    d = parse_definition(
+        MINIMAL + "input: {$ref: 'https://json-schema.org/draft/2020-12/schema'}\n"
+    )
+    assert d.validate_input({"type": "object"}) == {"type": "object"}
+    with pytest.raises(InputError):
+        d.validate_input({"type": 5})
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+def test_faults_collect_everything_and_print_with_file_and_line() -> None:
+    text = """\
+name: Bad Name
+version: 0
+start: a
+steps:
+  a: {effect: h, idempotent: true, next: b, retry: {max_attempts: 0}}
+  b: {effect: h, idempotnt: true, next: d}
+  d: {fail: {error: E}}
+  c: {succeed: {output: "${ x. }"}}
+"""
+    faults = faults_of(text, source="flows/bad.yaml")
+    printed = [str(f) for f in faults]
+    assert any(
+        p.startswith("flows/bad.yaml:1: $.name: 'Bad Name' is not a valid workflow")
+        for p in printed
+    )
+    assert any(p.startswith("flows/bad.yaml:2: $.version: 0 is less than") for p in printed)
+    assert any("flows/bad.yaml:5: $.steps.a.retry.max_attempts:" in p for p in printed)
+    assert any(
+        "flows/bad.yaml:6: $.steps.b.idempotnt: unknown field 'idempotnt'" in p for p in printed
+    )
+    assert any(
+        "flows/bad.yaml:8: $.steps.c.succeed.output: invalid expression 'x.'" in p for p in printed
+    )
+    assert any("$.steps.c: step 'c' is unreachable" in p for p in printed)
+    assert len(set(faults)) == len(faults)
+
+
+def test_best_match_comes_first() -> None:
+    text = MINIMAL.replace("version: 1", "version: '1'") + "extra: 1\n"
+    faults = faults_of(text)
+    assert {f.path for f in faults} == {"$.version", "$.extra"}
+
+
+def test_one_bad_step_does_not_cascade() -> None:
+    text = """\
+name: x
+version: 1
+start: a
+steps:
+  a: {effect: h, idempotent: true, nxt: b}
+  b: {effect: h, idempotent: true, next: c}
+  c: {succeed: {}}
+"""
+    faults = faults_of(text)
+    assert [f.path for f in faults] == ["$.steps.a.nxt"]
+
+
+def test_fault_format() -> None:
+    assert str(DefinitionFault("f.yaml", 3, "$.a", "bad")) == "f.yaml:3: $.a: bad"
+    assert str(DefinitionFault("f.yaml", None, "$", "bad")) == "f.yaml: $: bad"
+    error = DefinitionError([DefinitionFault("f", 1, "$", "a"), DefinitionFault("f", 2, "$", "b")])
+    assert str(error) == "f:1: $: a\nf:2: $: b"
+    assert isinstance(error, ToolkitError)
+    assert str(DefinitionError([])) == "Invalid workflow definition."
+
+
+def test_body_faults_have_no_line() -> None:
+    with pytest.raises(DefinitionError) as caught:
+        definition_from_body({"name": "x", "version": 1, "start": "a", "steps": {"b": {}}})
+    assert all(f.line is None and f.file == "<body>" for f in caught.value.faults)
+    with pytest.raises(DefinitionError) as caught:
+        definition_from_body({"name": "x", "version": 1, "start": "a", "steps": {}}, source="db")
+    assert caught.value.faults[0].file == "db"
+    with pytest.raises(DefinitionError, match="mapping key 1 is not a string"):
+        definition_from_body({"name": "x", "version": 1, "start": "a", "steps": {1: {}}})
+
+
+def test_schema_file() -> None:
+    path = schema_path()
+    assert path.name == "workflow.schema.json" and path.is_file()
+    schema = json.loads(path.read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(schema)
+    assert schema["additionalProperties"] is False
+
+
+def test_every_object_in_the_schema_is_closed() -> None:
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node:
+                assert node.get("additionalProperties") is False, where
+            for key, child in node.items():
+                walk(child, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, child in enumerate(node):
+                walk(child, f"{where}/{i}")
+
+    walk(schema, "#")
+
+
+# --- files ------------------------------------------------------------------------------------
+
+
+def test_load_definition_missing_or_unreadable(tmp_path: pathlib.Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(DefinitionError) as caught:
+        load_definition(missing)
+    (fault,) = caught.value.faults
+    assert fault.file == str(missing) and fault.line is None
+    assert "cannot read the file" in fault.message
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(DefinitionError, match="not valid UTF-8"):
+        load_definition(latin)
+    with pytest.raises(DefinitionError, match="cannot read the file"):
+        load_definition(tmp_path)
+
+
+def test_load_definitions_from_directories_and_files(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "b.yaml").write_text(MINIMAL.replace("demo", "bee"))
+    (tmp_path / "a.yml").write_text(MINIMAL.replace("demo", "ant"))
+    (tmp_path / "notes.txt").write_text("not a definition")
+    extra = tmp_path / "sub" / "c.yaml"
+    extra.parent.mkdir()
+    extra.write_text(MINIMAL.replace("demo", "cat"))
+    loaded = load_definitions([tmp_path, extra, tmp_path / "a.yml"])
+    assert [d.name for d in loaded] == ["ant", "bee", "cat"]
+    assert load_definitions([]) == []
+
+
+def test_load_definitions_collects_faults_of_all_files(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "1.yaml").write_text(MINIMAL)
+    (tmp_path / "2.yaml").write_text(
+        "# same name and version\n" + MINIMAL.replace("{}}", "{output: 1}}")
+    )
+    (tmp_path / "3.yaml").write_text(MINIMAL.replace("version: 1", "version: x"))
+    (tmp_path / "4.yaml").write_text("name: [")
+    with pytest.raises(DefinitionError) as caught:
+        load_definitions([tmp_path, tmp_path / "missing.yaml"])
+    by_file = {pathlib.Path(f.file).name: f for f in caught.value.faults}
+    assert set(by_file) == {"2.yaml", "3.yaml", "4.yaml", "missing.yaml"}
+    duplicate = by_file["2.yaml"]
+    assert duplicate.line == 3 and duplicate.path == "$.version"
+    assert "demo version 1 is also defined in" in duplicate.message
+    assert "1.yaml" in duplicate.message
+    assert by_file["4.yaml"].message.startswith("invalid YAML")
+
+
+def test_yaml_syntax_error_has_the_line() -> None:
+    (fault,) = faults_of("name: x\nsteps:\n  a: [1, 2\n  b: 3\n")
+    assert fault.path == "$" and fault.line is not None and fault.line >= 3
+    assert fault.message.startswith("invalid YAML")
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("a: 1\n---\nb: 2\n", "expected a single document"),
+        ("a: !!python/object:os.system {}\n", "could not determine a constructor"),
+        ("a: !!int abc\n", "invalid YAML"),
+        ("a: !!binary aGVsbG8=\n", "a value of type bytes is not allowed"),
+        ("a: .inf\n", "numbers must be finite"),
+        ("a: !!timestamp 2024-01-01\n", "is not allowed"),
+        ("a: !!set {x, y}\n", "is not allowed"),
+        ("? [1, 2]\n: x\n", "invalid YAML"),
+        ("a: &x [*x]\n", "recursive YAML alias"),
+        ("\t- x", "invalid YAML"),
+        ("a: \x00\n", "invalid YAML"),
+        ("[" * 5000, "invalid YAML"),
+    ],
+)
+def test_hostile_yaml_gives_faults(text: str, fragment: str) -> None:
+    faults = faults_of(text)
+    assert any(fragment in f.message for f in faults), faults
+
+
+def test_alias_bomb_is_refused() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    (fault,) = faults_of("\n".join(lines) + "\n")
+    assert "too large" in fault.message
+
+
+def test_yaml_1_2_scalars() -> None:
+    d = load_definition(CORPUS / "valid" / "yaml-core-scalars.yaml")
+    step = d.steps["call"]
+    assert isinstance(step, EffectStep)
+    assert step.args.render({}) == {
+        "country": "NO",
+        "answer": "yes",
+        "switch": "on",
+        "date": "2024-01-31",
+        "time": "12:30",
+    }
+
+
+# --- retry ------------------------------------------------------------------------------------
+
+
+def test_retry_delay() -> None:
+    policy = RetryPolicy(max_attempts=5, initial=1.0, factor=2.0, max=5.0, jitter=False)
+    assert [policy.delay(n) for n in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert policy.delay(10_000) == 5.0  # no overflow
+    jittered = dataclasses.replace(policy, jitter=True)
+    assert jittered.delay(2, rand=lambda: 0.0) == 1.0
+    assert jittered.delay(2, rand=lambda: 0.999) == pytest.approx(1.999)
+    for _ in range(100):
+        assert 0.5 <= jittered.delay(1) <= 1.0
+    with pytest.raises(ValueError, match="start at 1"):
+        policy.delay(0)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_error_defaults_and_pickling() -> None:
+    assert str(ToolkitError()) == "Base of every error the toolkit raises on purpose."
+    assert str(InputError()) == "Task input does not match the workflow's input schema."
+    error = NoChoiceMatched(step="route")
+    assert error.step == "route" and "route" in str(error)
+    for original in [
+        DefinitionError([DefinitionFault("f", 1, "$", "m")]),
+        ExpressionError("boom", expression="a.b", step="s", path="$.x"),
+        InputError("bad", path="$.a"),
+        error,
+    ]:
+        copy = pickle.loads(pickle.dumps(original))
+        assert type(copy) is type(original)
+        assert str(copy) == str(original)
+        assert copy.__dict__ == original.__dict__
+
+
+# --- robustness -------------------------------------------------------------------------------
+
+KEYS = ["name", "version", "start", "steps", "input", "defaults", "effect", "idempotent", "args"]
+KEYS += ["retry", "timeout", "next", "choice", "when", "default", "succeed", "output", "fail"]
+KEYS += ["error", "message", "max_attempts", "initial", "factor", "max", "jitter", "wait", "a"]
+KEYS += ["type", "properties", "required", "$ref", "items", "b", "non_retryable"]
+SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10**20)
+    | st.floats()
+    | st.sampled_from(
+        ["a", "b", "h.x", "1s", "5 m", "${ a }", "${ a.", "${", "object", "#/$defs/x", "", "-1"]
+    )
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda children: (
+        st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=3), children, max_size=5)
+    ),
+    max_leaves=30,
+)
+TARGETS = st.sampled_from(["a", "b", "c"]) | st.sampled_from(["zz", "bad id", 5])
+DURATIONS = st.sampled_from(["1s", "500ms", "1h30m", 0, 2.5, "5 m", -1, None, "0s"])
+TEXTS = st.sampled_from(["m", "${ input.x } failed", "${ steps.a }", "${ x.", "${", "a ${ b }"])
+RETRY = st.fixed_dictionaries(
+    {},
+    optional={
+        "max_attempts": st.sampled_from([1, 3, 0, "2"]),
+        "initial": DURATIONS,
+        "factor": st.sampled_from([1, 2.5, 0.5]),
+        "max": DURATIONS,
+        "jitter": st.booleans(),
+        "non_retryable": st.lists(st.sampled_from(["E", "pkg.E", "1"]), max_size=2),
+    },
+)
+EFFECT = st.fixed_dictionaries(
+    {"effect": st.sampled_from(["h", "a.b", "a.b", "1x"]), "idempotent": st.booleans()},
+    optional={"next": TARGETS, "args": JSON | TEXTS, "retry": RETRY, "timeout": DURATIONS},
+)
+CHOICE = st.fixed_dictionaries(
+    {
+        "choice": st.lists(
+            st.fixed_dictionaries(
+                {"when": st.sampled_from(["${ a }", "${ x.", "a", "${a} ${b}"]), "next": TARGETS}
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    },
+    optional={"default": TARGETS},
+)
+SUCCEED = st.fixed_dictionaries(
+    {"succeed": st.fixed_dictionaries({}, optional={"output": JSON | TEXTS})}
+)
+FAIL = st.fixed_dictionaries(
+    {
+        "fail": st.fixed_dictionaries(
+            {"error": st.sampled_from(["E", "p.E"])}, optional={"message": TEXTS}
+        )
+    }
+)
+JUNK = st.dictionaries(st.sampled_from(KEYS), JSON | TARGETS, max_size=4)
+STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, JUNK)
+DOCUMENTS = st.fixed_dictionaries(
+    {
+        "name": st.sampled_from(["ok", "ok", "Bad"]),
+        "version": st.sampled_from([1, 1, 0, "1", 2.0]),
+        "start": st.sampled_from(["a", "a", "b", "zz"]),
+        "steps": st.dictionaries(st.sampled_from(["a", "b", "c", "c", "bad id"]), STEP, max_size=4),
+    },
+    optional={
+        "input": JSON
+        | st.sampled_from([{"type": "object"}, {"properties": {"x": {"default": 1}}}]),
+        "defaults": st.fixed_dictionaries({}, optional={"retry": RETRY, "timeout": DURATIONS}),
+        "description": st.text(max_size=5),
+    },
+)
+YAMLISH = st.text(
+    alphabet=st.sampled_from([*"abcnstep:{}[],-&*!|>?#'\"\n \t\\$%@`0129.", "\x85", "\ufeff", "é"]),
+    max_size=80,
+)
+
+
+def parse_or_definition_error(text: str) -> None:
+    try:
+        result = parse_definition(text, source="fuzz.yaml")
+    except DefinitionError as exc:
+        assert exc.faults
+        for fault in exc.faults:
+            assert fault.file == "fuzz.yaml" and fault.path.startswith("$")
+            assert fault.line is None or fault.line >= 1
+    else:
+        assert isinstance(result, WorkflowDefinition)
+        assert definition_from_body(result.body).digest == result.digest
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(YAMLISH)
+def test_random_yamlish_text_raises_only_definition_error(text: str) -> None:
+    parse_or_definition_error(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(JSON)
+def test_random_json_raises_only_definition_error(doc: Any) -> None:
+    parse_or_definition_error(json.dumps(doc))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(DOCUMENTS)
+def test_random_definitions_raise_only_definition_error(doc: Any) -> None:
+    parse_or_definition_error(json.dumps(doc))
+    parse_or_definition_error(yaml.safe_dump(doc))
+
+
+def test_runtime_expression_errors_are_expression_errors() -> None:
+    d = parse_definition(MINIMAL.replace("{succeed: {}}", "{succeed: {output: '${ abs(input) }'}}"))
+    step = d.steps["done"]
+    assert isinstance(step, SucceedStep)
+    with pytest.raises(ExpressionError):
+        step.output.render({"input": "text"})
