@@ -30,7 +30,9 @@ def three_steps(tmp_path: Path) -> Path:
 
 def test_validate_reports_every_fault_with_file_and_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(THREE_STEPS.replace("next: second", "next: nowhere").replace("version: 1", "version: 0"))
+    bad.write_text(
+        THREE_STEPS.replace("next: second", "next: nowhere").replace("version: 1", "version: 0")
+    )
     code, out, err = invoke("validate", str(bad))
     assert code == 1 and out == ""
     lines = err.strip().splitlines()
@@ -76,7 +78,9 @@ def test_submit_and_show_and_tasks(dsn: str, three_steps: Path) -> None:
 
 def test_submit_refuses_bad_input_and_writes_nothing(dsn: str, tmp_path: Path) -> None:
     path = tmp_path / "strict.yaml"
-    path.write_text(THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}"))
+    path.write_text(
+        THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}")
+    )
     invoke("deploy", str(path), dsn=dsn)
     code, _, err = invoke("submit", "three-steps", "--input", '{"m": 1}', dsn=dsn)
     assert code == 1 and "n" in err and "Traceback" not in err
@@ -88,10 +92,14 @@ def test_submit_refuses_bad_input_and_writes_nothing(dsn: str, tmp_path: Path) -
 
 
 def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps: Path) -> None:
-    code, _, err = invoke("run", "--app", "toolkit.examples", "--definitions", str(three_steps), dsn=dsn)
+    code, _, err = invoke(
+        "run", "--app", "toolkit.examples", "--definitions", str(three_steps), dsn=dsn
+    )
     assert code == 1
     assert f"{three_steps}: $.steps.first.effect: no handler 'count.work'" in err
-    code, _, err = invoke("run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn)
+    code, _, err = invoke(
+        "run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn
+    )
     assert code == 1 and "cannot import 'no.such.module'" in err
     code, _, err = invoke(
         "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),

@@ -209,7 +209,8 @@ def test_defaults_without_retry_or_timeout() -> None:
     )
     step = d.steps["a"]
     assert isinstance(step, EffectStep)
-    assert step.retry == RetryPolicy(max_attempts=1, initial=1.0, factor=2.0, max=300.0)
+    # Built-in defaults (the lead's decision: three attempts, delays capped at one minute).
+    assert step.retry == RetryPolicy() == RetryPolicy(3, 1.0, 2.0, 60.0, True, ())
     assert step.timeout is None
     assert step.next is None
     assert d.input_schema == {}
@@ -229,7 +230,7 @@ steps:
     )
     step = d.steps["a"]
     assert isinstance(step, EffectStep)
-    assert step.retry == RetryPolicy(4, 0.5, 2.0, 300.0, False, ("Boom",))
+    assert step.retry == RetryPolicy(4, 0.5, 2.0, 60.0, False, ("Boom",))
     assert step.timeout == 5.0
 
 

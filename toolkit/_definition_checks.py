@@ -74,13 +74,15 @@ def json_type(value: Any) -> str:
 # --- schema faults ----------------------------------------------------------------------------
 
 
-def schema_problems(doc: Any, schema: Mapping[str, Any]) -> tuple[list[Problem], list[Problem]]:
-    """Validate ``doc`` against the workflow schema.
+def schema_problems(
+    doc: Any, validator: Draft202012Validator
+) -> tuple[list[Problem], list[Problem]]:
+    """Validate ``doc`` with a validator of the workflow schema.
 
     Returns:
         The problems of the most relevant error (`best_match`) and those of all others.
     """
-    errors = list(Draft202012Validator(schema).iter_errors(doc))
+    errors = list(validator.iter_errors(doc))
     if not errors:
         return [], []
     top = best_match(errors)
@@ -88,11 +90,11 @@ def schema_problems(doc: Any, schema: Mapping[str, Any]) -> tuple[list[Problem],
         top = top.parent
     lead = [e for e in errors if e is top] or errors[:1]
     rest = [e for e in errors if e is not lead[0]]
-    kinds = _step_kinds(schema)
+    kinds = _step_kinds(validator.schema)
     return _translate(lead[0], kinds), [p for e in rest for p in _translate(e, kinds)]
 
 
-def _step_kinds(schema: Mapping[str, Any]) -> list[str]:
+def _step_kinds(schema: Any) -> list[str]:
     """Step kind keys, in ``$defs.step.oneOf`` order (each kind's def lists its key first)."""
     defs = schema["$defs"]
     return [
@@ -126,7 +128,9 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
     if keyword == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
-        got = json_type(instance) if instance is None else f"{json_type(instance)} {short(instance)}"
+        got = (
+            json_type(instance) if instance is None else f"{json_type(instance)} {short(instance)}"
+        )
         return [Problem(path, f"expected {wanted}, got {got}")]
     if "propertyNames" in error.relative_schema_path and isinstance(instance, str):
         path = (*path, instance)
@@ -361,10 +365,12 @@ def input_schema_problems(schema: Any) -> list[Problem]:
     meta = Draft202012Validator(
         Draft202012Validator.META_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER
     )
-    problems = [
-        Problem(("input", *e.absolute_path), f"invalid input schema: {e.message}")
-        for e in sorted(meta.iter_errors(schema), key=lambda e: list(map(str, e.absolute_path)))
-    ]
+    problems = []
+    for error in sorted(meta.iter_errors(schema), key=lambda e: list(map(str, e.absolute_path))):
+        detail = best_match([error]) or error  # e.g. "not one of [...]" rather than "anyOf"
+        problems.append(
+            Problem(("input", *error.absolute_path), f"invalid input schema: {detail.message}")
+        )
     if problems or isinstance(schema, bool):
         return problems
     declared = schema.get("$schema")

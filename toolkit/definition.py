@@ -34,7 +34,7 @@ import pathlib
 import random
 import types
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -217,10 +217,10 @@ class WorkflowDefinition:
     body: Mapping[str, Any]
     digest: str
     source: str | None = None
-    _validator: Draft202012Validator = field(init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_validator", checks.input_validator(self.input_schema))
+    @functools.cached_property
+    def _input_validator(self) -> Draft202012Validator:
+        return checks.input_validator(self.input_schema)
 
     @property
     def key(self) -> tuple[str, int, str]:
@@ -248,7 +248,7 @@ class WorkflowDefinition:
                 relevant fault, and the message names it.
         """
         filled = _apply_defaults(self.input_schema, copy.deepcopy(value))
-        error = best_match(self._validator.iter_errors(filled))
+        error = best_match(self._input_validator.iter_errors(filled))
         if error is not None:
             raise InputError(
                 f"invalid input for {self.name} v{self.version}: {error.json_path}:"
@@ -299,10 +299,11 @@ def schema_path() -> pathlib.Path:
 
 
 @functools.cache
-def _workflow_schema() -> Mapping[str, Any]:
+def _workflow_validator() -> Draft202012Validator:
+    """The validator of the workflow schema, loaded once per process."""
     with schema_path().open(encoding="utf-8") as file:
         schema: dict[str, Any] = json.load(file)
-    return schema
+    return Draft202012Validator(schema)
 
 
 # --- loading ----------------------------------------------------------------------------------
@@ -353,12 +354,13 @@ def load_definitions(paths: Iterable[str | os.PathLike[str]]) -> list[WorkflowDe
             files.append(entry)
     definitions: list[WorkflowDefinition] = []
     faults: list[DefinitionFault] = []
-    seen_files: set[pathlib.Path] = set()
+    seen_files: set[str] = set()
     first_file: dict[tuple[str, int], str] = {}
     for file in files:
-        if file.resolve() in seen_files:
+        real = os.path.realpath(file)
+        if real in seen_files:
             continue
-        seen_files.add(file.resolve())
+        seen_files.add(real)
         try:
             definition, yaml_source = _load(file)
         except DefinitionError as exc:
@@ -434,7 +436,7 @@ def _check_and_build(
     source: str | None,
 ) -> WorkflowDefinition:
     """Run schema and semantic checks on ``doc``; build the definition if nothing is wrong."""
-    lead, rest = checks.schema_problems(doc, _workflow_schema())
+    lead, rest = checks.schema_problems(doc, _workflow_validator())
     flagged = {p.path for p in lead + rest}
     semantic = [p for p in checks.semantic_problems(doc, flagged) if p.path not in flagged]
     line_of = yaml_source.line_of if yaml_source else (lambda path: None)
