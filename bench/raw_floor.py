@@ -18,6 +18,9 @@ Modes (how one batch's writes reach the server):
   one (implicit) transaction per batch-write.
 - ``commit-per-write``: the per-row UPDATE pipelined with a Sync after each, so every
   task-write is its own transaction, like the engine's one fenced statement per write.
+- ``engine-sql`` (a diagnostic, not a floor): the engine's own ``claim_tasks`` and
+  ``commit_fenced`` statements with the engine's parameters (evidence records and events
+  included), pipelined like ``commit-per-write``: the engine minus its Python.
 
 Run: ``.venv/bin/python bench/raw_floor.py [--dsn DSN] [--tasks N] [--steps S]
 [--non-idempotent] [--concurrency C] [--batch B] [--mode M]``.
@@ -39,28 +42,31 @@ if __package__ in {None, ""}:  # run as a script: make `bench` and `toolkit` imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
+from psycopg.rows import dict_row
 
-from bench.workload import (
-    Workload,
-    bench_server,
-    scratch_database,
-    seed,
-    task_states,
-)
+from bench.noop_app import NOOP_HANDLER
+from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
+from toolkit.leases import Event, FencedWrite, _fenced_params
+from toolkit.queries import query
 
-Mode = Literal["unnest", "pipeline", "commit-per-write"]
-MODES: tuple[Mode, ...] = ("unnest", "pipeline", "commit-per-write")
+Mode = Literal["unnest", "pipeline", "commit-per-write", "engine-sql"]
+#: The floor proper: the minimal SQL, batched three ways.
+FLOOR_MODES: tuple[Mode, ...] = ("unnest", "pipeline", "commit-per-write")
+MODES: tuple[Mode, ...] = (*FLOOR_MODES, "engine-sql")
 LEASE_SECONDS = 30.0
+#: Stands for the task id in a write's evidence records (their idempotency keys).
+TASK_ID = "@task@"
 
 CLAIM: LiteralString = """
 UPDATE toolkit_tasks t
-SET state = 'leased', lease_owner = %(owner)s, lease_token = t.lease_token + 1,
-    lease_expires_at = clock_timestamp() + %(lease)s * interval '1 second',
+SET state = 'leased', lease_owner = %(worker_id)s, lease_token = t.lease_token + 1,
+    lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
     attempts = t.attempts + 1, updated_at = clock_timestamp()
 FROM (SELECT id FROM toolkit_tasks
       WHERE state IN ('queued', 'leased') AND run_at <= clock_timestamp()
         AND (state = 'queued' OR lease_expires_at <= clock_timestamp())
+        AND definition_digest = ANY(%(digests)s::text[])
       ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
 WHERE t.id = c.id
 RETURNING t.id, t.lease_token
@@ -98,10 +104,20 @@ WHERE t.id = h.id AND t.lease_token = h.token AND t.lease_owner = %s
 
 @dataclasses.dataclass(frozen=True)
 class Write:
-    """One write of the protocol: the checkpoint text, and whether it completes the task."""
+    """One fenced write of the protocol, serialised once.
+
+    Attributes:
+        checkpoint: the checkpoint JSON the engine writes here.
+        final: the write completes the task.
+        records: the engine's evidence records of this write (JSON, ``TASK_ID`` in keys).
+        engine: the engine's ``commit_fenced`` parameters of this write, built by the
+            engine's own code, but for the task, token, worker and records.
+    """
 
     checkpoint: str
     final: bool
+    records: str
+    engine: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,82 +140,147 @@ class LeaseLostError(RuntimeError):
 
 
 def write_plan(workload: Workload) -> list[Write]:
-    """The checkpoints the engine writes for one task of ``workload``, in order.
+    """The writes the engine makes for one task of ``workload``, in order.
 
     Before each call the engine sets the attempt (and, when not idempotent, the pending
-    intent) of the step it is about to call; after the last step the cursor is None.
+    intent with a ``started`` record) of the step it is about to call; the ``completed``
+    record of a step rides on the next write; after the last step the cursor is None.
     """
     ids = workload.step_ids()
     checkpoint = Checkpoint.initial(ids[0])
     plan: list[Write] = []
+    records: list[dict[str, Any]] = []
+
+    def record(step: str, kind: str, result: Any = None) -> dict[str, Any]:
+        occurrence = checkpoint.occurrence(step)
+        return {
+            "occurrence": occurrence, "step": step, "handler": NOOP_HANDLER,
+            "idempotent": workload.idempotent, "idempotency_key": f"{TASK_ID}:{occurrence}",
+            "record": kind, "attempt": 1, "result": result, "error": None,
+        }  # fmt: skip
 
     def begin(step: str) -> None:
-        occurrence = checkpoint.occurrence(step)
-        checkpoint.attempts[occurrence] = 1
+        checkpoint.attempts[checkpoint.occurrence(step)] = 1
         if not workload.idempotent:
-            checkpoint.pending = occurrence
+            checkpoint.pending = checkpoint.occurrence(step)
+            records.append(record(step, "started"))
+
+    def flush(final: bool) -> None:
+        fenced = FencedWrite(
+            task_id=0, token=0, checkpoint=checkpoint.to_json(),
+            state="succeeded" if final else "leased", result={} if final else None,
+            events=(Event("succeeded"),) if final else (),
+        )  # fmt: skip
+        state = json.dumps(checkpoint.to_json())
+        plan.append(Write(state, final, json.dumps(records), _fenced_params("", fenced)))
+        records.clear()
 
     begin(ids[0])
-    if not workload.idempotent:
-        plan.append(Write(json.dumps(checkpoint.to_json()), final=False))
+    if records:
+        flush(final=False)
     for step, following in zip(ids, [*ids[1:], None], strict=True):
+        records.append(record(step, "completed", result={}))
         checkpoint.attempts.pop(checkpoint.occurrence(step), None)
         checkpoint.pending = None
         checkpoint.outputs[step] = {}
         checkpoint.enter(following)
         if following is not None:
             begin(following)
-        plan.append(Write(json.dumps(checkpoint.to_json()), final=following is None))
+        flush(final=following is None)
     return plan
 
 
 Claimed = Sequence[tuple[int, int]]
-WriteFn = Callable[[psycopg.Connection[Any], Claimed, str, Write], int]
+Connection = psycopg.Connection[Any]
 
 
-def _write_unnest(conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write) -> int:
+@dataclasses.dataclass(frozen=True)
+class Worker:
+    """One floor connection's identity and what it claims."""
+
+    owner: str
+    digest: str
+    batch: int
+
+    def claim_params(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.owner,
+            "digests": [self.digest],
+            "limit": self.batch,
+            "lease_seconds": LEASE_SECONDS,
+        }
+
+
+def _claim_minimal(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
+    return conn.execute(CLAIM, worker.claim_params()).fetchall()
+
+
+def _claim_engine(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
+    cursor = conn.cursor(row_factory=dict_row)
+    rows = cursor.execute(query("claim_tasks"), worker.claim_params()).fetchall()
+    return [(row["id"], row["lease_token"]) for row in rows]
+
+
+def _write_unnest(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:
     ids, tokens = zip(*claimed, strict=True)
     statement = SET_COMPLETE if write.final else SET_CHECKPOINT
-    return conn.execute(statement, (write.checkpoint, list(ids), list(tokens), owner)).rowcount
+    params = (write.checkpoint, list(ids), list(tokens), worker.owner)
+    return conn.execute(statement, params).rowcount
 
 
-def _write_pipeline(
-    conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write
-) -> int:
+def _write_pipeline(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:
     statement = ROW_COMPLETE if write.final else ROW_CHECKPOINT
     cursor = conn.cursor()  # executemany pipelines the rows and syncs once at the end
-    cursor.executemany(statement, [(write.checkpoint, i, owner, t) for i, t in claimed])
+    cursor.executemany(statement, [(write.checkpoint, i, worker.owner, t) for i, t in claimed])
     return cursor.rowcount
 
 
 def _write_commit_per_write(
-    conn: psycopg.Connection[Any], claimed: Claimed, owner: str, write: Write
+    conn: Connection, claimed: Claimed, worker: Worker, write: Write
 ) -> int:
     statement = ROW_COMPLETE if write.final else ROW_CHECKPOINT
     with conn.pipeline() as pipeline:
         cursors = []
         for task_id, token in claimed:
-            cursors.append(conn.execute(statement, (write.checkpoint, task_id, owner, token)))
+            cursors.append(
+                conn.execute(statement, (write.checkpoint, task_id, worker.owner, token))
+            )
             pipeline.sync()
     return sum(cursor.rowcount for cursor in cursors)
 
 
-WRITERS: dict[Mode, WriteFn] = {
-    "unnest": _write_unnest,
-    "pipeline": _write_pipeline,
-    "commit-per-write": _write_commit_per_write,
+def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:
+    statement = query("commit_fenced")
+    common = {**write.engine, "worker_id": worker.owner}
+    with conn.pipeline() as pipeline:
+        cursors = []
+        for task_id, token in claimed:
+            records = write.records.replace(TASK_ID, str(task_id))
+            params = {**common, "task_id": task_id, "token": token, "records": records}
+            cursors.append(conn.execute(statement, params))
+            pipeline.sync()
+    return sum(cursor.rowcount for cursor in cursors)
+
+
+ClaimFn = Callable[[Connection, Worker], list[tuple[int, int]]]
+WriteFn = Callable[[Connection, Claimed, Worker, Write], int]
+STRATEGIES: dict[Mode, tuple[ClaimFn, WriteFn]] = {
+    "unnest": (_claim_minimal, _write_unnest),
+    "pipeline": (_claim_minimal, _write_pipeline),
+    "commit-per-write": (_claim_minimal, _write_commit_per_write),
+    "engine-sql": (_claim_engine, _write_engine_sql),
 }
 
 
-def _drain(dsn: str, plan: Sequence[Write], owner: str, batch: int, writer: WriteFn) -> int:
+def _drain(dsn: str, plan: Sequence[Write], worker: Worker, mode: Mode) -> int:
     """Claim and finish batches on one connection until nothing is left; tasks finished."""
+    claim, write = STRATEGIES[mode]
     finished = 0
-    claim = {"owner": owner, "limit": batch, "lease": LEASE_SECONDS}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        while claimed := conn.execute(CLAIM, claim).fetchall():
-            for write in plan:
-                if writer(conn, claimed, owner, write) != len(claimed):
-                    raise LeaseLostError(f"{owner}: a fenced write missed a held lease")
+        while claimed := claim(conn, worker):
+            for step_write in plan:
+                if write(conn, claimed, worker, step_write) != len(claimed):
+                    raise LeaseLostError(f"{worker.owner}: a fenced write missed a held lease")
             finished += len(claimed)
     return finished
 
@@ -220,15 +301,15 @@ def run_floor(
         LeaseLostError: a fenced write did not apply (never expected: nobody else claims).
     """
     plan = write_plan(workload)
-    writer = WRITERS[mode]
+    digest = workload.definition().digest
     finished = [0] * concurrency
     errors: list[BaseException] = []
 
     def work(index: int) -> None:
         try:
-            finished[index] = _drain(dsn, plan, f"floor-{index}", batch, writer)
+            finished[index] = _drain(dsn, plan, Worker(f"floor-{index}", digest, batch), mode)
         except BaseException as exc:
-            errors.append(exc)
+            errors.append(exc)  # re-raised in the caller's thread
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(concurrency)]
     started = time.perf_counter()

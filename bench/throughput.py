@@ -38,7 +38,7 @@ from pathlib import Path
 if __package__ in {None, ""}:  # run as a script: make `bench` and `toolkit` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.raw_floor import MODES, FloorResult, Mode, run_floor
+from bench.raw_floor import FLOOR_MODES, MODES, FloorResult, Mode, run_floor
 from bench.workload import (
     Counters,
     Workload,
@@ -114,8 +114,9 @@ class Row:
     rows_updated_per_task: float
     floor_commits_per_task: dict[str, float]
     bytes_per_task: float
-    bytes_per_task_compacted: float
-    floor_bytes_per_task: float
+    bytes_per_task_live: float
+    live_bytes_per_task_by_table: dict[str, float]
+    floor_bytes_per_task_live: float
     startup_wall_s: float
     startup_cpu_s: float
     profile: str | None
@@ -130,11 +131,11 @@ class Row:
 
 @dataclasses.dataclass(frozen=True)
 class FloorMeasure:
-    """The best floor run of one mode, its commits per task and its table bytes per task."""
+    """The best floor run of one mode, its commits and live table bytes per task."""
 
     result: FloorResult
     commits_per_task: float
-    bytes_per_task: float
+    live_bytes_per_task: float
 
 
 def measure_floor(
@@ -152,7 +153,7 @@ def measure_floor(
                 )
                 commits = (counters(dsn) - before).commits
                 _check_finished(dsn, tasks, f"floor {mode}")
-                size = stored_bytes(dsn)
+                size = sum(stored_bytes(dsn, compact=True).values())
             if mode not in best or result.wall < best[mode].result.wall:
                 best[mode] = FloorMeasure(result, commits / tasks, size / tasks)
     return best
@@ -233,8 +234,8 @@ class EngineMeasure:
 
     run: WorkerRun
     delta: Counters
-    bytes_after: int
-    bytes_compacted: int
+    bytes_after: dict[str, int]
+    bytes_live: dict[str, int]
 
 
 def measure_engine(
@@ -282,7 +283,7 @@ def measure(scenario: Scenario, server: str, startup: WorkerRun, args: argparse.
     if args.profile is not None:  # one more run, sampled, kept out of the numbers
         profile = args.profile / f"worker-{scenario.key}.txt"
         measure_engine(server, scenario, tasks, concurrency=args.concurrency, profile=profile)
-    best_mode = min(floors, key=lambda mode: floors[mode].result.wall)
+    best_mode = min(FLOOR_MODES, key=lambda mode: floors[mode].result.wall)
     floor = floors[best_mode].result.steps_per_second
     run = engine.run
     return Row(
@@ -305,9 +306,10 @@ def measure(scenario: Scenario, server: str, startup: WorkerRun, args: argparse.
         rows_inserted_per_task=engine.delta.inserted / tasks,
         rows_updated_per_task=engine.delta.updated / tasks,
         floor_commits_per_task={m: f.commits_per_task for m, f in floors.items()},
-        bytes_per_task=engine.bytes_after / tasks,
-        bytes_per_task_compacted=engine.bytes_compacted / tasks,
-        floor_bytes_per_task=floors[best_mode].bytes_per_task,
+        bytes_per_task=sum(engine.bytes_after.values()) / tasks,
+        bytes_per_task_live=sum(engine.bytes_live.values()) / tasks,
+        live_bytes_per_task_by_table={t: b / tasks for t, b in engine.bytes_live.items()},
+        floor_bytes_per_task_live=floors[best_mode].live_bytes_per_task,
         startup_wall_s=startup.wall,
         startup_cpu_s=startup.cpu,
         profile=None if profile is None else str(profile),
@@ -340,50 +342,81 @@ def main_table(rows: Sequence[Row]) -> str:
     ])  # fmt: skip
 
 
-def detail_table(rows: Sequence[Row]) -> str:
-    """Floors by mode, the worker's time and CPU, commits, rows and bytes per task."""
+def time_table(rows: Sequence[Row]) -> str:
+    """Every floor mode, and the engine's run (process start excluded) and CPU."""
     headers = [
-        "scenario", *(f"floor {m}/s" for m in MODES), "run s", "CPU s", "CPU us/step",
-        "same -startup", "commits/task", "floor cpw commits/task", "rows ins+upd/task",
-        "bytes/task", "bytes/task live", "floor bytes/task",
+        "scenario", *(f"{m}/s" for m in MODES), "engine run/s", "run s", "worker CPU s",
+        "CPU us/step -startup", "run/commit-per-write", "run/engine-sql",
+    ]  # fmt: skip
+    table = []
+    for r in rows:
+        run = r.steps / r.supervisor_wall_s
+        table.append([
+            r.scenario.split(":")[0], *(f"{r.floor_by_mode[m]:,.0f}" for m in MODES),
+            f"{run:,.0f}", f"{r.supervisor_wall_s:.2f}", f"{r.worker_cpu_s:.2f}",
+            f"{r.cpu_us_per_step_after_startup:.0f}",
+            f"{run / r.floor_by_mode['commit-per-write']:.2f}",
+            f"{run / r.floor_by_mode['engine-sql']:.2f}",
+        ])  # fmt: skip
+    return _table(headers, table)
+
+
+def storage_table(rows: Sequence[Row]) -> str:
+    """Commits, rows and bytes per task: engine against floor."""
+    headers = [
+        "scenario", "commits/task", *(f"{m} commits/task" for m in MODES[2:]),
+        "rows ins+upd/task", "bytes/task", "live bytes/task", "live by table",
+        "floor live bytes/task",
     ]  # fmt: skip
     return _table(headers, [
-        [r.scenario.split(":")[0], *(f"{r.floor_by_mode[m]:,.0f}" for m in MODES),
-         f"{r.supervisor_wall_s:.2f}", f"{r.worker_cpu_s:.2f}", f"{r.worker_cpu_us_per_step:.0f}",
-         f"{r.cpu_us_per_step_after_startup:.0f}", f"{r.commits_per_task:.2f}",
-         f"{r.floor_commits_per_task['commit-per-write']:.2f}",
+        [r.scenario.split(":")[0], f"{r.commits_per_task:.2f}",
+         *(f"{r.floor_commits_per_task[m]:.2f}" for m in MODES[2:]),
          f"{r.rows_inserted_per_task:.1f}+{r.rows_updated_per_task:.1f}",
-         f"{r.bytes_per_task:,.0f}", f"{r.bytes_per_task_compacted:,.0f}",
-         f"{r.floor_bytes_per_task:,.0f}"]
+         f"{r.bytes_per_task:,.0f}", f"{r.bytes_per_task_live:,.0f}",
+         "+".join(f"{b:,.0f}" for b in r.live_bytes_per_task_by_table.values()),
+         f"{r.floor_bytes_per_task_live:,.0f}"]
         for r in rows
     ])  # fmt: skip
 
 
 def top_frames(collapsed: Path, limit: int = 15) -> str:
-    """Summarise py-spy collapsed stacks: samples by leaf frame (self) and by frame (total)."""
+    """Summarise py-spy collapsed stacks: samples by leaf frame (self), by frame (total) and
+    by the package of the leaf frame."""
     own: collections.Counter[str] = collections.Counter()
     total: collections.Counter[str] = collections.Counter()
+    packages: collections.Counter[str] = collections.Counter()
     samples = 0
     for line in collapsed.read_text(encoding="utf-8").splitlines():
         stack, _, count = line.rpartition(" ")
-        frames = [_frame_name(frame) for frame in stack.split(";") if frame] or ["<no frame>"]
+        frames = [_split_frame(frame) for frame in stack.split(";") if frame]
+        leaf = frames[-1] if frames else ("<no frame>", "<no frame>")
         n = int(count)
         samples += n
-        own[frames[-1]] += n
-        for frame in set(frames):
+        own[_frame_name(*leaf)] += n
+        packages[_package(leaf[1])] += n
+        for frame in {_frame_name(*frame) for frame in frames}:
             total[frame] += n
     lines = [f"{samples} samples (idle included: waiting on the database shows as select)"]
-    for title, counter in (("self", own), ("total", total)):
+    for title, counter in (("self", own), ("total", total), ("package (self)", packages)):
         lines.append(f"top {limit} by {title}:")
         lines += [f"  {100 * n / samples:5.1f}%  {name}" for name, n in counter.most_common(limit)]
     return "\n".join(lines)
 
 
-def _frame_name(frame: str) -> str:
-    """``func (path/to/module.py:12)`` → ``func (module.py)``: one entry per function."""
+def _split_frame(frame: str) -> tuple[str, str]:
+    """``func (package/module.py:12)`` → ``("func", "package/module.py")``."""
     name, _, where = frame.partition(" (")
-    path = where.rstrip(")").rsplit(":", 1)[0]
-    return f"{name} ({'/'.join(Path(path).parts[-2:])})"
+    return name, where.rstrip(")").rsplit(":", 1)[0]
+
+
+def _frame_name(name: str, path: str) -> str:
+    return f"{name} ({path})"
+
+
+def _package(path: str) -> str:
+    if path.startswith("<frozen"):
+        return "<imports>"
+    return path.split("/", 1)[0].removesuffix(".py")
 
 
 # --- main -------------------------------------------------------------------------------------
@@ -424,11 +457,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"runifold throughput: {where}, concurrency {args.concurrency}, no-op effects")
     print(main_table(rows))
     print()
-    print(detail_table(rows))
+    print(time_table(rows))
+    print()
+    print(storage_table(rows))
     if rows:
         print(
             f"(worker startup and exit on an empty queue: {rows[0].startup_wall_s:.2f} s wall, "
-            f"{rows[0].startup_cpu_s:.2f} s CPU; included in 'wall s')"
+            f"{rows[0].startup_cpu_s:.2f} s CPU; included in 'wall s'); live by table: "
+            + " + ".join(rows[0].live_bytes_per_task_by_table)
         )
     for row in rows:
         if row.profile is not None:

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from typing import LiteralString
 
@@ -93,13 +94,19 @@ def bench_server(dsn: str | None, home: str | None = None) -> Iterator[str]:
     if dsn is not None:
         yield dsn
     elif home is not None:
-        yield start_embedded(home)
+        yield _start_embedded(home)
     else:
         with tempfile.TemporaryDirectory(prefix="runifold-bench-") as temp:
             try:
-                yield start_embedded(temp)
+                yield _start_embedded(temp)
             finally:
                 stop_embedded(temp)
+
+
+def _start_embedded(home: str) -> str:
+    with warnings.catch_warnings():  # platformdirs warns about XDG_RUNTIME_DIR on import
+        warnings.simplefilter("ignore")
+        return start_embedded(home)
 
 
 def _admin(server_dsn: str, statement: sql.Composable) -> None:
@@ -176,15 +183,15 @@ def counters(dsn: str, *, settle: float = 0.2, timeout: float = 5.0) -> Counters
         time.sleep(settle)
 
 
-def stored_bytes(dsn: str, *, compact: bool = False) -> int:
-    """Bytes of the task tables with their indexes and TOAST; ``compact`` first runs
-    ``VACUUM FULL`` so only live rows count."""
+def stored_bytes(dsn: str, *, compact: bool = False) -> dict[str, int]:
+    """Bytes of each task table with its indexes and TOAST; ``compact`` first runs
+    ``VACUUM FULL`` so that only live rows count."""
+    tables = sql.SQL(", ").join(map(sql.Identifier, TASK_TABLES))
     with psycopg.connect(dsn, autocommit=True) as conn:
         if compact:
-            tables = sql.SQL(", ").join(map(sql.Identifier, TASK_TABLES))
             conn.execute(sql.SQL("VACUUM FULL {}").format(tables))
-        row = conn.execute(
-            "SELECT sum(pg_total_relation_size(t::regclass))::bigint FROM unnest(%s::text[]) t",
+        rows = conn.execute(
+            "SELECT t, pg_total_relation_size(t::regclass) FROM unnest(%s::text[]) t",
             (list(TASK_TABLES),),
-        ).fetchone()
-    return int(row[0]) if row else 0
+        ).fetchall()
+    return {str(table): int(size) for table, size in rows}

@@ -14,12 +14,16 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from toolkit.definition import (
+    TIMEOUT_ERROR,
+    CatchRule,
     ChoiceStep,
     EffectStep,
     FailStep,
     RetryPolicy,
     SucceedStep,
+    WaitStep,
     WorkflowDefinition,
+    catch_target,
     definition_from_body,
     load_definition,
     load_definitions,
@@ -275,6 +279,178 @@ def test_source_labels() -> None:
     body = parse_definition(MINIMAL).body
     assert definition_from_body(body).source is None
     assert definition_from_body(body, source="db").source == "db"
+
+
+# --- catch and wait ---------------------------------------------------------------------------
+
+
+def test_catch_rule_matching() -> None:
+    rule = CatchRule(errors=("OutOfStock", "pkg.Declined"), next="refund")
+    assert rule.matches("OutOfStock") and rule.matches("pkg.Declined")
+    assert not rule.matches("Declined") and not rule.matches("*x")
+    anything = CatchRule(errors=("*",), next="oops")
+    assert anything.matches("Timeout") and anything.matches("")
+    rules = [CatchRule(("A",), "a"), CatchRule(("*",), "any"), CatchRule(("B",), "b")]
+    assert catch_target(rules, "A") == "a"
+    assert catch_target(rules, "B") == "any"  # rules are tried in order
+    assert catch_target(rules[2:], "C") is None
+    assert catch_target((), "A") is None
+
+
+def test_model_of_catch() -> None:
+    d = load_definition(CORPUS / "valid" / "catch.yaml")
+    charge = d.steps["charge"]
+    assert isinstance(charge, EffectStep)
+    assert charge.catch == (
+        CatchRule(("PaymentDeclined", "payments.CardExpired"), "release"),
+        CatchRule(("*",), "refund"),
+    )
+    assert catch_target(charge.catch, "payments.CardExpired") == "release"
+    assert catch_target(charge.catch, "Boom") == "refund"
+    ship = d.steps["ship"]
+    assert isinstance(ship, EffectStep) and ship.catch == () and ship.next is None
+    assert d.handlers() == frozenset(
+        {
+            "inventory.reserve",
+            "payments.charge",
+            "shipping.ship",
+            "inventory.release",
+            "payments.refund",
+        }
+    )
+    # The field has a default, so code building steps by hand keeps working.
+    built = EffectStep("a", "h", True, ship.args, RetryPolicy(), None, None)
+    assert built.catch == ()
+
+
+def test_model_of_waits() -> None:
+    timers = load_definition(CORPUS / "valid" / "wait-duration.yaml")
+    assert timers.steps["pause"] == WaitStep("pause", 5400.0, None, None, None, "remind")
+    assert timers.steps["cool_down"] == WaitStep("cool_down", 2.5, None, None, None, None)
+    assert timers.handlers() == frozenset({"mail.send", "mail.remind"})
+
+    dated = load_definition(CORPUS / "valid" / "wait-until.yaml")
+    hold = dated.steps["hold"]
+    assert isinstance(hold, WaitStep) and hold.until is not None
+    assert (hold.duration, hold.signal, hold.timeout, hold.next, hold.catch) == (
+        None,
+        None,
+        None,
+        "not_before_launch",
+        (),
+    )
+    assert hold.until.is_expression
+    scope = {"input": {"deliver_at": "2030-05-01T10:00:00+02:00"}}
+    assert hold.until.render(scope) == "2030-05-01T10:00:00+02:00"
+    fixed = dated.steps["not_before_launch"]
+    assert isinstance(fixed, WaitStep) and fixed.until is not None
+    assert fixed.until.is_constant and fixed.until.render({}) == "2030-01-01T09:00:00+01:00"
+
+    signals = load_definition(CORPUS / "valid" / "wait-signal.yaml")
+    approve = signals.steps["approve"]
+    assert approve == WaitStep(
+        "approve",
+        duration=None,
+        until=None,
+        signal="approved",
+        timeout=172800.0,
+        next="second_opinion",
+        catch=(CatchRule(("Timeout",), "escalate"),),
+    )
+    assert isinstance(approve, WaitStep)
+    assert catch_target(approve.catch, TIMEOUT_ERROR) == "escalate"
+    forever = signals.steps["second_opinion"]
+    assert isinstance(forever, WaitStep)
+    assert (forever.signal, forever.timeout, forever.catch) == ("manager.ok-2", None, ())
+    escalate = signals.steps["escalate"]
+    assert isinstance(escalate, WaitStep) and escalate.next is None
+
+
+def test_schema_has_a_def_per_step_kind() -> None:
+    schema = json.loads(schema_path().read_text(encoding="utf-8"))
+    refs = [branch["$ref"] for branch in schema["$defs"]["step"]["oneOf"]]
+    kinds = ["effect", "choice", "succeed", "fail", "wait"]
+    assert refs == [f"#/$defs/{kind}Step" for kind in kinds]
+    for kind in kinds:
+        assert schema["$defs"][f"{kind}Step"]["required"][0] == kind
+    for kind in ("effect", "wait"):
+        assert schema["$defs"][f"{kind}Step"]["properties"]["catch"] == {"$ref": "#/$defs/catch"}
+
+
+WAIT_DOC = "name: x\nversion: 1\nstart: w\nsteps:\n  w: {wait: {until: %s}}\n"
+
+
+@pytest.mark.parametrize(
+    "until",
+    [
+        "2030-01-01T00:00:00Z",
+        "2030-01-01T00:00:00+05:30",
+        "2030-01-01 00:00:00.250-03:00",
+        "'${ input.at }'",
+        "\"${ join('T', [input.day, input.time]) }\"",
+    ],
+)
+def test_wait_until_accepts(until: str) -> None:
+    step = parse_definition(WAIT_DOC % until).steps["w"]
+    assert isinstance(step, WaitStep) and step.until is not None
+
+
+@pytest.mark.parametrize(
+    ("until", "fragment"),
+    [
+        ("2030-01-01", "has no UTC offset"),
+        ("2030-01-01T00:00:00", "has no UTC offset"),
+        ("soon", "is not an ISO-8601 timestamp"),
+        ("''", "is not an ISO-8601 timestamp"),
+        ("'at ${ input.at }'", "not a text template"),
+        ("'${ input. }'", "invalid expression"),
+        ("1893456000", "expected string, got integer"),
+    ],
+)
+def test_wait_until_refuses(until: str, fragment: str) -> None:
+    (fault,) = faults_of(WAIT_DOC % until)
+    assert fault.path == "$.steps.w.wait.until" and fault.line == 5
+    assert fragment in fault.message
+
+
+def test_misspelt_catch_does_not_cascade() -> None:
+    text = """\
+name: x
+version: 1
+start: a
+steps:
+  a:
+    effect: h
+    idempotent: true
+    next: b
+    cacth: [{errors: ["*"], next: c}]
+  b: {succeed: {}}
+  c: {fail: {error: E}}
+"""
+    faults = faults_of(text)
+    assert [(f.path, f.message) for f in faults] == [
+        ("$.steps.a.cacth", "unknown field 'cacth'; did you mean 'catch'?")
+    ]
+
+
+def test_catch_targets_count_for_reachability_and_finishing() -> None:
+    text = """\
+name: x
+version: 1
+start: a
+steps:
+  a:
+    effect: h
+    idempotent: true
+    next: a
+    catch: [{errors: [Done], next: b}]
+  b: {succeed: {}}
+"""
+    d = parse_definition(text)
+    assert list(d.steps) == ["a", "b"]
+    faults = faults_of(text.replace("next: b}", "next: a}"))
+    assert [f.path for f in faults] == ["$.steps.a", "$.steps.b"]
+    assert "can never finish" in faults[0].message and "unreachable" in faults[1].message
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -568,7 +744,8 @@ def test_error_defaults_and_pickling() -> None:
 KEYS = ["name", "version", "start", "steps", "input", "defaults", "effect", "idempotent", "args"]
 KEYS += ["retry", "timeout", "next", "choice", "when", "default", "succeed", "output", "fail"]
 KEYS += ["error", "message", "max_attempts", "initial", "factor", "max", "jitter", "wait", "a"]
-KEYS += ["type", "properties", "required", "$ref", "items", "b", "non_retryable"]
+KEYS += ["type", "properties", "required", "$ref", "items", "b", "non_retryable", "catch"]
+KEYS += ["errors", "duration", "until", "signal"]
 SCALARS = (
     st.none()
     | st.booleans()
@@ -600,9 +777,40 @@ RETRY = st.fixed_dictionaries(
         "non_retryable": st.lists(st.sampled_from(["E", "pkg.E", "1"]), max_size=2),
     },
 )
+CATCH = st.lists(
+    st.fixed_dictionaries(
+        {
+            "errors": st.lists(st.sampled_from(["E", "p.E", "*", "Timeout", "1"]), max_size=3),
+            "next": TARGETS,
+        }
+    ),
+    max_size=3,
+)
 EFFECT = st.fixed_dictionaries(
     {"effect": st.sampled_from(["h", "a.b", "a.b", "1x"]), "idempotent": st.booleans()},
-    optional={"next": TARGETS, "args": JSON | TEXTS, "retry": RETRY, "timeout": DURATIONS},
+    optional={
+        "next": TARGETS,
+        "args": JSON | TEXTS,
+        "retry": RETRY,
+        "timeout": DURATIONS,
+        "catch": CATCH,
+    },
+)
+WAIT = st.fixed_dictionaries(
+    {
+        "wait": st.fixed_dictionaries(
+            {},
+            optional={
+                "duration": DURATIONS,
+                "until": st.sampled_from(
+                    ["${ input.at }", "2030-01-01T00:00:00Z", "2030-01-01", "x ${ a }", "${ x."]
+                ),
+                "signal": st.sampled_from(["go", "a.b-c", "bad name", ""]),
+                "timeout": DURATIONS,
+            },
+        )
+    },
+    optional={"next": TARGETS, "catch": CATCH},
 )
 CHOICE = st.fixed_dictionaries(
     {
@@ -627,7 +835,7 @@ FAIL = st.fixed_dictionaries(
     }
 )
 JUNK = st.dictionaries(st.sampled_from(KEYS), JSON | TARGETS, max_size=4)
-STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, JUNK)
+STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, JUNK)
 DOCUMENTS = st.fixed_dictionaries(
     {
         "name": st.sampled_from(["ok", "ok", "Bad"]),

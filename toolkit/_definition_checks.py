@@ -7,6 +7,7 @@ defensively, so they run (and report) even when the schema already failed.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import reprlib
 from collections import deque
@@ -25,7 +26,7 @@ from toolkit._yaml_source import Problem
 from toolkit.durations import parse_duration
 from toolkit.expressions import check_template, compile_template
 
-FUTURE_KINDS = ("wait", "parallel", "map", "workflow", "set")
+FUTURE_KINDS = ("parallel", "map", "workflow", "set")
 """Step kinds reserved for later format versions."""
 
 _DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
@@ -125,6 +126,22 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
         ]
     if keyword == "oneOf" and is_step and isinstance(instance, dict):
         return _translate_step(error, path, instance, kinds)
+    if keyword == "oneOf" and isinstance(instance, dict):
+        keys = _exclusive_keys(error.validator_value)
+        if keys:
+            present = [key for key in keys if key in instance]
+            if present:
+                message = f"needs exactly one of {', '.join(keys)}, got {', '.join(present)}"
+            else:
+                message = f"needs one of {', '.join(keys)}"
+            return [Problem(path, message)]
+    if keyword == "dependentRequired" and isinstance(instance, dict):
+        dependencies = error.validator_value if isinstance(error.validator_value, dict) else {}
+        return [
+            Problem((*path, key), f"{key!r} is allowed only with {' and '.join(map(repr, needs))}")
+            for key, needs in dependencies.items()
+            if key in instance and any(need not in instance for need in needs)
+        ] or [Problem(path, error.message)]
     if keyword == "type":
         wanted = error.validator_value
         wanted = " or ".join(wanted) if isinstance(wanted, list) else wanted
@@ -147,6 +164,20 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
     return [
         Problem(path, error.message if len(error.message) < 200 else error.message[:197] + "...")
     ]
+
+
+def _exclusive_keys(branches: Any) -> list[str]:
+    """The keys of a ``oneOf`` of ``{"required": [key]}`` branches (one key of several), or []."""
+    if not isinstance(branches, list):
+        return []
+    keys = []
+    for branch in branches:
+        if not (isinstance(branch, dict) and list(branch) == ["required"]):
+            return []
+        if not (isinstance(branch["required"], list) and len(branch["required"]) == 1):
+            return []
+        keys.append(str(branch["required"][0]))
+    return keys
 
 
 def _translate_step(
@@ -214,6 +245,11 @@ def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
         for i, rule in enumerate(rules):
             if isinstance(rule, dict) and "next" in rule:
                 yield ("choice", i, "next"), rule["next"]
+    rules = step.get("catch")
+    if isinstance(rules, list):
+        for i, rule in enumerate(rules):
+            if isinstance(rule, dict) and "next" in rule:
+                yield ("catch", i, "next"), rule["next"]
 
 
 def _graph_problems(
@@ -247,7 +283,7 @@ def _graph_problems(
                     )
                 )
         terminal = any(k in step for k in ("succeed", "fail")) or (
-            "effect" in step and "next" not in step
+            any(k in step for k in ("effect", "wait")) and "next" not in step
         )
         if terminal or step_id in faulty:
             able.add(step_id)
@@ -270,15 +306,24 @@ def _graph_problems(
                 Problem(
                     ("steps", step_id),
                     f"step {step_id!r} can never finish: every path from it loops without"
-                    " reaching a succeed, a fail or an effect without next",
+                    " reaching a succeed, a fail, or an effect or wait without next",
                 )
             )
     return problems
 
 
 def _blind(step: Mapping[str, Any], step_id: str, flagged: Collection[JsonPath]) -> bool:
-    """Tell whether schema faults of a step may hide where it goes next."""
+    """Tell whether schema faults of a step may hide where it goes next.
+
+    That is: a fault on the step itself or on one of its fields while it has no ``next`` (the
+    fault may be a misspelt ``next``), a fault in its choice rules or catch rules, or an unknown
+    field that looks like a misspelt ``catch``.
+    """
     faults = [p[2:] for p in flagged if p[:2] == ("steps", step_id)]
+    if any(rel[:1] == ("catch",) for rel in faults):
+        return True
+    if any(len(rel) == 1 and suggest(str(rel[0]), ["catch"]) for rel in faults):
+        return True
     if "choice" in step:
         return any(len(rel) <= 1 or rel[0] == "choice" for rel in faults)
     return any(rel[:1] == ("next",) or (len(rel) <= 1 and "next" not in step) for rel in faults)
@@ -319,6 +364,104 @@ def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
         body = step.get(kind)
         if isinstance(body, dict) and field in body:
             problems += template_problems((*path, kind, field), body[field])
+    wait = step.get("wait")
+    if isinstance(wait, dict):
+        problems += _wait_problems((*path, "wait"), wait)
+    problems += _catch_problems(path, step)
+    return problems
+
+
+def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
+    """Check the durations and the ``until`` of a wait step's ``wait``."""
+    problems = []
+    for key in ("duration", "timeout"):
+        if key in wait:
+            try:
+                seconds = parse_duration(wait[key])
+            except ValueError as exc:
+                problems.append(Problem((*path, key), str(exc)))
+                continue
+            if seconds <= 0:
+                problems.append(Problem((*path, key), f"{key} must be greater than zero"))
+    until = wait.get("until")
+    if isinstance(until, str):
+        found = template_problems((*path, "until"), until)
+        if found:
+            return problems + found
+        template = compile_template(until)
+        if template.is_constant:
+            problems += [Problem((*path, "until"), m) for m in timestamp_problems(until)]
+        elif not template.is_expression:
+            problems.append(
+                Problem(
+                    (*path, "until"),
+                    f"'until' must be one '${{ ... }}' expression or a constant timestamp, not a"
+                    f" text template: {until!r}",
+                )
+            )
+    return problems
+
+
+def timestamp_problems(text: str) -> list[str]:
+    """Why ``text`` is not an ISO-8601 timestamp with a UTC offset (empty when it is one)."""
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return [
+            f"{short(text)} is not an ISO-8601 timestamp (e.g. 2030-01-01T09:00:00+01:00,"
+            " 2030-01-01T08:00:00Z)"
+        ]
+    if moment.utcoffset() is None:
+        return [
+            f"timestamp {short(text)} has no UTC offset: add one (e.g. Z or +01:00), a wait"
+            " cannot depend on the worker's time zone"
+        ]
+    return []
+
+
+def _catch_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
+    """Catch rules that can never match: on a wait that cannot fail, or shadowed by earlier ones."""
+    rules = step.get("catch")
+    if not isinstance(rules, list):
+        return []
+    wait = step.get("wait")
+    if isinstance(wait, dict):
+        if "signal" not in wait or "timeout" not in wait:
+            hint = (
+                ": add a timeout to the signal wait, or remove catch"
+                if "signal" in wait
+                else ": only a signal wait with a timeout can fail"
+            )
+            return [
+                Problem(
+                    (*path, "catch"),
+                    f"catch needs a wait that can fail (signal with timeout){hint}",
+                )
+            ]
+    problems = []
+    caught: set[str] = set()
+    for i, rule in enumerate(rules):
+        errors = rule.get("errors") if isinstance(rule, dict) else None
+        if not isinstance(errors, list) or not all(isinstance(e, str) for e in errors):
+            continue
+        if isinstance(wait, dict):
+            for j, name in enumerate(errors):
+                if name not in ("*", "Timeout"):
+                    problems.append(
+                        Problem(
+                            (*path, "catch", i, "errors", j),
+                            f"a signal wait fails only with 'Timeout', never with {name!r}",
+                        )
+                    )
+        if errors and ("*" in caught or caught.issuperset(errors)):
+            earlier = "'*'" if "*" in caught else ", ".join(map(repr, errors))
+            problems.append(
+                Problem(
+                    (*path, "catch", i),
+                    f"this rule never matches: earlier rules already catch {earlier}",
+                )
+            )
+        caught.update(errors)
     return problems
 
 

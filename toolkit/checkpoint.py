@@ -27,6 +27,10 @@ class Checkpoint:
         attempts: occurrence to attempts begun there (lost ones included).
         pending: occurrence whose ``started`` evidence has no outcome yet.
         steps_run: steps executed so far, pure ones included.
+        wait: the wait in progress: ``{"occurrence": ..., "signal": name}`` or
+            ``{"occurrence": ..., "timer": true}``.
+        resolution: an operator's reconciliation of the pending occurrence, for the
+            interpreter to apply: ``{"occurrence", "outcome", "result", "error"}``.
     """
 
     cursor: str | None
@@ -35,6 +39,8 @@ class Checkpoint:
     attempts: dict[str, int] = dataclasses.field(default_factory=dict)
     pending: str | None = None
     steps_run: int = 0
+    wait: dict[str, Any] | None = None
+    resolution: dict[str, Any] | None = None
 
     @classmethod
     def initial(cls, start: str) -> Checkpoint:
@@ -57,6 +63,8 @@ class Checkpoint:
             attempts=dict(data.get("attempts", {})),
             pending=data.get("pending"),
             steps_run=int(data.get("steps_run", 0)),
+            wait=data.get("wait"),
+            resolution=data.get("resolution"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -69,6 +77,8 @@ class Checkpoint:
             "attempts": self.attempts,
             "pending": self.pending,
             "steps_run": self.steps_run,
+            "wait": self.wait,
+            "resolution": self.resolution,
         }
 
     def occurrence(self, step: str) -> str:

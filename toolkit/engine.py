@@ -2,17 +2,20 @@
 
 One call of :meth:`Interpreter.execute` is one claim-and-execute cycle for one task. Pure
 steps (choice, succeed, fail) need no write of their own; the evidence of a finished effect
-is committed together with whatever comes next (the following intent, the wait, or the
-terminal state), always by one fenced statement.
+is committed together with whatever comes next (the next intent, the wait, or the terminal
+state), always by one fenced statement.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import enum
 import functools
 import json
 import logging
 import math
+import threading
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -20,13 +23,16 @@ from typing import Any
 import anyio
 import psycopg
 
+from toolkit import faults
 from toolkit.checkpoint import Checkpoint
 from toolkit.definition import (
     ChoiceStep,
     EffectStep,
     FailStep,
     SucceedStep,
+    WaitStep,
     WorkflowDefinition,
+    catch_target,
 )
 from toolkit.errors import (
     DatabaseUnavailable,
@@ -36,12 +42,13 @@ from toolkit.errors import (
     ResultNotJson,
 )
 from toolkit.expressions import is_truthy
-from toolkit.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite, Leases
+from toolkit.leases import NEVER, ClaimedTask, Event, EvidenceRecord, FencedWrite, Leases
 from toolkit.registry import App, EffectContext, Handler
 
 logger = logging.getLogger(__name__)
 
 ConnectionFactory = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
+Error = dict[str, Any]
 
 
 class CycleOutcome(enum.StrEnum):
@@ -49,6 +56,7 @@ class CycleOutcome(enum.StrEnum):
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
     WAITING = "waiting"
     RETRY = "retry"
     LEASE_LOST = "lease_lost"
@@ -56,18 +64,34 @@ class CycleOutcome(enum.StrEnum):
     DATABASE_UNAVAILABLE = "database_unavailable"
 
 
-def error_data(exc: BaseException) -> dict[str, Any]:
+@dataclasses.dataclass
+class CycleControl:
+    """Why a cycle is being cancelled, set by the supervisor before it cancels the scope.
+
+    Attributes:
+        cancel_requested: the task was cancelled by request (learned at a heartbeat).
+        lease_lost: the heartbeat found the lease gone.
+        stop: set when the cycle is cancelled for any reason; sync handlers see it as
+            ``ctx.cancelled``.
+    """
+
+    cancel_requested: bool = False
+    lease_lost: bool = False
+    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+def error_data(exc: BaseException) -> Error:
     """The JSON form of an error raised by a handler or the engine.
 
     The name is the exception's ``error_name`` attribute when it has one, else its class
-    name; it is what ``retry.non_retryable`` matches.
+    name; it is what ``retry.non_retryable`` and ``catch`` rules match.
     """
     name = getattr(exc, "error_name", None) or type(exc).__name__
     return {"name": str(name), "message": str(exc) or type(exc).__name__}
 
 
 class _Cycle:
-    """State of one cycle: the task, its lease, the checkpoint and unflushed evidence."""
+    """State of one cycle: the task, its lease, the checkpoint and what is not yet written."""
 
     def __init__(self, task: ClaimedTask, definition: WorkflowDefinition) -> None:
         self.task = task
@@ -75,6 +99,11 @@ class _Cycle:
         self.checkpoint = Checkpoint.from_json(task.checkpoint)
         self.evidence: list[EvidenceRecord] = []
         self.events: list[Event] = []
+        self.signals: list[tuple[int, str]] = []
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self.evidence or self.events or self.signals)
 
     def scope(self) -> dict[str, Any]:
         return {
@@ -90,17 +119,19 @@ class _Cycle:
         }
 
     def write(self, **fields: Any) -> FencedWrite:
-        """A fenced write of the current checkpoint plus everything not yet flushed."""
+        """A fenced write of the current checkpoint plus everything not yet written."""
         write = FencedWrite(
             task_id=self.task.id,
             token=self.task.token,
             checkpoint=self.checkpoint.to_json(),
             evidence=tuple(self.evidence),
             events=tuple(self.events),
+            signals=tuple(self.signals),
             **fields,
         )
         self.evidence.clear()
         self.events.clear()
+        self.signals.clear()
         return write
 
 
@@ -122,20 +153,28 @@ class Interpreter:
         self._worker_id = worker_id
         self._connection = connection
 
-    async def execute(self, task: ClaimedTask, definition: WorkflowDefinition) -> CycleOutcome:
+    async def execute(
+        self,
+        task: ClaimedTask,
+        definition: WorkflowDefinition,
+        control: CycleControl | None = None,
+    ) -> CycleOutcome:
         """Run ``task`` from its checkpoint until it ends, waits or is released.
 
-        If the surrounding scope is cancelled (shutdown past its grace, or a heartbeat that
-        found the lease lost), the task is released with a fenced write when the lease is
-        still held, and the cancellation propagates.
+        If the surrounding scope is cancelled, the cycle ends the lease protocol before the
+        cancellation propagates: a requested cancel is committed as the ``cancelled`` state;
+        a shutdown releases the task; a lost lease writes nothing.
 
         Returns:
             How the cycle ended. Never raises for lease loss or an unreachable database:
             those end the cycle (the lease lapses and another claim resumes the task).
         """
         cycle = _Cycle(task, definition)
+        control = control or CycleControl()
         try:
-            return await self._run(cycle)
+            if task.cancel_requested:
+                return await self._cancel(cycle, task.cancel_requested)
+            return await self._run(cycle, control)
         except LeaseLost:
             logger.warning(
                 "lease lost; the task will be resumed by its next claim",
@@ -150,26 +189,40 @@ class Interpreter:
             )
             return CycleOutcome.DATABASE_UNAVAILABLE
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                await self._release(cycle)
+            control.stop.set()
+            if not control.lease_lost:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    await self._end_interrupted(cycle, control)
             raise
 
-    async def _release(self, cycle: _Cycle) -> None:
-        cycle.events.append(Event("released", {"reason": "worker stopping"}))
+    async def _end_interrupted(self, cycle: _Cycle, control: CycleControl) -> None:
         try:
-            await self._leases.commit(self._worker_id, cycle.write(state="queued", delay_seconds=0))
+            if control.cancel_requested:
+                await self._cancel(cycle, {"reason": "cancelled by request"})
+            else:
+                cycle.events.append(Event("released", {"reason": "worker stopping"}))
+                await self._commit(cycle, state="queued", delay_seconds=0)
         except (LeaseLost, DatabaseUnavailable):
             pass  # the lease lapses on its own; the next claim resumes from the checkpoint
 
-    async def _run(self, cycle: _Cycle) -> CycleOutcome:
+    async def _commit(self, cycle: _Cycle, **fields: Any) -> None:
+        write = cycle.write(**fields)
+        await self._leases.commit(self._worker_id, write)
+        if faults.ARMED:
+            for record in write.evidence:
+                if record.record == "completed":
+                    faults.fault_point("after_commit", record.step)
+
+    async def _run(self, cycle: _Cycle, control: CycleControl) -> CycleOutcome:
         try:
-            return await self._steps(cycle)
+            return await self._steps(cycle, control)
         except (ExpressionError, ResultNotJson, HandlerNotFound) as exc:
             # A fault of the definition or the application, not of one attempt: the task fails.
             return await self._fail(cycle, error_data(exc))
 
-    async def _steps(self, cycle: _Cycle) -> CycleOutcome:
+    async def _steps(self, cycle: _Cycle, control: CycleControl) -> CycleOutcome:
         cp = cycle.checkpoint
+        outcome: CycleOutcome | None = None
         if cycle.task.recovered:
             outcome = await self._count_lost_attempt(cycle)
             if outcome is not None:
@@ -184,28 +237,50 @@ class Interpreter:
                     step.default,
                 )
                 if target is None:
-                    return await self._fail(
-                        cycle,
-                        {
-                            "name": "NoChoiceMatched",
-                            "message": f"no choice of step {step.id!r} matched",
-                        },
-                    )
+                    message = f"no choice of step {step.id!r} matched"
+                    return await self._fail(cycle, {"name": "NoChoiceMatched", "message": message})
                 cp.enter(target)
-            elif isinstance(step, SucceedStep):
+                continue
+            if isinstance(step, SucceedStep):
                 return await self._succeed(cycle, step.output.render(cycle.scope()))
-            elif isinstance(step, FailStep):
+            if isinstance(step, FailStep):
                 message = step.message.render(cycle.scope())
-                return await self._fail(
-                    cycle, {"name": step.error, "message": "" if message is None else str(message)}
-                )
+                text = message if isinstance(message, str) else json.dumps(message)
+                return await self._fail(cycle, {"name": step.error, "message": text})
+            if isinstance(step, WaitStep):
+                outcome = await self._wait(cycle, step)
             else:
-                outcome = await self._effect(cycle, step)
-                if outcome is not None:
-                    return outcome
+                outcome = await self._effect(cycle, step, control)
+            if outcome is not None:
+                return outcome
+
+    async def _advance(
+        self, cycle: _Cycle, step: EffectStep | WaitStep, output: Any
+    ) -> CycleOutcome | None:
+        """Record a step's output and move on; a step without ``next`` ends the workflow."""
+        cp = cycle.checkpoint
+        cp.outputs[step.id] = output
+        if step.next is None:
+            return await self._succeed(cycle, output)
+        cp.enter(step.next)
+        return None
+
+    async def _step_failed(
+        self, cycle: _Cycle, step: EffectStep | WaitStep, error: Error
+    ) -> CycleOutcome | None:
+        """A step failed for good: route to its ``catch`` target, else fail the task."""
+        target = catch_target(step.catch, error["name"])
+        if target is None:
+            return await self._fail(cycle, {**error, "step": step.id})
+        cycle.checkpoint.outputs[step.id] = {"error": error}
+        cycle.events.append(Event("caught", {"step": step.id, "error": error, "next": target}))
+        cycle.checkpoint.enter(target)
+        return None
+
+    # --- effects ------------------------------------------------------------------------------
 
     async def _count_lost_attempt(self, cycle: _Cycle) -> CycleOutcome | None:
-        """A takeover: the previous lease expired mid-cycle. That attempt counts (DESIGN §2)."""
+        """A takeover: the previous lease expired mid-cycle. That attempt counts."""
         cp = cycle.checkpoint
         assert cp.cursor is not None
         step = cycle.definition.steps[cp.cursor]
@@ -217,36 +292,40 @@ class Interpreter:
         cp.attempts[occurrence] = cp.attempts.get(occurrence, 0) + 1
         cycle.events.append(Event("attempt_lost", {"step": step.id, "occurrence": occurrence}))
         if cp.attempts[occurrence] >= step.retry.max_attempts:
-            return await self._fail(
-                cycle,
-                {
-                    "name": "AttemptsExhausted",
-                    "message": (
-                        f"step {step.id!r}: {cp.attempts[occurrence]} of "
-                        f"{step.retry.max_attempts} attempts were lost to crashes or expired leases"
-                    ),
-                },
+            cp.attempts.pop(occurrence)
+            lost = step.retry.max_attempts
+            message = f"step {step.id!r}: {lost} attempts were lost to crashes or expired leases"
+            return await self._step_failed(
+                cycle, step, {"name": "AttemptsExhausted", "message": message, "attempts": lost}
             )
-        await self._leases.commit(self._worker_id, cycle.write())
+        await self._commit(cycle)
         return None
 
-    async def _effect(self, cycle: _Cycle, step: EffectStep) -> CycleOutcome | None:
+    async def _effect(
+        self, cycle: _Cycle, step: EffectStep, control: CycleControl
+    ) -> CycleOutcome | None:
         cp = cycle.checkpoint
         task = cycle.task
         occurrence = cp.occurrence(step.id)
         key = f"{task.id}:{occurrence}"
         if cp.pending == occurrence:
-            # Intent recorded, outcome unknown, not idempotent: fail closed (DESIGN §2).
-            cycle.events.append(
-                Event("reconciliation_required", {"step": step.id, "occurrence": occurrence})
-            )
-            await self._leases.commit(
-                self._worker_id, cycle.write(state="waiting", wait_reason="reconciliation")
-            )
-            return CycleOutcome.WAITING
+            resolution = cp.resolution
+            if resolution is None or resolution.get("occurrence") != occurrence:
+                # Intent recorded, outcome unknown, not idempotent: fail closed (DESIGN §2).
+                return await self._reconcile(cycle, step, occurrence)
+            cp.resolution = None
+            cp.pending = None
+            if resolution["outcome"] == "completed":
+                cp.attempts.pop(occurrence, None)
+                return await self._advance(cycle, step, resolution["result"])
+            if resolution["outcome"] == "failed":
+                attempt = cp.attempts.get(occurrence, 1)
+                return await self._after_failure(
+                    cycle, step, occurrence, attempt, resolution["error"]
+                )
+            # "retry": call again below, with a new intent record and the same key.
         handler = self._app.handler(step.handler)
         attempt = cp.attempts.get(occurrence, 0) + 1
-        cp.attempts[occurrence] = attempt
         args = step.args.render(cycle.scope())
 
         def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
@@ -256,11 +335,19 @@ class Interpreter:
                 attempt=attempt, result=result, error=error,
             )  # fmt: skip
 
+        if faults.ARMED:
+            faults.fault_point("before_intent", step.id)
         if not step.idempotent:
+            # The intent carries the attempt; a takeover finds it pending and reconciles.
+            cp.attempts[occurrence] = attempt
             cycle.evidence.append(record("started"))
             cp.pending = occurrence
-        if cycle.evidence or cycle.events:
-            await self._leases.commit(self._worker_id, cycle.write())
+        if cycle.dirty:
+            await self._commit(cycle)
+        # An idempotent attempt is not written before the call: a takeover counts it as lost.
+        cp.attempts[occurrence] = attempt
+        if faults.ARMED:
+            faults.fault_point("after_intent", step.id)
 
         ctx = EffectContext(
             task_id=task.id,
@@ -272,6 +359,7 @@ class Interpreter:
             fencing_token=task.token,
             idempotency_key=key,
             _connection=self._connection,
+            _stop=control.stop,
         )
         try:
             result = await self._call(handler, step, ctx, args)
@@ -285,34 +373,30 @@ class Interpreter:
             error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
             if not step.idempotent:
                 # The call may or may not have had its effect: uncertain, so reconcile.
-                cycle.events.append(
-                    Event(
-                        "reconciliation_required",
-                        {"step": step.id, "occurrence": occurrence, "error": error},
-                    )
-                )
-                await self._leases.commit(
-                    self._worker_id, cycle.write(state="waiting", wait_reason="reconciliation")
-                )
-                return CycleOutcome.WAITING
-            return await self._after_failure(
-                cycle, step, occurrence, attempt, record("failed", error=error), error
-            )
-        except Exception as exc:  # a handler's error is data: it goes to retry policy
+                return await self._reconcile(cycle, step, occurrence, error)
+            cycle.evidence.append(record("failed", error=error))
+            return await self._after_failure(cycle, step, occurrence, attempt, error)
+        except Exception as exc:  # a handler's error is data: it goes to the retry policy
             error = error_data(exc)
-            return await self._after_failure(
-                cycle, step, occurrence, attempt, record("failed", error=error), error
-            )
-
+            cycle.evidence.append(record("failed", error=error))
+            return await self._after_failure(cycle, step, occurrence, attempt, error)
+        if faults.ARMED:
+            faults.fault_point("after_call", step.id)
         cp.pending = None
         cp.attempts.pop(occurrence, None)
-        cp.outputs[step.id] = result
         cycle.evidence.append(record("completed", result=result))
-        if step.next is None:
-            cp.enter(None)
-            return await self._succeed(cycle, result)
-        cp.enter(step.next)
-        return None
+        return await self._advance(cycle, step, result)
+
+    async def _reconcile(
+        self, cycle: _Cycle, step: EffectStep, occurrence: str, error: Error | None = None
+    ) -> CycleOutcome:
+        cycle.checkpoint.pending = occurrence
+        detail: dict[str, Any] = {"step": step.id, "occurrence": occurrence}
+        if error is not None:
+            detail["error"] = error
+        cycle.events.append(Event("reconciliation_required", detail))
+        await self._commit(cycle, state="waiting", wait_reason="reconciliation", run_at=NEVER)
+        return CycleOutcome.WAITING
 
     async def _call(self, handler: Handler, step: EffectStep, ctx: EffectContext, args: Any) -> Any:
         deadline = math.inf if step.timeout is None else anyio.current_time() + step.timeout
@@ -324,6 +408,7 @@ class Interpreter:
                     functools.partial(handler.call, ctx, args), abandon_on_cancel=True
                 )
         if scope.cancelled_caught:
+            ctx._stop.set()
             raise _TimedOut
         try:
             json.dumps(result, allow_nan=False)
@@ -335,17 +420,10 @@ class Interpreter:
         return result
 
     async def _after_failure(
-        self,
-        cycle: _Cycle,
-        step: EffectStep,
-        occurrence: str,
-        attempt: int,
-        failed: EvidenceRecord,
-        error: dict[str, Any],
-    ) -> CycleOutcome:
+        self, cycle: _Cycle, step: EffectStep, occurrence: str, attempt: int, error: Error
+    ) -> CycleOutcome | None:
         cp = cycle.checkpoint
         cp.pending = None
-        cycle.evidence.append(failed)
         policy = step.retry
         if attempt < policy.max_attempts and error["name"] not in policy.non_retryable:
             delay = policy.delay(attempt)
@@ -355,25 +433,89 @@ class Interpreter:
                     {"step": step.id, "attempt": attempt, "delay_seconds": delay, "error": error},
                 )
             )
-            await self._leases.commit(
-                self._worker_id, cycle.write(state="queued", delay_seconds=delay)
-            )
+            await self._commit(cycle, state="queued", delay_seconds=delay)
             return CycleOutcome.RETRY
         cp.attempts.pop(occurrence, None)
-        return await self._fail(cycle, {**error, "step": step.id, "attempts": attempt})
+        return await self._step_failed(cycle, step, {**error, "attempts": attempt})
+
+    # --- waits --------------------------------------------------------------------------------
+
+    async def _wait(self, cycle: _Cycle, step: WaitStep) -> CycleOutcome | None:
+        cp = cycle.checkpoint
+        occurrence = cp.occurrence(step.id)
+        resumed = cp.wait is not None and cp.wait.get("occurrence") == occurrence
+        if step.signal is not None:
+            found = await self._leases.next_signal(cycle.task.id, step.signal)
+            if found is not None:
+                signal_id, payload = found
+                cycle.signals.append((signal_id, occurrence))
+                cp.wait = None
+                return await self._advance(cycle, step, payload)
+            if resumed:  # claimed with no signal stored: the wait's deadline passed
+                cp.wait = None
+                message = f"no signal {step.signal!r} within {step.timeout:g} s"
+                return await self._step_failed(cycle, step, {"name": "Timeout", "message": message})
+            cp.wait = {"occurrence": occurrence, "signal": step.signal}
+            cycle.events.append(Event("waiting", {"step": step.id, "signal": step.signal}))
+            if step.timeout is None:
+                await self._commit(cycle, state="waiting", wait_reason="signal", run_at=NEVER)
+            else:
+                await self._commit(
+                    cycle, state="waiting", wait_reason="signal", delay_seconds=step.timeout
+                )
+            # A signal that arrived while we still held the lease did not wake us: look again.
+            await self._leases.wake_if_signalled(cycle.task.id, step.signal)
+            return CycleOutcome.WAITING
+        if resumed:  # a timer wait is only claimed again once its run_at has passed
+            cp.wait = None
+            return await self._advance(cycle, step, None)
+        cp.wait = {"occurrence": occurrence, "timer": True}
+        cycle.events.append(Event("waiting", {"step": step.id, "timer": True}))
+        if step.until is not None:
+            until = _timestamp(step.until.render(cycle.scope()), step.id)
+            await self._commit(cycle, state="waiting", wait_reason="timer", run_at=until)
+        else:
+            await self._commit(
+                cycle, state="waiting", wait_reason="timer", delay_seconds=step.duration
+            )
+        return CycleOutcome.WAITING
+
+    # --- terminal writes ----------------------------------------------------------------------
 
     async def _succeed(self, cycle: _Cycle, result: Any) -> CycleOutcome:
-        cycle.checkpoint.cursor = None
+        cycle.checkpoint.enter(None)
         cycle.events.append(Event("succeeded"))
-        await self._leases.commit(self._worker_id, cycle.write(state="succeeded", result=result))
+        await self._commit(cycle, state="succeeded", result=result)
         return CycleOutcome.SUCCEEDED
 
-    async def _fail(self, cycle: _Cycle, error: dict[str, Any]) -> CycleOutcome:
+    async def _fail(self, cycle: _Cycle, error: Error) -> CycleOutcome:
         error.setdefault("step", cycle.checkpoint.cursor)
         cycle.checkpoint.cursor = None
         cycle.events.append(Event("failed", {"error": error}))
-        await self._leases.commit(self._worker_id, cycle.write(state="failed", error=error))
+        await self._commit(cycle, state="failed", error=error)
         return CycleOutcome.FAILED
+
+    async def _cancel(self, cycle: _Cycle, request: Any) -> CycleOutcome:
+        reason = request.get("reason") if isinstance(request, dict) else None
+        error = {"name": "Cancelled", "message": reason or "cancelled by request"}
+        error["step"] = cycle.checkpoint.cursor
+        cycle.events.append(Event("cancelled", {"reason": error["message"]}))
+        await self._commit(cycle, state="cancelled", error=error)
+        return CycleOutcome.CANCELLED
+
+
+def _timestamp(value: Any, step: str) -> str:
+    """Check that ``value`` is an ISO-8601 timestamp with a UTC offset; return it."""
+    try:
+        parsed = datetime.datetime.fromisoformat(str(value))
+    except ValueError:
+        parsed = None
+    if parsed is None or parsed.tzinfo is None:
+        raise ExpressionError(
+            f"step {step!r}: wait until {value!r} is not an ISO-8601 timestamp with a UTC offset",
+            step=step,
+        )
+    return parsed.isoformat()
 
 
 class _TimedOut(Exception):

@@ -27,6 +27,7 @@ __all__ = [
     "DefinitionConflict",
     "DefinitionError",
     "DefinitionFault",
+    "EffectCancelled",
     "ExpressionError",
     "ExpressionSyntaxError",
     "HandlerNotFound",
@@ -34,9 +35,11 @@ __all__ = [
     "LeaseLost",
     "MissingHandlers",
     "NoChoiceMatched",
+    "NotReconcilable",
     "ResultNotJson",
     "SchemaOutdated",
     "StoreError",
+    "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
     "UnknownTask",
@@ -246,3 +249,15 @@ class MissingHandlers(ToolkitError):
 
 class ResultNotJson(ToolkitError):
     """A handler returned a value that cannot be stored as JSON."""
+
+
+class TaskTerminal(ToolkitError):
+    """The task has already ended (succeeded, failed or cancelled); nothing was changed."""
+
+
+class NotReconcilable(ToolkitError):
+    """The task is not waiting for reconciliation of that step; nothing was changed."""
+
+
+class EffectCancelled(ToolkitError):
+    """The effect call was cancelled (task cancelled, lease lost or worker stopping)."""

@@ -16,6 +16,10 @@ from psycopg.types.json import Jsonb
 from toolkit.database import Database
 from toolkit.errors import LeaseLost
 
+#: The ``run_at`` of a wait with no deadline: later than any real time, yet a value Python's
+#: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
+NEVER = "9999-12-31T00:00:00+00:00"
+
 TaskState = Literal["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]
 WaitReason = Literal["timer", "signal", "callback", "child", "budget", "limit", "reconciliation"]
 
@@ -34,6 +38,7 @@ class ClaimedTask:
         attempts: claims of this task so far, this one included.
         recovered: the previous lease expired while held (a takeover).
         queue_delay: seconds from ``run_at`` to this claim, in database time.
+        cancel_requested: the cancel request (``{"reason", "at"}``) if one is pending.
     """
 
     id: int
@@ -45,6 +50,7 @@ class ClaimedTask:
     attempts: int
     recovered: bool
     queue_delay: float
+    cancel_requested: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,11 +86,14 @@ class FencedWrite:
         checkpoint: the new checkpoint JSON.
         state: the task's next state; ``leased`` keeps the lease, any other releases it.
         wait_reason: required with ``waiting``.
-        delay_seconds: when set, ``run_at`` becomes database now + this many seconds.
+        run_at: when set, the new ``run_at``: an ISO-8601 timestamp (:data:`NEVER` for none).
+        delay_seconds: when set (and ``run_at`` is not), ``run_at`` becomes database now +
+            this many seconds.
         result: the task result (terminal ``succeeded``).
         error: the task error (terminal ``failed``), JSON.
         evidence: effect evidence records to append, in order.
         events: task events to append, in order.
+        signals: ``(signal id, occurrence)`` of signals consumed by this write.
     """
 
     task_id: int
@@ -92,11 +101,13 @@ class FencedWrite:
     checkpoint: Mapping[str, Any]
     state: TaskState = "leased"
     wait_reason: WaitReason | None = None
+    run_at: str | None = None
     delay_seconds: float | None = None
     result: Any = None
     error: Any = None
     evidence: Sequence[EvidenceRecord] = ()
     events: Sequence[Event] = ()
+    signals: Sequence[tuple[int, str]] = ()
 
 
 class Leases:
@@ -147,13 +158,14 @@ class Leases:
                 attempts=row["attempts"],
                 recovered=row["recovered"],
                 queue_delay=row["queue_delay"],
+                cancel_requested=row["cancel_requested"],
             )
             for row in rows
         ]
 
     async def renew(
         self, worker_id: str, held: Mapping[int, int], lease_seconds: float
-    ) -> set[int]:
+    ) -> dict[int, bool]:
         """Extend every lease in ``held`` in one statement (the heartbeat).
 
         Args:
@@ -162,7 +174,8 @@ class Leases:
             lease_seconds: new lease duration from database now, seconds.
 
         Returns:
-            The task ids whose leases were renewed; any other in ``held`` is lost.
+            For each task whose lease was renewed, whether a cancel is requested for it; any
+            task of ``held`` missing here has lost its lease.
 
         Raises:
             DatabaseUnavailable: the database cannot be reached.
@@ -176,7 +189,7 @@ class Leases:
                 "lease_seconds": lease_seconds,
             },
         )
-        return {row["id"] for row in rows}
+        return {row["id"]: row["cancel_requested"] for row in rows}
 
     async def commit(self, worker_id: str, write: FencedWrite) -> None:
         """Apply one fenced write: checkpoint, evidence, events and next state, atomically.
@@ -192,6 +205,21 @@ class Leases:
             raise LeaseLost(task_id=write.task_id, token=write.token)
 
 
+    async def next_signal(self, task_id: int, name: str) -> tuple[int, Any] | None:
+        """The oldest unconsumed signal ``name`` of the task: ``(signal id, payload)``."""
+        row = await self._db.fetch_one("next_signal", {"task_id": task_id, "name": name})
+        return None if row is None else (row["id"], row["payload"])
+
+    async def wake_if_signalled(self, task_id: int, name: str) -> bool:
+        """Make a task that just started waiting for ``name`` due if such a signal is stored.
+
+        Returns:
+            True if the task was woken.
+        """
+        row = await self._db.fetch_one("wake_if_signalled", {"task_id": task_id, "name": name})
+        return row is not None
+
+
 def _fenced_params(worker_id: str, write: FencedWrite) -> dict[str, Any]:
     return {
         "task_id": write.task_id,
@@ -200,9 +228,11 @@ def _fenced_params(worker_id: str, write: FencedWrite) -> dict[str, Any]:
         "checkpoint": Jsonb(write.checkpoint),
         "state": write.state,
         "wait_reason": write.wait_reason,
+        "run_at": write.run_at,
         "delay_seconds": write.delay_seconds,
         "result": None if write.result is None else Jsonb(write.result),
         "error": None if write.error is None else Jsonb(write.error),
         "records": Jsonb([dataclasses.asdict(record) for record in write.evidence]),
         "events": Jsonb([dataclasses.asdict(event) for event in write.events]),
+        "signals": Jsonb([{"id": sid, "occurrence": occ} for sid, occ in write.signals]),
     }

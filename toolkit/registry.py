@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from toolkit.definition import EffectStep, WorkflowDefinition
-from toolkit.errors import HandlerNotFound, MissingHandlers
+from toolkit.errors import EffectCancelled, HandlerNotFound, MissingHandlers
 
 HandlerFunc = Callable[..., Any]
 F = TypeVar("F", bound=HandlerFunc)
@@ -49,6 +50,23 @@ class EffectContext:
     _connection: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]] = (
         dataclasses.field(repr=False)
     )
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the call should stop.
+
+        That is: the task was cancelled, its lease was lost, or the worker is shutting down
+        past its grace period. Async handlers are cancelled by anyio; sync handlers (run in
+        a thread) cannot be, so they should check this, or call :meth:`check_cancelled`,
+        between units of work.
+        """
+        return self._stop.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`~toolkit.errors.EffectCancelled` if :attr:`cancelled` is true."""
+        if self._stop.is_set():
+            raise EffectCancelled(f"step {self.step!r} of task {self.task_id} was cancelled")
 
     def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
         """Borrow an autocommit connection to the store's database for application tables.

@@ -20,7 +20,7 @@ import anyio
 import psycopg
 
 from toolkit.database import is_unavailable
-from toolkit.engine import CycleOutcome, Interpreter
+from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import ConfigError, DatabaseUnavailable
 from toolkit.leases import ClaimedTask
 from toolkit.worker import Worker
@@ -119,6 +119,7 @@ class SupervisorReport:
         cycles: claim-and-execute cycles finished.
         succeeded: cycles that ended the task ``succeeded``.
         failed: cycles that ended the task ``failed``.
+        cancelled: cycles that ended the task ``cancelled``.
         waiting: cycles that left the task ``waiting``.
         retried: cycles that scheduled a retry.
         released: cycles released at shutdown.
@@ -135,6 +136,7 @@ class SupervisorReport:
     cycles: int = 0
     succeeded: int = 0
     failed: int = 0
+    cancelled: int = 0
     waiting: int = 0
     retried: int = 0
     released: int = 0
@@ -150,6 +152,7 @@ class SupervisorReport:
         field = {
             CycleOutcome.SUCCEEDED: "succeeded",
             CycleOutcome.FAILED: "failed",
+            CycleOutcome.CANCELLED: "cancelled",
             CycleOutcome.WAITING: "waiting",
             CycleOutcome.RETRY: "retried",
             CycleOutcome.RELEASED: "released",
@@ -171,8 +174,7 @@ class WorkflowSupervisor:
         self.worker = worker
         self.config = config or SupervisorConfig()
         self.report = SupervisorReport(worker_id=worker.worker_id)
-        self._held: dict[int, tuple[int, anyio.CancelScope]] = {}
-        self._lost: set[int] = set()
+        self._held: dict[int, tuple[int, anyio.CancelScope, CycleControl]] = {}
         self._in_flight = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
@@ -281,19 +283,26 @@ class WorkflowSupervisor:
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         scope = anyio.CancelScope()
-        self._held[task.id] = (task.token, scope)
-        cycles.start_soon(self._cycle, task, scope)
+        control = CycleControl()
+        self._held[task.id] = (task.token, scope, control)
+        cycles.start_soon(self._cycle, task, scope, control)
 
-    async def _cycle(self, task: ClaimedTask, scope: anyio.CancelScope) -> None:
+    async def _cycle(
+        self, task: ClaimedTask, scope: anyio.CancelScope, control: CycleControl
+    ) -> None:
         outcome = CycleOutcome.RELEASED
+        definition = self.worker.definition(task.digest)
         try:
             with scope:
-                outcome = await self._interpreter.execute(task, self.worker.definition(task.digest))
-            if scope.cancelled_caught and task.id in self._lost:
-                outcome = CycleOutcome.LEASE_LOST
+                outcome = await self._interpreter.execute(task, definition, control)
+            if scope.cancelled_caught:
+                outcome = (
+                    CycleOutcome.LEASE_LOST if control.lease_lost
+                    else CycleOutcome.CANCELLED if control.cancel_requested
+                    else CycleOutcome.RELEASED
+                )  # fmt: skip
         finally:
             self._held.pop(task.id, None)
-            self._lost.discard(task.id)
             self._in_flight -= 1
             self.report.count(outcome)
             if self._in_flight == 0:
@@ -304,7 +313,7 @@ class WorkflowSupervisor:
         config = self.config
         while True:
             await anyio.sleep(config.heartbeat)
-            held = {task_id: token for task_id, (token, _) in self._held.items()}
+            held = {task_id: entry[0] for task_id, entry in self._held.items()}
             try:
                 renewed = await self.worker.renew(held, config.lease)
             except DatabaseUnavailable as exc:
@@ -312,13 +321,23 @@ class WorkflowSupervisor:
                 continue
             for task_id, token in held.items():
                 entry = self._held.get(task_id)
-                if task_id not in renewed and entry is not None and entry[0] == token:
+                if entry is None or entry[0] != token:
+                    continue  # that cycle ended meanwhile
+                _, scope, control = entry
+                if task_id not in renewed:
                     logger.warning(
                         "lease lost at heartbeat; cancelling the cycle",
                         extra={"action": "lease_lost", "task_id": task_id, "token": token},
                     )
-                    self._lost.add(task_id)
-                    entry[1].cancel()
+                    control.lease_lost = True
+                    scope.cancel()
+                elif renewed[task_id] and not control.cancel_requested:
+                    logger.info(
+                        "cancel requested; cancelling the cycle",
+                        extra={"action": "cancel_requested", "task_id": task_id, "token": token},
+                    )
+                    control.cancel_requested = True
+                    scope.cancel()
 
     async def _listen(self) -> None:
         """Wake the claim loop on NOTIFY; reconnect with backoff when the link drops."""

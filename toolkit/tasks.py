@@ -6,14 +6,14 @@ import builtins
 import dataclasses
 import datetime
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition
-from toolkit.errors import UnknownTask
+from toolkit.errors import NotReconcilable, TaskTerminal, UnknownTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +36,7 @@ class TaskRecord:
     attempts: int
     result: Any
     error: Any
+    cancel_requested: Any
     created_at: datetime.datetime
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
@@ -135,3 +136,110 @@ class Tasks:
         """True while a task of these definitions is queued or leased."""
         row = await self._db.fetch_one("pending_work_exists", {"digests": list(digests)})
         return bool(row and row["pending"])
+
+    async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
+        """Every signal sent to the task, consumed or not, oldest first."""
+        return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
+
+    async def signal(self, task_id: int, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` to a task; it is kept until a ``wait: {signal: name}`` consumes it.
+
+        Each signal is consumed exactly once, in the order sent. A task already waiting for
+        ``name`` is woken at once (NOTIFY).
+
+        Returns:
+            The signal's id.
+
+        Raises:
+            UnknownTask: no such task.
+            TaskTerminal: the task has ended; the signal was not stored.
+        """
+        row = await self._db.fetch_one(
+            "send_signal", {"task_id": task_id, "name": name, "payload": Jsonb(payload)}
+        )
+        if row is None or row["state"] is None:
+            raise UnknownTask(f"no task {task_id}")
+        if row["signal_id"] is None:
+            raise TaskTerminal(f"task {task_id} is {row['state']}; signal {name!r} was not stored")
+        return int(row["signal_id"])
+
+    async def cancel(self, task_id: int, reason: str = "cancelled by request") -> str:
+        """Cancel a task.
+
+        A queued or waiting task (or one whose lease expired) is cancelled at once; a leased
+        one gets a cancel request that its worker learns of at its next heartbeat, which
+        cancels the running handler. Completed steps and their external writes stay done.
+
+        Returns:
+            ``"cancelled"`` or ``"requested"``.
+
+        Raises:
+            UnknownTask: no such task.
+            TaskTerminal: the task has already ended.
+        """
+        row = await self._db.fetch_one("request_cancel", {"task_id": task_id, "reason": reason})
+        if row is None or row["previous_state"] is None:
+            raise UnknownTask(f"no task {task_id}")
+        if row["cancelled"]:
+            return "cancelled"
+        if row["requested"]:
+            return "requested"
+        raise TaskTerminal(f"task {task_id} is {row['previous_state']}; it cannot be cancelled")
+
+    async def reconcile(
+        self,
+        task_id: int,
+        step: str,
+        outcome: Literal["completed", "failed", "retry"],
+        *,
+        result: Any = None,
+        error: str | None = None,
+        message: str | None = None,
+        operator: str = "operator",
+    ) -> None:
+        """Resolve an effect whose intent was recorded without an outcome (DESIGN §2).
+
+        ``completed`` records ``result`` as the effect's evidence and the workflow continues
+        as if the handler had returned it; ``failed`` records ``error`` and goes through the
+        step's retry and catch policy (``error`` is the error name retry and catch rules match,
+        default ``ReconciledFailure``); ``retry`` calls the handler again with the same
+        idempotency key (the operator takes the risk of a second call).
+
+        Raises:
+            UnknownTask: no such task.
+            NotReconcilable: the task is not waiting for reconciliation of ``step``.
+        """
+        task = await self.get(task_id)
+        pending = task.checkpoint.get("pending")
+        if task.wait_reason != "reconciliation" or not str(pending).startswith(f"{step}#"):
+            waiting_on = f" (it waits on {pending})" if task.wait_reason == "reconciliation" else ""
+            raise NotReconcilable(
+                f"task {task_id} is {task.state}"
+                f"{' (' + task.wait_reason + ')' if task.wait_reason else ''}, not waiting for "
+                f"reconciliation of step {step!r}{waiting_on}"
+            )
+        error_data = {
+            "name": error or "ReconciledFailure",
+            "message": message or "failure recorded by reconciliation",
+        }
+        record = {"completed": "completed", "failed": "failed", "retry": None}[outcome]
+        resolution = {
+            "occurrence": pending,
+            "outcome": outcome,
+            "result": result if outcome == "completed" else None,
+            "error": error_data if outcome == "failed" else None,
+        }
+        row = await self._db.fetch_one(
+            "reconcile_effect",
+            {
+                "task_id": task_id,
+                "occurrence": pending,
+                "record": record,
+                "operator": operator,
+                "result": Jsonb(result) if outcome == "completed" else None,
+                "error": Jsonb(error_data) if outcome == "failed" else None,
+                "resolution": Jsonb(resolution),
+            },
+        )
+        if row is None:
+            raise NotReconcilable(f"task {task_id} changed while reconciling; look again")

@@ -89,8 +89,12 @@ class Worker:
         """Claim up to ``limit`` due tasks of the loaded definitions."""
         return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
 
-    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> set[int]:
-        """Renew the held leases (task id to token); returns the ids still held."""
+    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> dict[int, bool]:
+        """Renew the held leases (task id to token).
+
+        Returns:
+            The ids still held, each with whether a cancel is requested.
+        """
         return await self.store.leases.renew(self.worker_id, held, lease_seconds)
 
     async def pending_work(self) -> bool:

@@ -32,6 +32,7 @@ CREATE TABLE toolkit_tasks (
     attempts           integer     NOT NULL DEFAULT 0,
     result             jsonb,
     error              jsonb,
+    cancel_requested   jsonb,
     created_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at        timestamptz,
@@ -42,10 +43,10 @@ CREATE TABLE toolkit_tasks (
 );
 
 -- The claim path: only live rows are indexed, so terminal history never slows a claim.
+-- Waiting tasks are claimable once run_at passes (a timer fired, a signal arrived, a signal
+-- wait timed out); a wait with no deadline has run_at = 9999-12-31 (never).
 CREATE INDEX toolkit_tasks_claimable ON toolkit_tasks (run_at, id)
-    WHERE state IN ('queued', 'leased');
-CREATE INDEX toolkit_tasks_waiting ON toolkit_tasks (run_at)
-    WHERE state = 'waiting';
+    WHERE state IN ('queued', 'leased', 'waiting');
 CREATE INDEX toolkit_tasks_definition ON toolkit_tasks (definition_name, definition_version, state);
 CREATE INDEX toolkit_tasks_state ON toolkit_tasks (state, tenant);
 
@@ -92,3 +93,17 @@ CREATE TABLE toolkit_workers (
     expires_at    timestamptz NOT NULL,
     stopped_at    timestamptz
 );
+
+-- Signals sent to tasks, kept until a wait consumes them: each exactly once, in order.
+CREATE TABLE toolkit_signals (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id         bigint      NOT NULL REFERENCES toolkit_tasks (id) ON DELETE CASCADE,
+    name            text        NOT NULL,
+    payload         jsonb,
+    sent_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
+    consumed_at     timestamptz,
+    consumed_by     text,
+    consumed_token  bigint
+);
+CREATE INDEX toolkit_signals_pending ON toolkit_signals (task_id, name, id)
+    WHERE consumed_at IS NULL;

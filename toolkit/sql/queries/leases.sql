@@ -1,13 +1,13 @@
 -- name: claim_tasks
--- Claims up to %(limit)s due tasks of the given definitions: queued ones whose run_at has
--- come, and leased ones whose lease expired (recoverable). The fencing token rises by one
+-- Claims up to %(limit)s due tasks of the given definitions: queued or waiting ones whose
+-- run_at has come, and leased ones whose lease expired (recoverable). The fencing token rises by one
 -- on every claim (DESIGN §2); the lease expiry is database time.
 WITH candidates AS (
     SELECT id, state AS previous_state, lease_owner AS previous_owner, run_at
     FROM toolkit_tasks
-    WHERE state IN ('queued', 'leased')
+    WHERE state IN ('queued', 'leased', 'waiting')
       AND run_at <= clock_timestamp()
-      AND (state = 'queued' OR lease_expires_at <= clock_timestamp())
+      AND (state <> 'leased' OR lease_expires_at <= clock_timestamp())
       AND definition_digest = ANY(%(digests)s::text[])
     ORDER BY run_at, id
     LIMIT %(limit)s
@@ -24,7 +24,7 @@ WITH candidates AS (
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, c.previous_state, c.previous_owner,
+              t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
               extract(epoch FROM clock_timestamp() - c.run_at)::float8 AS queue_delay
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
@@ -36,7 +36,7 @@ WITH candidates AS (
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       previous_state = 'leased' AS recovered, queue_delay
+       cancel_requested, previous_state = 'leased' AS recovered, queue_delay
 FROM claimed
 ORDER BY id;
 
@@ -57,19 +57,24 @@ WHERE t.id = held.task_id
   AND t.lease_owner = %(worker_id)s
   AND t.state = 'leased'
   AND t.lease_expires_at > clock_timestamp()
-RETURNING t.id;
+RETURNING t.id, t.cancel_requested IS NOT NULL AS cancel_requested;
 
 -- name: commit_fenced
 -- The one fenced write (DESIGN §2): applied only while (task, worker, token) still holds an
 -- unexpired lease, in the same statement. It stores the checkpoint, appends effect evidence
--- and events, and moves the task to its next state. Zero rows returned means LeaseLost.
+-- and events, marks consumed signals, and moves the task to its next state. run_at becomes
+-- %(run_at)s when given (a timestamp; 9999-12-31 for "never"), else database now + %(delay_seconds)s
+-- when given, else stays. Zero rows returned means LeaseLost.
 WITH guard AS (
     UPDATE toolkit_tasks
     SET checkpoint = %(checkpoint)s,
         state = %(state)s,
         wait_reason = %(wait_reason)s::text,
-        run_at = CASE WHEN %(delay_seconds)s::float8 IS NULL THEN run_at
-                      ELSE clock_timestamp() + %(delay_seconds)s::float8 * interval '1 second' END,
+        run_at = CASE
+            WHEN %(run_at)s::timestamptz IS NOT NULL THEN %(run_at)s::timestamptz
+            WHEN %(delay_seconds)s::float8 IS NOT NULL
+                THEN clock_timestamp() + %(delay_seconds)s::float8 * interval '1 second'
+            ELSE run_at END,
         lease_owner = CASE WHEN %(state)s = 'leased' THEN lease_owner END,
         lease_expires_at = CASE WHEN %(state)s = 'leased' THEN lease_expires_at END,
         result = %(result)s::jsonb,
@@ -97,5 +102,30 @@ WITH guard AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT guard.id, e.kind, %(worker_id)s, %(token)s, e.detail
     FROM guard, jsonb_to_recordset(%(events)s::jsonb) AS e(kind text, detail jsonb)
+), consumed AS (
+    UPDATE toolkit_signals s
+    SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = %(token)s
+    FROM guard, jsonb_to_recordset(%(signals)s::jsonb) AS c(id bigint, occurrence text)
+    WHERE s.id = c.id AND s.task_id = guard.id AND s.consumed_at IS NULL
 )
 SELECT id FROM guard;
+
+-- name: next_signal
+-- The oldest signal of this name not consumed yet.
+SELECT id, payload
+FROM toolkit_signals
+WHERE task_id = %(task_id)s AND name = %(name)s AND consumed_at IS NULL
+ORDER BY id
+LIMIT 1;
+
+-- name: wake_if_signalled
+-- Run right after a task starts waiting for a signal: a signal that arrived while the task
+-- was still leased makes it due at once (the sender only wakes tasks already waiting).
+UPDATE toolkit_tasks
+SET run_at = clock_timestamp()
+WHERE id = %(task_id)s
+  AND state = 'waiting'
+  AND wait_reason = 'signal'
+  AND EXISTS (SELECT 1 FROM toolkit_signals
+              WHERE task_id = %(task_id)s AND name = %(name)s AND consumed_at IS NULL)
+RETURNING id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;

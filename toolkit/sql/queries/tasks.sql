@@ -18,14 +18,14 @@ ORDER BY id;
 -- name: get_task
 SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
        wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, created_at, updated_at, finished_at
+       attempts, result, error, cancel_requested, created_at, updated_at, finished_at
 FROM toolkit_tasks
 WHERE id = %(task_id)s;
 
 -- name: list_tasks
 SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
        wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, created_at, updated_at, finished_at
+       attempts, result, error, cancel_requested, created_at, updated_at, finished_at
 FROM toolkit_tasks
 WHERE (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
@@ -65,3 +65,110 @@ SELECT EXISTS (
     WHERE state IN ('queued', 'leased')
       AND definition_digest = ANY(%(digests)s::text[])
 ) AS pending;
+
+-- name: send_signal
+-- Stores a signal for a live task and wakes it when it already waits for that name.
+WITH target AS (
+    SELECT id, state FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
+), inserted AS (
+    INSERT INTO toolkit_signals (task_id, name, payload)
+    SELECT id, %(name)s, %(payload)s FROM target
+    WHERE state NOT IN ('succeeded', 'failed', 'cancelled')
+    RETURNING id, task_id
+), woken AS (
+    UPDATE toolkit_tasks t
+    SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM inserted i
+    WHERE t.id = i.task_id
+      AND t.state = 'waiting'
+      AND t.wait_reason = 'signal'
+      AND t.checkpoint -> 'wait' ->> 'signal' = %(name)s
+    RETURNING t.id
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT task_id, 'signal_received', jsonb_build_object('name', %(name)s, 'signal_id', id)
+    FROM inserted
+)
+SELECT (SELECT state FROM target) AS state,
+       (SELECT id FROM inserted) AS signal_id,
+       EXISTS (SELECT 1 FROM woken) AND pg_notify('toolkit_wakeup', '') IS NULL AS woken;
+
+-- name: task_signals
+SELECT id, name, payload, sent_at, consumed_at, consumed_by, consumed_token
+FROM toolkit_signals
+WHERE task_id = %(task_id)s
+ORDER BY id;
+
+-- name: request_cancel
+-- A queued, waiting or recoverable task is cancelled at once; a leased one gets a cancel
+-- request that its holder learns of at its next heartbeat.
+WITH target AS (
+    SELECT id, state, lease_expires_at FROM toolkit_tasks
+    WHERE id = %(task_id)s FOR NO KEY UPDATE
+), now_cancelled AS (
+    UPDATE toolkit_tasks t
+    SET state = 'cancelled', wait_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
+        error = jsonb_build_object('name', 'Cancelled', 'message', %(reason)s::text),
+        cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', clock_timestamp()),
+        finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM target
+    WHERE t.id = target.id
+      AND (target.state IN ('queued', 'waiting')
+           OR (target.state = 'leased' AND target.lease_expires_at <= clock_timestamp()))
+    RETURNING t.id
+), requested AS (
+    UPDATE toolkit_tasks t
+    SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', clock_timestamp()),
+        updated_at = clock_timestamp()
+    FROM target
+    WHERE t.id = target.id
+      AND target.state = 'leased' AND target.lease_expires_at > clock_timestamp()
+    RETURNING t.id
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT id, 'cancelled', jsonb_build_object('reason', %(reason)s::text) FROM now_cancelled
+    UNION ALL
+    SELECT id, 'cancel_requested', jsonb_build_object('reason', %(reason)s::text) FROM requested
+)
+SELECT (SELECT state FROM target) AS previous_state,
+       EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
+       EXISTS (SELECT 1 FROM requested) AS requested;
+
+-- name: reconcile_effect
+-- An operator (or the application) records the real outcome of an effect whose intent has
+-- no outcome, or asks for a new call; the task is queued again with the resolution in its
+-- checkpoint, for the interpreter to apply. Refused (no row) unless the task waits for
+-- reconciliation of exactly this occurrence.
+WITH target AS (
+    SELECT id, lease_token FROM toolkit_tasks
+    WHERE id = %(task_id)s
+      AND state = 'waiting' AND wait_reason = 'reconciliation'
+      AND checkpoint ->> 'pending' = %(occurrence)s
+    FOR NO KEY UPDATE
+), evidence AS (
+    INSERT INTO toolkit_effect_evidence
+        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
+         fencing_token, worker_id, result, error)
+    SELECT target.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
+           %(record)s::text, e.attempt, target.lease_token, %(operator)s, %(result)s::jsonb,
+           %(error)s::jsonb
+    FROM target
+    JOIN LATERAL (
+        SELECT * FROM toolkit_effect_evidence
+        WHERE task_id = target.id AND occurrence = %(occurrence)s AND record = 'started'
+        ORDER BY id DESC LIMIT 1
+    ) e ON true
+    WHERE %(record)s::text IS NOT NULL
+), updated AS (
+    UPDATE toolkit_tasks t
+    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
+        checkpoint = jsonb_set(t.checkpoint, '{resolution}', %(resolution)s::jsonb),
+        updated_at = clock_timestamp()
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
+    SELECT id, 'reconciled', %(operator)s, %(resolution)s::jsonb FROM updated
+)
+SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM updated;
