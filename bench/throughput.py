@@ -52,6 +52,8 @@ from bench.workload import (
 
 REPO = Path(__file__).resolve().parents[1]
 APP = "bench.noop_app"
+#: The floor modes that, like the engine, commit every task-write on its own.
+PER_WRITE_MODES: tuple[Mode, ...] = ("commit-per-write", "engine-sql")
 _REPORT = re.compile(
     r"succeeded (?P<succeeded>\d+),.*max loop lag (?P<lag>\d+) ms, wall (?P<wall>[\d.]+) s"
 )
@@ -188,12 +190,20 @@ def run_worker(
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
+    py_spy = None if profile is None else _find_py_spy()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         proc = subprocess.Popen(
             worker_command(dsn, definitions, concurrency), cwd=REPO, env=env, stdout=out, stderr=err
         )
-        spy = _attach_py_spy(proc.pid, profile) if profile is not None else None
+        spy = None
+        if py_spy is not None and profile is not None:
+            profile.parent.mkdir(parents=True, exist_ok=True)
+            spy = subprocess.Popen(
+                [py_spy, "record", "--pid", str(proc.pid), "--rate", "250", "--idle",
+                 "--format", "raw", "--output", str(profile)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - started
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -216,16 +226,11 @@ def run_worker(
     )
 
 
-def _attach_py_spy(pid: int, output: Path) -> subprocess.Popen[bytes]:
+def _find_py_spy() -> str:
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if py_spy is None:
         raise RuntimeError("--profile needs py-spy (e.g. `.venv/bin/pip install py-spy`)")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [py_spy, "record", "--pid", str(pid), "--rate", "250", "--idle", "--format", "raw",
-         "--output", str(output)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    return py_spy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,13 +369,13 @@ def time_table(rows: Sequence[Row]) -> str:
 def storage_table(rows: Sequence[Row]) -> str:
     """Commits, rows and bytes per task: engine against floor."""
     headers = [
-        "scenario", "commits/task", *(f"{m} commits/task" for m in MODES[2:]),
+        "scenario", "commits/task", *(f"{m} commits/task" for m in PER_WRITE_MODES),
         "rows ins+upd/task", "bytes/task", "live bytes/task", "live by table",
         "floor live bytes/task",
     ]  # fmt: skip
     return _table(headers, [
         [r.scenario.split(":")[0], f"{r.commits_per_task:.2f}",
-         *(f"{r.floor_commits_per_task[m]:.2f}" for m in MODES[2:]),
+         *(f"{r.floor_commits_per_task[m]:.2f}" for m in PER_WRITE_MODES),
          f"{r.rows_inserted_per_task:.1f}+{r.rows_updated_per_task:.1f}",
          f"{r.bytes_per_task:,.0f}", f"{r.bytes_per_task_live:,.0f}",
          "+".join(f"{b:,.0f}" for b in r.live_bytes_per_task_by_table.values()),
@@ -422,6 +427,15 @@ def _package(path: str) -> str:
 # --- main -------------------------------------------------------------------------------------
 
 
+def _code_version() -> str:
+    """``git describe`` of the measured tree (``-dirty`` when files are modified)."""
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return done.stdout.strip() or "unknown"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2000, help="N (default 2000)")
@@ -454,11 +468,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     rows = list(run_scenarios(args))
     where = args.dsn or "embedded server"
-    print(f"runifold throughput: {where}, concurrency {args.concurrency}, no-op effects")
+    print(
+        f"runifold throughput: {where}, concurrency {args.concurrency}, no-op effects, "
+        f"code {_code_version()}"
+    )
     print(main_table(rows))
-    print()
+    print(
+        "(engine/floor = engine steps/s over the best floor mode's; engine wall = worker spawn "
+        "to exit)\n"
+    )
     print(time_table(rows))
-    print()
+    print(
+        "(engine run/s: steps over the supervisor's own wall time, process start and exit "
+        "excluded; engine-sql: the engine's SQL and parameters without its Python)\n"
+    )
     print(storage_table(rows))
     if rows:
         print(

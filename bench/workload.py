@@ -17,7 +17,7 @@ from typing import LiteralString
 import anyio
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from bench.noop_app import NOOP_HANDLER
 from toolkit.database import Database
@@ -79,7 +79,7 @@ class Counters:
 
 def with_dbname(dsn: str, dbname: str) -> str:
     """The DSN of another database on the same server."""
-    return make_conninfo(**{**conninfo_to_dict(dsn), "dbname": dbname})
+    return make_conninfo(dsn, dbname=dbname)
 
 
 @contextlib.contextmanager
@@ -109,7 +109,7 @@ def _start_embedded(home: str) -> str:
         return start_embedded(home)
 
 
-def _admin(server_dsn: str, statement: sql.Composable) -> None:
+def _admin(server_dsn: str, statement: sql.Composed) -> None:
     with psycopg.connect(server_dsn, autocommit=True) as conn:
         conn.execute(statement)
 

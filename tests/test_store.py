@@ -122,11 +122,11 @@ async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> N
     ids = await store.tasks.submit(d, [{"n": i} for i in range(3)])
     claimed = await store.leases.claim("w", [d.digest], 3, 5.0)
     held = {t.id: t.token for t in claimed}
-    assert await store.leases.renew("w", held, 60.0) == {i: False for i in ids}
+    assert await store.leases.renew("w", held, 60.0) == {i: None for i in ids}
     # A wrong token, another owner, or an expired lease is not renewed.
     await _expire(store, ids[0])
     renewed = await store.leases.renew("w", {**held, ids[1]: held[ids[1]] + 1}, 60.0)
-    assert renewed == {ids[2]: False}
+    assert renewed == {ids[2]: None}
     assert await store.leases.renew("someone-else", held, 60.0) == {}
 
 

@@ -69,13 +69,14 @@ class CycleControl:
     """Why a cycle is being cancelled, set by the supervisor before it cancels the scope.
 
     Attributes:
-        cancel_requested: the task was cancelled by request (learned at a heartbeat).
+        cancel_requested: the task's cancel request (``{"reason", "at"}``), learned at a
+            heartbeat; None when there is none.
         lease_lost: the heartbeat found the lease gone.
         stop: set when the cycle is cancelled for any reason; sync handlers see it as
             ``ctx.cancelled``.
     """
 
-    cancel_requested: bool = False
+    cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
     stop: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -197,8 +198,8 @@ class Interpreter:
 
     async def _end_interrupted(self, cycle: _Cycle, control: CycleControl) -> None:
         try:
-            if control.cancel_requested:
-                await self._cancel(cycle, {"reason": "cancelled by request"})
+            if control.cancel_requested is not None:
+                await self._cancel(cycle, control.cancel_requested)
             else:
                 cycle.events.append(Event("released", {"reason": "worker stopping"}))
                 await self._commit(cycle, state="queued", delay_seconds=0)
@@ -445,7 +446,8 @@ class Interpreter:
         occurrence = cp.occurrence(step.id)
         resumed = cp.wait is not None and cp.wait.get("occurrence") == occurrence
         if step.signal is not None:
-            found = await self._leases.next_signal(cycle.task.id, step.signal)
+            taken = [signal_id for signal_id, _ in cycle.signals]
+            found = await self._leases.next_signal(cycle.task.id, step.signal, taken)
             if found is not None:
                 signal_id, payload = found
                 cycle.signals.append((signal_id, occurrence))

@@ -165,7 +165,7 @@ class Leases:
 
     async def renew(
         self, worker_id: str, held: Mapping[int, int], lease_seconds: float
-    ) -> dict[int, bool]:
+    ) -> dict[int, Any]:
         """Extend every lease in ``held`` in one statement (the heartbeat).
 
         Args:
@@ -174,8 +174,8 @@ class Leases:
             lease_seconds: new lease duration from database now, seconds.
 
         Returns:
-            For each task whose lease was renewed, whether a cancel is requested for it; any
-            task of ``held`` missing here has lost its lease.
+            For each task whose lease was renewed, its cancel request (``{"reason", "at"}``)
+            or None; any task of ``held`` missing here has lost its lease.
 
         Raises:
             DatabaseUnavailable: the database cannot be reached.
@@ -205,9 +205,19 @@ class Leases:
             raise LeaseLost(task_id=write.task_id, token=write.token)
 
 
-    async def next_signal(self, task_id: int, name: str) -> tuple[int, Any] | None:
-        """The oldest unconsumed signal ``name`` of the task: ``(signal id, payload)``."""
-        row = await self._db.fetch_one("next_signal", {"task_id": task_id, "name": name})
+    async def next_signal(
+        self, task_id: int, name: str, taken: Sequence[int] = ()
+    ) -> tuple[int, Any] | None:
+        """The oldest unconsumed signal ``name`` of the task: ``(signal id, payload)``.
+
+        Args:
+            task_id: the task.
+            name: the signal name.
+            taken: ids already taken by this cycle but not yet marked consumed.
+        """
+        row = await self._db.fetch_one(
+            "next_signal", {"task_id": task_id, "name": name, "taken": list(taken)}
+        )
         return None if row is None else (row["id"], row["payload"])
 
     async def wake_if_signalled(self, task_id: int, name: str) -> bool:

@@ -298,7 +298,7 @@ class WorkflowSupervisor:
             if scope.cancelled_caught:
                 outcome = (
                     CycleOutcome.LEASE_LOST if control.lease_lost
-                    else CycleOutcome.CANCELLED if control.cancel_requested
+                    else CycleOutcome.CANCELLED if control.cancel_requested is not None
                     else CycleOutcome.RELEASED
                 )  # fmt: skip
         finally:
@@ -331,12 +331,12 @@ class WorkflowSupervisor:
                     )
                     control.lease_lost = True
                     scope.cancel()
-                elif renewed[task_id] and not control.cancel_requested:
+                elif renewed[task_id] is not None and control.cancel_requested is None:
                     logger.info(
                         "cancel requested; cancelling the cycle",
                         extra={"action": "cancel_requested", "task_id": task_id, "token": token},
                     )
-                    control.cancel_requested = True
+                    control.cancel_requested = renewed[task_id]
                     scope.cancel()
 
     async def _listen(self) -> None:

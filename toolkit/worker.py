@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError
@@ -89,11 +90,11 @@ class Worker:
         """Claim up to ``limit`` due tasks of the loaded definitions."""
         return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
 
-    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> dict[int, bool]:
+    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> dict[int, Any]:
         """Renew the held leases (task id to token).
 
         Returns:
-            The ids still held, each with whether a cancel is requested.
+            The ids still held, each with its cancel request or None.
         """
         return await self.store.leases.renew(self.worker_id, held, lease_seconds)
 

@@ -57,7 +57,7 @@ WHERE t.id = held.task_id
   AND t.lease_owner = %(worker_id)s
   AND t.state = 'leased'
   AND t.lease_expires_at > clock_timestamp()
-RETURNING t.id, t.cancel_requested IS NOT NULL AS cancel_requested;
+RETURNING t.id, t.cancel_requested;
 
 -- name: commit_fenced
 -- The one fenced write (DESIGN §2): applied only while (task, worker, token) still holds an
@@ -111,10 +111,12 @@ WITH guard AS (
 SELECT id FROM guard;
 
 -- name: next_signal
--- The oldest signal of this name not consumed yet.
+-- The oldest signal of this name not consumed yet, nor taken by this cycle (%(taken)s ids:
+-- its consumption is written with the cycle's next fenced write).
 SELECT id, payload
 FROM toolkit_signals
 WHERE task_id = %(task_id)s AND name = %(name)s AND consumed_at IS NULL
+  AND NOT (id = ANY(%(taken)s::bigint[]))
 ORDER BY id
 LIMIT 1;
 
