@@ -142,9 +142,10 @@ class LeaseLostError(RuntimeError):
 def write_plan(workload: Workload) -> list[Write]:
     """The writes the engine makes for one task of ``workload``, in order.
 
-    Before each call the engine sets the attempt (and, when not idempotent, the pending
-    intent with a ``started`` record) of the step it is about to call; the ``completed``
-    record of a step rides on the next write; after the last step the cursor is None.
+    Before calling a non-idempotent step the engine writes its attempt and pending intent
+    with a ``started`` record (an idempotent attempt is not written before its call); the
+    ``completed`` record of a step rides on the next write; after the last step the cursor
+    is None.
     """
     ids = workload.step_ids()
     checkpoint = Checkpoint.initial(ids[0])
@@ -160,8 +161,8 @@ def write_plan(workload: Workload) -> list[Write]:
         }  # fmt: skip
 
     def begin(step: str) -> None:
-        checkpoint.attempts[checkpoint.occurrence(step)] = 1
         if not workload.idempotent:
+            checkpoint.attempts[checkpoint.occurrence(step)] = 1
             checkpoint.pending = checkpoint.occurrence(step)
             records.append(record(step, "started"))
 

@@ -236,14 +236,13 @@ class WorkflowSupervisor:
             if free <= 0:
                 await self._idle(None)
                 continue
+            next_due: float | None = None
             try:
                 tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
-                idle = (
-                    not tasks
-                    and config.until_idle
-                    and self._in_flight == 0
-                    and not await self.worker.pending_work()
-                )
+                if not tasks:
+                    pending, next_due = await self.worker.idle_state()
+                    if config.until_idle and self._in_flight == 0 and not pending:
+                        return
             except DatabaseUnavailable as exc:
                 if not outage:
                     outage = True
@@ -264,9 +263,10 @@ class WorkflowSupervisor:
             if tasks:
                 backoff = config.idle_backoff_min
                 continue
-            if idle:
-                return
-            await self._idle(backoff * (1 - config.idle_jitter * random.random()))
+            wait = backoff * (1 - config.idle_jitter * random.random())
+            if next_due is not None:
+                wait = min(wait, next_due + 0.001)  # wake for the next timer or retry
+            await self._idle(wait)
             backoff = min(backoff * 2, config.idle_backoff_max)
 
     async def _idle(self, seconds: float | None) -> None:

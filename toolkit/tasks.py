@@ -132,10 +132,16 @@ class Tasks:
         rows = await self._db.fetch_all("count_evidence")
         return {row["record"]: row["n"] for row in rows}
 
-    async def pending_work(self, digests: Sequence[str]) -> bool:
-        """True while a task of these definitions is queued or leased."""
-        row = await self._db.fetch_one("pending_work_exists", {"digests": list(digests)})
-        return bool(row and row["pending"])
+    async def idle_state(self, digests: Sequence[str]) -> tuple[bool, float | None]:
+        """What an idle worker of these definitions needs to know, in one statement.
+
+        Returns:
+            ``(pending, next_due)``: whether a task is queued or leased, and the seconds until
+            the earliest future ``run_at`` of a queued or waiting task (None if there is none).
+        """
+        row = await self._db.fetch_one("idle_state", {"digests": list(digests)})
+        assert row is not None
+        return bool(row["pending"]), row["next_due"]
 
     async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
         """Every signal sent to the task, consumed or not, oldest first."""

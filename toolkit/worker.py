@@ -98,6 +98,6 @@ class Worker:
         """
         return await self.store.leases.renew(self.worker_id, held, lease_seconds)
 
-    async def pending_work(self) -> bool:
-        """True while a task of the loaded definitions is queued or leased."""
-        return await self.store.tasks.pending_work(self._digests)
+    async def idle_state(self) -> tuple[bool, float | None]:
+        """``(pending, next_due)`` for the loaded definitions (see ``Tasks.idle_state``)."""
+        return await self.store.tasks.idle_state(self._digests)

@@ -57,14 +57,24 @@ SELECT record, count(*) AS n
 FROM toolkit_effect_evidence
 GROUP BY record;
 
--- name: pending_work_exists
--- True while a task of these definitions is queued (due or not) or leased: what
--- `toolkit run --until-idle` waits for. Waiting tasks (timers, signals) do not count.
+-- name: idle_state
+-- Read by an idle worker after an empty claim. pending: a task of these definitions is
+-- queued (due or not), leased, or waiting and due, which `toolkit run --until-idle` waits
+-- for (a timer or signal wait not yet due does not count). next_due: seconds until the earliest future run_at of a queued or waiting
+-- task (a retry or a timer), so the worker wakes for it instead of polling.
 SELECT EXISTS (
-    SELECT 1 FROM toolkit_tasks
-    WHERE state IN ('queued', 'leased')
-      AND definition_digest = ANY(%(digests)s::text[])
-) AS pending;
+           SELECT 1 FROM toolkit_tasks
+           WHERE (state IN ('queued', 'leased')
+                  OR (state = 'waiting' AND run_at <= clock_timestamp()))
+             AND definition_digest = ANY(%(digests)s::text[])
+       ) AS pending,
+       (SELECT extract(epoch FROM run_at - clock_timestamp())::float8
+        FROM toolkit_tasks
+        WHERE state IN ('queued', 'waiting')
+          AND run_at > clock_timestamp()
+          AND definition_digest = ANY(%(digests)s::text[])
+        ORDER BY run_at
+        LIMIT 1) AS next_due;
 
 -- name: send_signal
 -- Stores a signal for a live task and wakes it when it already waits for that name.
