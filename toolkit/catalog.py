@@ -9,20 +9,39 @@ from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition, definition_from_body
-from toolkit.errors import DefinitionConflict, UnknownDefinition
+from toolkit.errors import (
+    DefinitionConflict,
+    DefinitionInUse,
+    DefinitionRetired,
+    UnknownDefinition,
+)
 
 DeployOutcome = Literal["registered", "unchanged"]
 
 
 @dataclasses.dataclass(frozen=True)
 class CatalogEntry:
-    """A registered definition version with its task counts by state."""
+    """A registered definition version with its task counts by state.
+
+    Attributes:
+        served: a live worker has this version loaded.
+        unavailable: live tasks (queued, leased, waiting) of this version that no live
+            worker can run: *definition unavailable* (DESIGN §5).
+    """
 
     name: str
     version: int
     digest: str
     retired: bool
+    served: bool
     task_counts: dict[str, int]
+
+    @property
+    def unavailable(self) -> int:
+        """Live tasks no live worker can run (0 while the version is served)."""
+        if self.served:
+            return 0
+        return sum(self.task_counts.get(s, 0) for s in ("queued", "leased", "waiting"))
 
 
 class DefinitionCatalog:
@@ -73,6 +92,53 @@ class DefinitionCatalog:
             raise UnknownDefinition(f"no definition {what} is deployed (run `toolkit deploy`)")
         return definition_from_body(row["body"], source=row["source"])
 
+    async def submittable(self, name: str, version: int | None = None) -> WorkflowDefinition:
+        """The version a new task is pinned to: ``version``, or the latest non-retired one.
+
+        Raises:
+            UnknownDefinition: nothing is registered under that name (and version).
+            DefinitionRetired: ``version`` is retired.
+        """
+        if version is not None:
+            row = await self._db.fetch_one("get_definition", {"name": name, "version": version})
+            if row is not None and row["retired_at"] is not None:
+                raise DefinitionRetired(
+                    f"{name} version {version} is retired: submit to a newer version"
+                )
+        return await self.get(name, version)
+
+    async def retire(self, name: str, version: int) -> None:
+        """Stop new submissions to a version; its tasks run on.
+
+        Raises:
+            UnknownDefinition: no such version.
+        """
+        if (
+            await self._db.fetch_one("retire_definition", {"name": name, "version": version})
+            is None
+        ):
+            raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
+
+    async def delete(self, name: str, version: int) -> None:
+        """Delete a version that no queued, leased or waiting task references.
+
+        Raises:
+            DefinitionInUse: live tasks reference it; the message gives their counts.
+            UnknownDefinition: no such version.
+        """
+        row = await self._db.fetch_one("delete_definition", {"name": name, "version": version})
+        assert row is not None
+        if row["deleted"]:
+            return
+        live: dict[str, int] = dict(row["live"])
+        if live:
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(live.items()))
+            raise DefinitionInUse(
+                f"{name} version {version} is referenced by live tasks ({counts}); "
+                "delete it once they have finished"
+            )
+        raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
+
     async def list(self) -> list[CatalogEntry]:
         """Every registered version with its task counts by state."""
         rows = await self._db.fetch_all("list_definitions")
@@ -82,6 +148,7 @@ class DefinitionCatalog:
                 version=row["version"],
                 digest=row["digest"],
                 retired=row["retired_at"] is not None,
+                served=row["served"],
                 task_counts=dict(row["task_counts"]),
             )
             for row in rows

@@ -145,6 +145,68 @@ def deploy(settings: Settings, paths: Sequence[Path]) -> None:
     _run_async(main)
 
 
+@cli.group()
+def definitions() -> None:
+    """Registered definition versions: list, retire, delete."""
+
+
+@definitions.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def definitions_list(settings: Settings, as_json: bool) -> None:
+    """Each version with task counts by state and whether a live worker serves it."""
+
+    async def main() -> list[Any]:
+        async with await settings.open_store() as store:
+            return await store.definitions.list()
+
+    entries = _run_async(main)
+    if as_json:
+        rows = [{**dataclasses.asdict(e), "unavailable": e.unavailable} for e in entries]
+        click.echo(_dump(rows))
+        return
+    click.echo(
+        f"{'DEFINITION':<28} {'DIGEST':<12}  {'STATUS':<8} {'SERVED':<6} {'UNAVAIL':>7}  TASKS"
+    )
+    for e in entries:
+        counts = ", ".join(f"{state} {n}" for state, n in sorted(e.task_counts.items())) or "-"
+        click.echo(
+            f"{e.name + ' v' + str(e.version):<28} {e.digest[:12]}  "
+            f"{'retired' if e.retired else 'active':<8} {'yes' if e.served else 'no':<6} "
+            f"{e.unavailable:>7}  {counts}"
+        )
+
+
+@definitions.command("retire")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_retire(settings: Settings, name: str, version: int) -> None:
+    """Stop new submissions to NAME VERSION (its tasks run on)."""
+
+    async def main() -> None:
+        async with await settings.open_store() as store:
+            await store.definitions.retire(name, version)
+
+    _run_async(main)
+    click.echo(f"retired: {name} v{version}")
+
+
+@definitions.command("delete")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_delete(settings: Settings, name: str, version: int) -> None:
+    """Delete NAME VERSION; refused while queued, leased or waiting tasks reference it."""
+
+    async def main() -> None:
+        async with await settings.open_store() as store:
+            await store.definitions.delete(name, version)
+
+    _run_async(main)
+    click.echo(f"deleted: {name} v{version}")
+
+
 # --- tasks ----------------------------------------------------------------------------------
 
 
@@ -154,6 +216,10 @@ def deploy(settings: Settings, paths: Sequence[Path]) -> None:
 @click.option("--input", "input_json", help="Task input as JSON.")
 @click.option("--input-file", type=click.File("r"), help="File holding the task input as JSON.")
 @click.option("--tenant", default="default", show_default=True)
+@click.option(
+    "--key",
+    help="Idempotency key: a second submit with the same tenant and key returns the same task.",
+)
 @click.pass_obj
 def submit(
     settings: Settings,
@@ -162,8 +228,9 @@ def submit(
     input_json: str | None,
     input_file: Any,
     tenant: str,
+    key: str | None,
 ) -> None:
-    """Submit a task of definition NAME; prints its id."""
+    """Submit a task of definition NAME (default: its latest version); prints the task id."""
     if input_json is not None and input_file is not None:
         raise ConfigError("give --input or --input-file, not both")
     source = "--input-file" if input_file is not None else "--input"
@@ -175,7 +242,12 @@ def submit(
 
     async def main() -> int:
         async with await settings.open_store() as store:
-            definition = await store.definitions.get(name, version)
+            definition = await store.definitions.submittable(name, version)
+            if key is not None:
+                task_id, _ = await store.tasks.submit_keyed(
+                    definition, value, key=key, tenant=tenant
+                )
+                return task_id
             (task_id,) = await store.tasks.submit(definition, [value], tenant=tenant)
             return task_id
 
@@ -430,7 +502,12 @@ def load_app(spec: str) -> App:
 )
 @click.option("--concurrency", default=8, show_default=True, help="Cycles in flight at most.")
 @click.option("--claim-batch", default=16, show_default=True, help="Tasks per claim at most.")
-@click.option("--worker-id", help="Unique worker id. Default: HOST:PID.")
+@click.option(
+    "--worker-id",
+    envvar="TOOLKIT_WORKER_ID",
+    show_envvar=True,
+    help="Unique worker id. Default: HOST:HASH of the working directory.",
+)
 @click.option("--lease", default=30.0, show_default=True, help="Lease duration, seconds.")
 @click.option(
     "--heartbeat",
@@ -491,6 +568,29 @@ async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope
                 scope.cancel()
                 return
             shutdown.cancel()
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def workers(settings: Settings, as_json: bool) -> None:
+    """Live workers, then those stopped in the last day."""
+
+    async def main() -> list[Any]:
+        async with await settings.open_store() as store:
+            return await store.workers.list()
+
+    records = _run_async(main)
+    if as_json:
+        click.echo(_dump([dataclasses.asdict(r) for r in records]))
+        return
+    click.echo(f"{'WORKER':<32} {'STATE':<8} {'HOST':<16} {'PID':>7} {'CONC':>4}  HEARTBEAT")
+    for r in records:
+        state = "live" if r.live else ("stopped" if r.stopped_at else "expired")
+        click.echo(
+            f"{r.worker_id:<32} {state:<8} {r.host[:16]:<16} {r.pid:>7} {r.concurrency:>4}  "
+            f"{r.heartbeat_at:%Y-%m-%d %H:%M:%S}"
+        )
 
 
 # --- demo and database ------------------------------------------------------------------------

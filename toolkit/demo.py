@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -196,7 +198,8 @@ async def run_demo(
             },
         )
     supervisor = WorkflowSupervisor(
-        Worker(store, app, runnable),
+        # Its own id, so the demo runs beside a `toolkit run` started in the same folder.
+        Worker(store, app, runnable, worker_id=f"demo:{socket.gethostname()}:{os.getpid()}"),
         SupervisorConfig(concurrency=concurrency, until_idle=True),
     )
     await supervisor.run()

@@ -27,6 +27,8 @@ __all__ = [
     "DefinitionConflict",
     "DefinitionError",
     "DefinitionFault",
+    "DefinitionInUse",
+    "DefinitionRetired",
     "EffectCancelled",
     "ExpressionError",
     "ExpressionSyntaxError",
@@ -39,6 +41,7 @@ __all__ = [
     "ResultNotJson",
     "SchemaOutdated",
     "StoreError",
+    "SubmitConflict",
     "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
@@ -261,3 +264,31 @@ class NotReconcilable(ToolkitError):
 
 class EffectCancelled(ToolkitError):
     """The effect call was cancelled (task cancelled, lease lost or worker stopping)."""
+
+
+class DefinitionRetired(ToolkitError):
+    """This definition version is retired: it takes no new submissions."""
+
+
+class DefinitionInUse(ToolkitError):
+    """Live tasks reference this definition version; it cannot be deleted yet."""
+
+
+class SubmitConflict(ToolkitError):
+    """A task with this idempotency key exists for another definition version.
+
+    Attributes:
+        task_id: the existing task.
+        definition: ``(name, version)`` of the existing task.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        task_id: int | None = None,
+        definition: tuple[str, int] | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.definition = definition
+        super().__init__(message)

@@ -204,7 +204,6 @@ class Leases:
         if row is None:
             raise LeaseLost(task_id=write.task_id, token=write.token)
 
-
     async def next_signal(
         self, task_id: int, name: str, taken: Sequence[int] = ()
     ) -> tuple[int, Any] | None:

@@ -6,7 +6,7 @@ import dataclasses
 import datetime
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -42,29 +42,48 @@ class Membership:
         worker_id: str,
         *,
         concurrency: int,
-        definitions: Sequence[str],
+        definitions: Sequence[Mapping[str, Any]],
         lease_seconds: float,
     ) -> None:
         """Register this process under ``worker_id``; renewed by every heartbeat.
 
+        A registration held by a process of this host that no longer exists (a crash, then a
+        restart) is taken over at once; the dead process's leases are not: they are keyed by
+        task and fencing token and lapse on their own.
+
+        Args:
+            worker_id: the id.
+            concurrency: the worker's cycles at most, for operators.
+            definitions: ``{"name", "version", "digest"}`` of every loaded definition.
+            lease_seconds: how long the registration lives without a heartbeat.
+
         Raises:
             WorkerIdInUse: another live process holds the id (its heartbeat is fresh).
         """
-        row = await self._db.fetch_one(
-            "register_worker",
-            {
-                "worker_id": worker_id,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "concurrency": concurrency,
-                "definitions": Jsonb(list(definitions)),
-                "lease_seconds": lease_seconds,
-            },
-        )
+        params = {
+            "worker_id": worker_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "concurrency": concurrency,
+            "definitions": Jsonb([dict(d) for d in definitions]),
+            "lease_seconds": lease_seconds,
+            "dead_pid": None,
+        }
+        row = await self._db.fetch_one("register_worker", params)
+        if row is None:
+            holder = await self._db.fetch_one("get_worker", {"worker_id": worker_id})
+            if (
+                holder is not None
+                and holder["host"] == params["host"]
+                and not _alive(holder["pid"])
+            ):
+                row = await self._db.fetch_one(
+                    "register_worker", {**params, "dead_pid": holder["pid"]}
+                )
         if row is None:
             raise WorkerIdInUse(
                 f"worker id {worker_id!r} is held by another live process; "
-                "pick another --worker-id or stop that process"
+                "give each worker its own --worker-id, or stop that process"
             )
 
     async def stop(self, worker_id: str) -> None:
@@ -74,3 +93,14 @@ class Membership:
     async def list(self) -> list[WorkerRecord]:
         """Live workers first, then recently stopped ones."""
         return [WorkerRecord(**row) for row in await self._db.fetch_all("list_workers")]
+
+
+def _alive(pid: int) -> bool:
+    """True if a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

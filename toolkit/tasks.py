@@ -13,7 +13,7 @@ from psycopg.types.json import Jsonb
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition
-from toolkit.errors import NotReconcilable, TaskTerminal, UnknownTask
+from toolkit.errors import NotReconcilable, SubmitConflict, TaskTerminal, UnknownTask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +37,7 @@ class TaskRecord:
     result: Any
     error: Any
     cancel_requested: Any
+    idempotency_key: str | None
     created_at: datetime.datetime
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
@@ -86,6 +87,46 @@ class Tasks:
             },
         )
         return [row["id"] for row in rows]
+
+    async def submit_keyed(
+        self, definition: WorkflowDefinition, value: Any, *, key: str, tenant: str = "default"
+    ) -> tuple[int, bool]:
+        """Queue one task unless the tenant already has a task with idempotency key ``key``.
+
+        Args:
+            definition: a deployed definition.
+            value: the task input, validated against the input schema.
+            key: the idempotency key, unique per tenant.
+            tenant: the tenant.
+
+        Returns:
+            ``(task id, created)``: the new task, or the existing one at once (no retry loop).
+
+        Raises:
+            InputError: the input fails the input schema (nothing written).
+            SubmitConflict: the existing task runs another definition version or digest.
+        """
+        params = {
+            "tenant": tenant,
+            "name": definition.name,
+            "version": definition.version,
+            "digest": definition.digest,
+            "input": Jsonb(definition.validate_input(value)),
+            "checkpoint": Jsonb(Checkpoint.initial(definition.start).to_json()),
+            "key": key,
+        }
+        row = await self._db.fetch_one("submit_keyed_task", params)
+        if row is None:  # inserted by a concurrent submit after this statement's snapshot
+            row = await self._db.fetch_one("submit_keyed_task", params)
+        assert row is not None
+        if row["definition_digest"] != definition.digest:
+            raise SubmitConflict(
+                f"tenant {tenant!r} already has task {row['id']} with key {key!r}, for "
+                f"{row['definition_name']} version {row['definition_version']}",
+                task_id=row["id"],
+                definition=(row["definition_name"], row["definition_version"]),
+            )
+        return int(row["id"]), bool(row["created"])
 
     async def get(self, task_id: int) -> TaskRecord:
         """Read one task.

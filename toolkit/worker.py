@@ -6,6 +6,7 @@ checkpoint is never resumed with another graph.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -19,8 +20,13 @@ from toolkit.store import Store
 
 
 def default_worker_id() -> str:
-    """A worker id unique to this process: ``HOST:PID``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """A worker id stable per host and working directory: ``HOST:CWDHASH``.
+
+    A restart in the same place keeps its id (metrics and history line up); a second live
+    worker started in the same place is refused and needs its own ``--worker-id``.
+    """
+    place = hashlib.sha256(os.getcwd().encode()).hexdigest()[:8]
+    return f"{socket.gethostname()}:{place}"
 
 
 class Worker:
@@ -75,7 +81,10 @@ class Worker:
         await self.store.workers.register(
             self.worker_id,
             concurrency=concurrency,
-            definitions=[f"{d.name}@{d.version}" for d in self._by_digest.values()],
+            definitions=[
+                {"name": d.name, "version": d.version, "digest": d.digest}
+                for d in self._by_digest.values()
+            ],
             lease_seconds=lease_seconds,
         )
 

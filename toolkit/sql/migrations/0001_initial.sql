@@ -33,14 +33,20 @@ CREATE TABLE toolkit_tasks (
     result             jsonb,
     error              jsonb,
     cancel_requested   jsonb,
+    idempotency_key    text,
     created_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     updated_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     finished_at        timestamptz,
     CHECK ((state = 'waiting') = (wait_reason IS NOT NULL)),
-    CHECK ((state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL)),
-    FOREIGN KEY (definition_name, definition_version)
-        REFERENCES toolkit_definitions (name, version)
+    CHECK ((state = 'leased') = (lease_owner IS NOT NULL AND lease_expires_at IS NOT NULL))
 );
+-- No foreign key to toolkit_definitions: a task names its definition by (name, version,
+-- digest) for life, and a version may be deleted once no live task references it while
+-- finished tasks keep their history.
+
+-- Submit with an idempotency key: one task per (tenant, key).
+CREATE UNIQUE INDEX toolkit_tasks_idempotency_key ON toolkit_tasks (tenant, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 
 -- The claim path: only live rows are indexed, so terminal history never slows a claim.
 -- Waiting tasks are claimable once run_at passes (a timer fired, a signal arrived, a signal

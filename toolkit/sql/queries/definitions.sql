@@ -18,7 +18,13 @@ ORDER BY version DESC
 LIMIT 1;
 
 -- name: list_definitions
+-- Each version with its task counts by state, and whether a live worker has it loaded: a
+-- version with live tasks and no such worker is "definition unavailable" (DESIGN §5).
 SELECT d.name, d.version, d.digest, d.deployed_at, d.retired_at,
+       EXISTS (SELECT 1 FROM toolkit_workers w
+               WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+                 AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', d.digest))
+       ) AS served,
        coalesce(
            (SELECT jsonb_object_agg(s.state, s.n)
             FROM (SELECT state, count(*) AS n
@@ -28,3 +34,27 @@ SELECT d.name, d.version, d.digest, d.deployed_at, d.retired_at,
            '{}'::jsonb) AS task_counts
 FROM toolkit_definitions d
 ORDER BY d.name, d.version;
+
+-- name: retire_definition
+-- A retired version takes no new submissions; its tasks run on.
+UPDATE toolkit_definitions
+SET retired_at = coalesce(retired_at, clock_timestamp())
+WHERE name = %(name)s AND version = %(version)s
+RETURNING name;
+
+-- name: delete_definition
+-- Deletes a version only when no queued, leased (recoverable included) or waiting task
+-- references it; returns the live counts either way (deleted tells which happened).
+WITH live AS (
+    SELECT state, count(*) AS n
+    FROM toolkit_tasks
+    WHERE definition_name = %(name)s AND definition_version = %(version)s
+      AND state IN ('queued', 'leased', 'waiting')
+    GROUP BY state
+), deleted AS (
+    DELETE FROM toolkit_definitions
+    WHERE name = %(name)s AND version = %(version)s AND NOT EXISTS (SELECT 1 FROM live)
+    RETURNING name
+)
+SELECT EXISTS (SELECT 1 FROM deleted) AS deleted,
+       coalesce((SELECT jsonb_object_agg(state, n) FROM live), '{}'::jsonb) AS live;

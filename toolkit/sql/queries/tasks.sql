@@ -15,17 +15,41 @@ SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 FROM submitted
 ORDER BY id;
 
+-- name: submit_keyed_task
+-- Inserts one task unless (tenant, idempotency key) exists; returns the new or existing row.
+WITH submitted AS (
+    INSERT INTO toolkit_tasks
+        (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
+         idempotency_key)
+    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, definition_name, definition_version, definition_digest
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT id, 'submitted', jsonb_build_object('idempotency_key', %(key)s::text) FROM submitted
+)
+SELECT id, definition_name, definition_version, definition_digest, true AS created,
+       pg_notify('toolkit_wakeup', '') IS NULL AS notified
+FROM submitted
+UNION ALL
+SELECT id, definition_name, definition_version, definition_digest, false, false
+FROM toolkit_tasks
+WHERE tenant = %(tenant)s AND idempotency_key = %(key)s
+  AND NOT EXISTS (SELECT 1 FROM submitted);
+
 -- name: get_task
 SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
        wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, cancel_requested, created_at, updated_at, finished_at
+       attempts, result, error, cancel_requested, idempotency_key, created_at, updated_at,
+       finished_at
 FROM toolkit_tasks
 WHERE id = %(task_id)s;
 
 -- name: list_tasks
 SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
        wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, cancel_requested, created_at, updated_at, finished_at
+       attempts, result, error, cancel_requested, idempotency_key, created_at, updated_at,
+       finished_at
 FROM toolkit_tasks
 WHERE (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)

@@ -1,5 +1,7 @@
 -- name: register_worker
 -- Registers a worker id; refused (no row) while another live process holds the same id.
+-- %(dead_pid)s names a process of this host known to be gone, whose registration may be
+-- taken over at once (a restart after a crash).
 INSERT INTO toolkit_workers (worker_id, pid, host, concurrency, definitions, expires_at)
 VALUES (%(worker_id)s, %(pid)s, %(host)s, %(concurrency)s, %(definitions)s,
         clock_timestamp() + %(lease_seconds)s * interval '1 second')
@@ -14,7 +16,14 @@ SET pid = excluded.pid,
     stopped_at = NULL
 WHERE toolkit_workers.stopped_at IS NOT NULL
    OR toolkit_workers.expires_at <= clock_timestamp()
+   OR (toolkit_workers.host = excluded.host AND toolkit_workers.pid = %(dead_pid)s::integer)
 RETURNING worker_id;
+
+-- name: get_worker
+SELECT worker_id, pid, host, concurrency, definitions, started_at, heartbeat_at, expires_at,
+       stopped_at, stopped_at IS NULL AND expires_at > clock_timestamp() AS live
+FROM toolkit_workers
+WHERE worker_id = %(worker_id)s;
 
 -- name: stop_worker
 UPDATE toolkit_workers
@@ -22,7 +31,9 @@ SET stopped_at = clock_timestamp()
 WHERE worker_id = %(worker_id)s AND pid = %(pid)s AND stopped_at IS NULL;
 
 -- name: list_workers
+-- Live workers first, then those stopped or expired within the last day.
 SELECT worker_id, pid, host, concurrency, definitions, started_at, heartbeat_at, expires_at,
        stopped_at, stopped_at IS NULL AND expires_at > clock_timestamp() AS live
 FROM toolkit_workers
+WHERE stopped_at IS NULL OR stopped_at > clock_timestamp() - interval '1 day'
 ORDER BY live DESC, heartbeat_at DESC;

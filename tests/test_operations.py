@@ -1,0 +1,119 @@
+"""Operations: definition versions and safe deploys, idempotent submit, worker identity."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.apps.counting import app
+from tests.workflows import THREE_STEPS, definition
+from toolkit.errors import (
+    DefinitionInUse,
+    DefinitionRetired,
+    SubmitConflict,
+    UnknownDefinition,
+    WorkerIdInUse,
+)
+from toolkit.store import Store
+from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.worker import Worker
+
+pytestmark = pytest.mark.anyio
+
+V1 = THREE_STEPS
+V2 = THREE_STEPS.replace("version: 1", "version: 2").replace(
+    "succeed: {output: zero}", "succeed: {output: nil}"
+)
+FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05, until_idle=True)
+
+
+async def drain(store: Store, *texts: str) -> Any:
+    worker = Worker(store, app, [definition(t) for t in texts])
+    return await WorkflowSupervisor(worker, SupervisorConfig(**FAST)).run()
+
+
+async def test_old_version_task_waits_for_a_worker_that_has_its_version(store: Store) -> None:
+    v1, v2 = definition(V1), definition(V2)
+    await store.definitions.deploy(v1)
+    (old_task,) = await store.tasks.submit(
+        await store.definitions.submittable("three-steps"), [{"n": 1}]
+    )
+    await store.definitions.deploy(v2)
+    (new_task,) = await store.tasks.submit(
+        await store.definitions.submittable("three-steps"), [{"n": 2}]
+    )
+    assert (await store.tasks.get(old_task)).definition_version == 1  # pinned at submit
+    assert (await store.tasks.get(new_task)).definition_version == 2  # latest by default
+
+    await drain(store, V2)  # a worker with only the new version
+    assert (await store.tasks.get(new_task)).state == "succeeded"
+    assert (await store.tasks.get(old_task)).state == "queued"  # never run on v2
+    entries = {(e.name, e.version): e for e in await store.definitions.list()}
+    assert entries[("three-steps", 1)].unavailable == 1  # nothing live serves v1
+
+    await drain(store, V1)
+    old = await store.tasks.get(old_task)
+    assert old.state == "succeeded" and old.definition_digest == v1.digest
+
+
+async def test_delete_is_refused_while_live_tasks_reference_the_version(store: Store) -> None:
+    d = definition(V1)
+    await store.definitions.deploy(d)
+    await store.tasks.submit(d, [{"n": 1}, {"n": 2}])
+    with pytest.raises(DefinitionInUse, match=r"\(2 queued\)"):
+        await store.definitions.delete("three-steps", 1)
+    await drain(store, V1)
+    await store.definitions.delete("three-steps", 1)
+    with pytest.raises(UnknownDefinition):
+        await store.definitions.get("three-steps", 1)
+    with pytest.raises(UnknownDefinition):
+        await store.definitions.delete("three-steps", 1)
+    assert (await store.tasks.counts_by_state()) == {"succeeded": 2}  # history stays
+
+
+async def test_retired_version_takes_no_new_submissions(store: Store) -> None:
+    await store.definitions.deploy(definition(V1))
+    await store.definitions.deploy(definition(V2))
+    await store.definitions.retire("three-steps", 2)
+    assert (await store.definitions.submittable("three-steps")).version == 1
+    with pytest.raises(DefinitionRetired, match="version 2 is retired"):
+        await store.definitions.submittable("three-steps", 2)
+
+
+async def test_submit_with_an_idempotency_key(store: Store) -> None:
+    v1, v2 = definition(V1), definition(V2)
+    await store.definitions.deploy(v1)
+    await store.definitions.deploy(v2)
+    first = await store.tasks.submit_keyed(v1, {"n": 1}, key="order-7", tenant="shop")
+    again = await store.tasks.submit_keyed(v1, {"n": 1}, key="order-7", tenant="shop")
+    other_tenant = await store.tasks.submit_keyed(
+        v1, {"n": 1}, key="order-7", tenant="o'brien; DROP"
+    )
+    assert first[1] and again == (first[0], False)
+    assert other_tenant[1] and other_tenant[0] != first[0]
+    with pytest.raises(SubmitConflict, match="three-steps version 1") as info:
+        await store.tasks.submit_keyed(v2, {"n": 1}, key="order-7", tenant="shop")
+    assert info.value.task_id == first[0]
+    assert (await store.tasks.get(other_tenant[0])).tenant == "o'brien; DROP"
+
+
+async def test_a_dead_local_process_id_is_taken_over_a_live_one_is_refused(store: Store) -> None:
+    d = definition(V1)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(dead.stdout)
+    await store.workers.register("w", concurrency=1, definitions=[], lease_seconds=60)
+    async with store.db.connection() as conn:  # as if a crashed process had registered it
+        await conn.execute("UPDATE toolkit_workers SET pid = %s WHERE worker_id = 'w'", (dead_pid,))
+    await Worker(store, app, [d], worker_id="w").register(1, 60.0)  # taken over at once
+    (record,) = [w for w in await store.workers.list() if w.worker_id == "w"]
+    assert record.pid == os.getpid() and record.live
+    async with store.db.connection() as conn:  # held by a live process (pid 1) of this host
+        await conn.execute("UPDATE toolkit_workers SET pid = 1 WHERE worker_id = 'w'")
+    with pytest.raises(WorkerIdInUse, match="its own --worker-id"):
+        await Worker(store, app, [d], worker_id="w").register(1, 60.0)
