@@ -167,12 +167,12 @@ def write_plan(workload: Workload) -> list[Write]:
             records.append(record(step, "started"))
 
     def flush(final: bool) -> None:
+        state = json.dumps(checkpoint.to_json())  # a snapshot: the checkpoint moves on
         fenced = FencedWrite(
-            task_id=0, token=0, checkpoint=checkpoint.to_json(),
+            task_id=0, token=0, checkpoint=json.loads(state),
             state="succeeded" if final else "leased", result={} if final else None,
             events=(Event("succeeded"),) if final else (),
         )  # fmt: skip
-        state = json.dumps(checkpoint.to_json())
         plan.append(Write(state, final, json.dumps(records), _fenced_params("", fenced)))
         records.clear()
 

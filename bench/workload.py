@@ -128,7 +128,8 @@ def scratch_database(server_dsn: str, name: str) -> Iterator[str]:
 
 
 def seed(dsn: str, workload: Workload, tasks: int) -> None:
-    """Migrate the database, deploy the workload's definition and queue ``tasks`` tasks."""
+    """Migrate the database, deploy the workload's definition, queue ``tasks`` tasks, then
+    ANALYZE and CHECKPOINT (when allowed) so every run starts from the same state."""
     anyio.run(_seed, dsn, workload, tasks)
 
 
@@ -144,6 +145,8 @@ async def _seed(dsn: str, workload: Workload, tasks: int) -> None:
             await store.tasks.submit(definition, inputs[start : start + SUBMIT_CHUNK])
         async with db.connection() as conn:
             await conn.execute("ANALYZE")
+            with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+                await conn.execute("CHECKPOINT")  # the run does not pay for the seeding's I/O
     finally:
         await db.close()
 

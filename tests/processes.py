@@ -57,8 +57,11 @@ def call_counts(dsn: str) -> dict[str, int]:
 
 # --- helpers of the crash-matrix and acceptance tests -------------------------------------------
 
+from collections.abc import Sequence  # noqa: E402
+from typing import Any  # noqa: E402
 
-def submit_tasks(dsn: str, text: str, inputs: list[object]) -> list[int]:
+
+def submit_tasks(dsn: str, text: str, inputs: Sequence[Any]) -> list[int]:
     """Deploy the definition ``text`` and submit one task per input; return their ids."""
     import anyio
 
@@ -74,7 +77,7 @@ def submit_tasks(dsn: str, text: str, inputs: list[object]) -> list[int]:
     return anyio.run(main)
 
 
-def task_row(dsn: str, task_id: int) -> dict[str, object]:
+def task_row(dsn: str, task_id: int) -> dict[str, Any]:
     """The task's row as a dict (column name to value)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cursor = conn.execute("SELECT * FROM toolkit_tasks WHERE id = %s", (task_id,))
@@ -84,7 +87,7 @@ def task_row(dsn: str, task_id: int) -> dict[str, object]:
     return dict(zip(names, row, strict=True))
 
 
-def task_events(dsn: str, task_id: int) -> list[dict[str, object]]:
+def task_events(dsn: str, task_id: int) -> list[dict[str, Any]]:
     """The task's events, oldest first: kind, at, worker_id, fencing_token, detail."""
     rows = query(
         dsn,
@@ -96,7 +99,7 @@ def task_events(dsn: str, task_id: int) -> list[dict[str, object]]:
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
-def task_evidence(dsn: str, task_id: int) -> list[dict[str, object]]:
+def task_evidence(dsn: str, task_id: int) -> list[dict[str, Any]]:
     """The task's effect evidence, oldest first."""
     rows = query(
         dsn,

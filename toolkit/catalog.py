@@ -139,6 +139,11 @@ class DefinitionCatalog:
             )
         raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
 
+    async def unavailable(self) -> dict[tuple[str, int], int]:
+        """Live tasks (queued, leased, waiting) per version that no live worker has loaded."""
+        rows = await self._db.fetch_all("unavailable_definitions")
+        return {(row["definition_name"], row["definition_version"]): row["n"] for row in rows}
+
     async def list(self) -> list[CatalogEntry]:
         """Every registered version with its task counts by state."""
         rows = await self._db.fetch_all("list_definitions")

@@ -23,8 +23,11 @@ import click
 
 from toolkit.database import Database
 from toolkit.definition import load_definitions
+from toolkit.doctor import diagnose
 from toolkit.embedded import start_embedded, stop_embedded
 from toolkit.errors import ConfigError, ToolkitError
+from toolkit.log_format import JsonFormatter, TextFormatter
+from toolkit.metrics import WorkerMetrics
 from toolkit.migrations import migrate, schema_status
 from toolkit.registry import App
 from toolkit.store import Store
@@ -103,12 +106,24 @@ def _dump(value: Any) -> str:
     show_default=True,
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
 )
+@click.option(
+    "--log-format",
+    envvar="TOOLKIT_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="Readable text, or one JSON object per line for machines.",
+)
 @click.pass_context
-def cli(ctx: click.Context, dsn: str | None, home: Path, log_level: str) -> None:
+def cli(ctx: click.Context, dsn: str | None, home: Path, log_level: str, log_format: str) -> None:
     """runifold: durable workflows from versioned YAML, on PostgreSQL."""
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
+    if log_level.upper() != "DEBUG":
+        # The pool logs every failed reconnect; the worker logs one line per outage instead.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     ctx.obj = Settings(dsn=dsn, home=home)
 
 
@@ -423,9 +438,9 @@ def cancel(settings: Settings, task_id: int, reason: str) -> None:
 @cli.command()
 @click.argument("task_id", type=int)
 @click.argument("step")
-@click.option("--completed", "outcome", flag_value="completed", help="The effect happened.")
-@click.option("--failed", "outcome", flag_value="failed", help="The effect did not happen.")
-@click.option("--retry", "outcome", flag_value="retry", help="Call the handler again.")
+@click.option("--completed", is_flag=True, help="The effect happened.")
+@click.option("--failed", is_flag=True, help="The effect did not happen.")
+@click.option("--retry", is_flag=True, help="Call the handler again (the operator's risk).")
 @click.option("--result", help="With --completed: the effect's result as JSON.")
 @click.option("--error", help="With --failed: the error name retry and catch rules match.")
 @click.option("--message", help="With --failed: a description of the failure.")
@@ -434,14 +449,20 @@ def reconcile(
     settings: Settings,
     task_id: int,
     step: str,
-    outcome: str | None,
+    completed: bool,
+    failed: bool,
+    retry: bool,
     result: str | None,
     error: str | None,
     message: str | None,
 ) -> None:
     """Record the real outcome of an uncertain effect of a task waiting for reconciliation."""
-    if outcome is None:
-        raise ConfigError("give one of --completed, --failed or --retry")
+    chosen = [
+        name for name, on in (("completed", completed), ("failed", failed), ("retry", retry)) if on
+    ]
+    if len(chosen) != 1:
+        raise ConfigError("give exactly one of --completed, --failed or --retry")
+    outcome = chosen[0]
     if result is not None and outcome != "completed":
         raise ConfigError("--result goes with --completed")
     if (error is not None or message is not None) and outcome != "failed":
@@ -516,7 +537,19 @@ def load_app(spec: str) -> App:
     help="Heartbeat interval, seconds (at most lease/3).",
 )
 @click.option("--grace", default=10.0, show_default=True, help="Shutdown grace period, seconds.")
-@click.option("--until-idle", is_flag=True, help="Exit once no task is queued or leased.")
+@click.option(
+    "--until-idle",
+    is_flag=True,
+    help="Exit once no task is queued, leased, or waiting and due (future timers and signal "
+    "waits do not keep it up).",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="TOOLKIT_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
+)
 @click.pass_obj
 def run(
     settings: Settings,
@@ -529,6 +562,7 @@ def run(
     heartbeat: float,
     grace: float,
     until_idle: bool,
+    metrics_port: int | None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM (or, with --until-idle, until the queue drains)."""
     config = SupervisorConfig(
@@ -542,7 +576,13 @@ def run(
         async with await settings.open_store(pool_size=concurrency + 2) as store:
             worker = Worker(store, app, definitions, worker_id=worker_id)
             shutdown = CancellationToken()
-            supervisor = WorkflowSupervisor(worker, config)
+            metrics = WorkerMetrics(store.db.pool_stats)
+            if metrics_port is not None:
+                try:
+                    metrics.serve(metrics_port)
+                except OSError as exc:
+                    raise ConfigError(f"--metrics-port {metrics_port}: {exc}") from exc
+            supervisor = WorkflowSupervisor(worker, config, metrics)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
                 await supervisor.run(shutdown)
@@ -623,6 +663,25 @@ def demo(settings: Settings, definitions_dir: Path, concurrency: int) -> None:
             f"(embedded PostgreSQL keeps running with its data in {settings.home}/pgdata; "
             "`toolkit db stop` stops it)"
         )
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def doctor(settings: Settings, as_json: bool) -> None:
+    """Check the database, schema, clock, queue, leases, reconciliation and workers.
+
+    Exits 1 when a finding needs action.
+    """
+    findings = _run_async(diagnose, settings.resolve_dsn())
+    if as_json:
+        click.echo(_dump([dataclasses.asdict(f) for f in findings]))
+    else:
+        marks = {"ok": "ok  ", "warning": "WARN", "action": "FIX "}
+        for finding in findings:
+            click.echo(f"{marks[finding.level]} {finding.check:<22} {finding.message}")
+    if any(f.level == "action" for f in findings):
+        sys.exit(1)
 
 
 @cli.group()

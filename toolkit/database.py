@@ -129,6 +129,13 @@ class Database:
         async def configure(conn: psycopg.AsyncConnection[Any]) -> None:
             await conn.set_autocommit(True)
 
+        # One direct connection first: an unreachable server fails fast with libpq's reason,
+        # not after the pool's retries with "pool initialization incomplete".
+        with translated_errors(dsn):
+            probe = await psycopg.AsyncConnection.connect(
+                dsn, connect_timeout=max(1, round(timeout)), application_name="runifold"
+            )
+            await probe.close()
         pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
             dsn,
             min_size=min_size,
@@ -146,6 +153,10 @@ class Database:
             await pool.close()
             raise
         return cls(pool, dsn)
+
+    def pool_stats(self) -> dict[str, int]:
+        """The pool's statistics (sizes, waiting requests, wait time in ms), cumulative."""
+        return self._pool.get_stats()
 
     async def close(self) -> None:
         """Close every connection of the pool."""

@@ -43,6 +43,7 @@ from toolkit.errors import (
 )
 from toolkit.expressions import is_truthy
 from toolkit.leases import NEVER, ClaimedTask, Event, EvidenceRecord, FencedWrite, Leases
+from toolkit.metrics import WorkerMetrics
 from toolkit.registry import App, EffectContext, Handler
 
 logger = logging.getLogger(__name__)
@@ -72,13 +73,18 @@ class CycleControl:
         cancel_requested: the task's cancel request (``{"reason", "at"}``), learned at a
             heartbeat; None when there is none.
         lease_lost: the heartbeat found the lease gone.
-        stop: set when the cycle is cancelled for any reason; sync handlers see it as
-            ``ctx.cancelled``.
+        call_stop: the stop flag of the handler call in progress (``ctx.cancelled``); a new
+            one per call, so a timed-out call does not stop the next.
     """
 
     cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
-    stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    def new_call(self) -> threading.Event:
+        """A fresh stop flag for the next handler call."""
+        self.call_stop = threading.Event()
+        return self.call_stop
 
 
 def error_data(exc: BaseException) -> Error:
@@ -101,6 +107,7 @@ class _Cycle:
         self.evidence: list[EvidenceRecord] = []
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
+        self.cancelled_at_commit = False
 
     @property
     def dirty(self) -> bool:
@@ -144,15 +151,22 @@ class Interpreter:
         app: the handler registry.
         worker_id: the id every write is fenced with.
         connection: factory for ``EffectContext.connection()``.
+        metrics: where step durations, waits and retries are recorded; None for nowhere.
     """
 
     def __init__(
-        self, leases: Leases, app: App, worker_id: str, connection: ConnectionFactory
+        self,
+        leases: Leases,
+        app: App,
+        worker_id: str,
+        connection: ConnectionFactory,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self._leases = leases
         self._app = app
         self._worker_id = worker_id
         self._connection = connection
+        self._metrics = metrics
 
     async def execute(
         self,
@@ -175,7 +189,8 @@ class Interpreter:
         try:
             if task.cancel_requested:
                 return await self._cancel(cycle, task.cancel_requested)
-            return await self._run(cycle, control)
+            outcome = await self._run(cycle, control)
+            return CycleOutcome.CANCELLED if cycle.cancelled_at_commit else outcome
         except LeaseLost:
             logger.warning(
                 "lease lost; the task will be resumed by its next claim",
@@ -190,7 +205,7 @@ class Interpreter:
             )
             return CycleOutcome.DATABASE_UNAVAILABLE
         except anyio.get_cancelled_exc_class():
-            control.stop.set()
+            control.call_stop.set()
             if not control.lease_lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self._end_interrupted(cycle, control)
@@ -208,7 +223,11 @@ class Interpreter:
 
     async def _commit(self, cycle: _Cycle, **fields: Any) -> None:
         write = cycle.write(**fields)
-        await self._leases.commit(self._worker_id, write)
+        applied = await self._leases.commit(self._worker_id, write)
+        if applied != write.state:  # a cancel request found by the write itself
+            cycle.cancelled_at_commit = True
+        if self._metrics is not None and write.wait_reason is not None:
+            self._metrics.waits.labels(cycle.definition.name, write.wait_reason).inc()
         if faults.ARMED:
             for record in write.evidence:
                 if record.record == "completed":
@@ -360,10 +379,13 @@ class Interpreter:
             fencing_token=task.token,
             idempotency_key=key,
             _connection=self._connection,
-            _stop=control.stop,
+            _stop=control.new_call(),
         )
+        started = anyio.current_time()
+        outcome = "error"
         try:
             result = await self._call(handler, step, ctx, args)
+            outcome = "completed"
         except ResultNotJson as exc:
             # The call happened; its result cannot be recorded. Not an attempt to repeat.
             error = error_data(exc)
@@ -381,6 +403,11 @@ class Interpreter:
             error = error_data(exc)
             cycle.evidence.append(record("failed", error=error))
             return await self._after_failure(cycle, step, occurrence, attempt, error)
+        finally:
+            if self._metrics is not None:
+                self._metrics.step_duration.labels(cycle.definition.name, step.id, outcome).observe(
+                    anyio.current_time() - started
+                )
         if faults.ARMED:
             faults.fault_point("after_call", step.id)
         cp.pending = None
@@ -435,6 +462,8 @@ class Interpreter:
                 )
             )
             await self._commit(cycle, state="queued", delay_seconds=delay)
+            if self._metrics is not None:
+                self._metrics.retries.labels(cycle.definition.name).inc()
             return CycleOutcome.RETRY
         cp.attempts.pop(occurrence, None)
         return await self._step_failed(cycle, step, {**error, "attempts": attempt})

@@ -191,8 +191,12 @@ class Leases:
         )
         return {row["id"]: row["cancel_requested"] for row in rows}
 
-    async def commit(self, worker_id: str, write: FencedWrite) -> None:
+    async def commit(self, worker_id: str, write: FencedWrite) -> TaskState:
         """Apply one fenced write: checkpoint, evidence, events and next state, atomically.
+
+        Returns:
+            The state applied: ``write.state``, or ``cancelled`` when the task had a cancel
+            request and the write would have left it queued or waiting.
 
         Raises:
             LeaseLost: the lease is no longer held by ``(worker_id, write.token)`` or has
@@ -203,6 +207,8 @@ class Leases:
         row = await self._db.fetch_one("commit_fenced", _fenced_params(worker_id, write))
         if row is None:
             raise LeaseLost(task_id=write.task_id, token=write.token)
+        state: TaskState = row["state"]
+        return state
 
     async def next_signal(
         self, task_id: int, name: str, taken: Sequence[int] = ()

@@ -23,6 +23,8 @@ class WorkerRecord:
     pid: int
     host: str
     concurrency: int
+    lease_seconds: float
+    heartbeat_seconds: float
     definitions: Any
     started_at: datetime.datetime
     heartbeat_at: datetime.datetime
@@ -44,6 +46,7 @@ class Membership:
         concurrency: int,
         definitions: Sequence[Mapping[str, Any]],
         lease_seconds: float,
+        heartbeat_seconds: float,
     ) -> None:
         """Register this process under ``worker_id``; renewed by every heartbeat.
 
@@ -56,6 +59,7 @@ class Membership:
             concurrency: the worker's cycles at most, for operators.
             definitions: ``{"name", "version", "digest"}`` of every loaded definition.
             lease_seconds: how long the registration lives without a heartbeat.
+            heartbeat_seconds: the heartbeat interval, for ``toolkit doctor``.
 
         Raises:
             WorkerIdInUse: another live process holds the id (its heartbeat is fresh).
@@ -67,6 +71,7 @@ class Membership:
             "concurrency": concurrency,
             "definitions": Jsonb([dict(d) for d in definitions]),
             "lease_seconds": lease_seconds,
+            "heartbeat_seconds": heartbeat_seconds,
             "dead_pid": None,
         }
         row = await self._db.fetch_one("register_worker", params)

@@ -56,10 +56,10 @@ class EffectContext:
     def cancelled(self) -> bool:
         """True once the call should stop.
 
-        That is: the task was cancelled, its lease was lost, or the worker is shutting down
-        past its grace period. Async handlers are cancelled by anyio; sync handlers (run in
-        a thread) cannot be, so they should check this, or call :meth:`check_cancelled`,
-        between units of work.
+        That is: the task was cancelled, its lease was lost, the step's timeout passed, or
+        the worker is shutting down past its grace period. Async handlers are cancelled by
+        anyio; sync handlers (run in a thread) cannot be, so they should check this, or call
+        :meth:`check_cancelled`, between units of work.
         """
         return self._stop.is_set()
 

@@ -23,6 +23,7 @@ from toolkit.database import is_unavailable
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import ConfigError, DatabaseUnavailable
 from toolkit.leases import ClaimedTask
+from toolkit.metrics import WorkerMetrics
 from toolkit.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class SupervisorConfig:
         idle_backoff_max: longest idle wait; it doubles from the minimum up to this.
         idle_jitter: fraction of the wait drawn at random (0 to 1).
         grace: how long a shutdown lets started cycles finish before cancelling them.
-        until_idle: stop once no task of the loaded definitions is queued or leased.
+        until_idle: stop once no task of the loaded definitions is queued, leased, or waiting
+            and due (a timer not yet due or a signal wait does not count).
 
     Raises:
         ConfigError: a value is out of range, or the heartbeat is not well below the lease.
@@ -168,18 +170,33 @@ class WorkflowSupervisor:
     Args:
         worker: the worker (store, app, definitions, id).
         config: concurrency, lease and backoff settings.
+        metrics: where to record Prometheus metrics; default a new :class:`WorkerMetrics`
+            (serve it with ``metrics.serve(port)``).
     """
 
-    def __init__(self, worker: Worker, config: SupervisorConfig | None = None) -> None:
+    #: Seconds between two refreshes of the definition-unavailable gauge.
+    UNAVAILABLE_REFRESH = 15.0
+
+    def __init__(
+        self,
+        worker: Worker,
+        config: SupervisorConfig | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.worker = worker
         self.config = config or SupervisorConfig()
+        self.metrics = metrics or WorkerMetrics(worker.store.db.pool_stats)
         self.report = SupervisorReport(worker_id=worker.worker_id)
         self._held: dict[int, tuple[int, anyio.CancelScope, CycleControl]] = {}
         self._in_flight = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._interpreter = Interpreter(
-            worker.store.leases, worker.app, worker.worker_id, worker.store.db.connection
+            worker.store.leases,
+            worker.app,
+            worker.worker_id,
+            worker.store.db.connection,
+            self.metrics,
         )
 
     async def run(self, shutdown: CancellationToken | None = None) -> SupervisorReport:
@@ -199,7 +216,8 @@ class WorkflowSupervisor:
         """
         shutdown = shutdown or CancellationToken()
         started = time.monotonic()
-        await self.worker.register(self.config.concurrency, self.config.lease)
+        config = self.config
+        await self.worker.register(config.concurrency, config.lease, config.heartbeat)
         shutdown.on_cancel(lambda: self._wake.set())
         logger.info(
             "worker started",
@@ -210,6 +228,7 @@ class WorkflowSupervisor:
                 services.start_soon(self._heartbeats)
                 services.start_soon(self._listen)
                 services.start_soon(self._watch_loop_lag)
+                services.start_soon(self._watch_unavailable)
                 async with anyio.create_task_group() as cycles:
                     await self._claim_loop(cycles, shutdown)
                     if self._in_flight:
@@ -238,7 +257,8 @@ class WorkflowSupervisor:
                 continue
             next_due: float | None = None
             try:
-                tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
+                with self.metrics.claim_latency.time():
+                    tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
                 if not tasks:
                     pending, next_due = await self.worker.idle_state()
                     if config.until_idle and self._in_flight == 0 and not pending:
@@ -247,6 +267,7 @@ class WorkflowSupervisor:
                 if not outage:
                     outage = True
                     self.report.database_outages += 1
+                    self.metrics.database_outages.inc()
                     logger.warning(
                         "database unavailable, retrying with backoff: %s",
                         exc,
@@ -280,6 +301,10 @@ class WorkflowSupervisor:
         self.report.claimed += 1
         self.report.recovered += int(task.recovered)
         self.report.queue_delay_total += task.queue_delay
+        name = self.worker.definition(task.digest).name
+        self.metrics.queue_delay.labels(name).observe(max(task.queue_delay, 0.0))
+        self.metrics.claimed.labels(name, str(task.recovered).lower()).inc()
+        self.metrics.in_flight.inc()
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         scope = anyio.CancelScope()
@@ -292,6 +317,7 @@ class WorkflowSupervisor:
     ) -> None:
         outcome = CycleOutcome.RELEASED
         definition = self.worker.definition(task.digest)
+        started = anyio.current_time()
         try:
             with scope:
                 outcome = await self._interpreter.execute(task, definition, control)
@@ -305,9 +331,20 @@ class WorkflowSupervisor:
             self._held.pop(task.id, None)
             self._in_flight -= 1
             self.report.count(outcome)
+            self._observe(definition.name, outcome, anyio.current_time() - started)
             if self._in_flight == 0:
                 self._drained.set()
             self._wake.set()
+
+    def _observe(self, definition: str, outcome: CycleOutcome, seconds: float) -> None:
+        metrics = self.metrics
+        metrics.in_flight.dec()
+        metrics.cycles.labels(definition, outcome.value).inc()
+        metrics.cycle_duration.labels(definition, outcome.value).observe(seconds)
+        if outcome is CycleOutcome.FAILED:
+            metrics.failures.labels(definition).inc()
+        elif outcome is CycleOutcome.LEASE_LOST:
+            metrics.lease_losses.inc()
 
     async def _heartbeats(self) -> None:
         config = self.config
@@ -319,6 +356,7 @@ class WorkflowSupervisor:
             except DatabaseUnavailable as exc:
                 logger.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
                 continue
+            self.metrics.lease_renewals.inc(len(renewed))
             for task_id, token in held.items():
                 entry = self._held.get(task_id)
                 if entry is None or entry[0] != token:
@@ -364,5 +402,20 @@ class WorkflowSupervisor:
         while True:
             before = anyio.current_time()
             await anyio.sleep(interval)
-            lag = anyio.current_time() - before - interval
+            lag = max(anyio.current_time() - before - interval, 0.0)
             self.report.max_loop_lag = max(self.report.max_loop_lag, lag)
+            self.metrics.loop_lag.observe(lag)
+
+    async def _watch_unavailable(self) -> None:
+        """Refresh the definition-unavailable gauge now and then (DESIGN §5)."""
+        gauge = self.metrics.definition_unavailable
+        while True:
+            try:
+                counts = await self.worker.store.definitions.unavailable()
+            except DatabaseUnavailable:
+                counts = None
+            if counts is not None:
+                gauge.clear()
+                for (name, version), n in counts.items():
+                    gauge.labels(name, str(version)).set(n)
+            await anyio.sleep(self.UNAVAILABLE_REFRESH)

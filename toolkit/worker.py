@@ -69,7 +69,9 @@ class Worker:
         """The loaded definition with this digest (claims return only these)."""
         return self._by_digest[digest]
 
-    async def register(self, concurrency: int, lease_seconds: float) -> None:
+    async def register(
+        self, concurrency: int, lease_seconds: float, heartbeat_seconds: float | None = None
+    ) -> None:
         """Deploy the loaded definitions (a no-op when registered) and register the worker id.
 
         Raises:
@@ -86,6 +88,7 @@ class Worker:
                 for d in self._by_digest.values()
             ],
             lease_seconds=lease_seconds,
+            heartbeat_seconds=heartbeat_seconds or lease_seconds / 3,
         )
 
     async def unregister(self) -> None:

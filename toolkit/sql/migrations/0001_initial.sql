@@ -93,6 +93,8 @@ CREATE TABLE toolkit_workers (
     pid           integer     NOT NULL,
     host          text        NOT NULL,
     concurrency   integer     NOT NULL,
+    lease_seconds     float8  NOT NULL,
+    heartbeat_seconds float8  NOT NULL,
     definitions   jsonb       NOT NULL,
     started_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
     heartbeat_at  timestamptz NOT NULL DEFAULT clock_timestamp(),

@@ -58,3 +58,14 @@ WITH live AS (
 )
 SELECT EXISTS (SELECT 1 FROM deleted) AS deleted,
        coalesce((SELECT jsonb_object_agg(state, n) FROM live), '{}'::jsonb) AS live;
+
+-- name: unavailable_definitions
+-- Live tasks whose definition version no live worker has loaded ("definition unavailable").
+SELECT t.definition_name, t.definition_version, count(*) AS n
+FROM toolkit_tasks t
+WHERE t.state IN ('queued', 'leased', 'waiting')
+  AND NOT EXISTS (
+      SELECT 1 FROM toolkit_workers w
+      WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+        AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', t.definition_digest)))
+GROUP BY t.definition_name, t.definition_version;

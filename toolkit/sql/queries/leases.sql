@@ -63,13 +63,17 @@ RETURNING t.id, t.cancel_requested;
 -- The one fenced write (DESIGN §2): applied only while (task, worker, token) still holds an
 -- unexpired lease, in the same statement. It stores the checkpoint, appends effect evidence
 -- and events, marks consumed signals, and moves the task to its next state. run_at becomes
--- %(run_at)s when given (a timestamp; 9999-12-31 for "never"), else database now + %(delay_seconds)s
--- when given, else stays. Zero rows returned means LeaseLost.
+-- %(run_at)s when given (a timestamp; 9999-12-31 for "never"), else database now +
+-- %(delay_seconds)s when given, else stays. A task with a cancel request that would go on
+-- waiting or queued ends cancelled instead, so no request is lost between two heartbeats.
+-- Returns the state applied; zero rows means LeaseLost.
 WITH guard AS (
     UPDATE toolkit_tasks
     SET checkpoint = %(checkpoint)s,
-        state = %(state)s,
-        wait_reason = %(wait_reason)s::text,
+        state = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
+                     THEN 'cancelled' ELSE %(state)s::text END,
+        wait_reason = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
+                           THEN NULL ELSE %(wait_reason)s::text END,
         run_at = CASE
             WHEN %(run_at)s::timestamptz IS NOT NULL THEN %(run_at)s::timestamptz
             WHEN %(delay_seconds)s::float8 IS NOT NULL
@@ -78,8 +82,15 @@ WITH guard AS (
         lease_owner = CASE WHEN %(state)s = 'leased' THEN lease_owner END,
         lease_expires_at = CASE WHEN %(state)s = 'leased' THEN lease_expires_at END,
         result = %(result)s::jsonb,
-        error = %(error)s::jsonb,
-        finished_at = CASE WHEN %(state)s IN ('succeeded', 'failed', 'cancelled')
+        error = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
+                     THEN jsonb_build_object(
+                         'name', 'Cancelled',
+                         'message', coalesce(cancel_requested ->> 'reason', 'cancelled by request'),
+                         'step', %(checkpoint)s::jsonb ->> 'cursor')
+                     ELSE %(error)s::jsonb END,
+        finished_at = CASE WHEN %(state)s::text IN ('succeeded', 'failed', 'cancelled')
+                             OR (cancel_requested IS NOT NULL
+                                 AND %(state)s::text IN ('queued', 'waiting'))
                            THEN clock_timestamp() END,
         updated_at = clock_timestamp()
     WHERE id = %(task_id)s
@@ -87,7 +98,7 @@ WITH guard AS (
       AND lease_token = %(token)s
       AND state = 'leased'
       AND lease_expires_at > clock_timestamp()
-    RETURNING id
+    RETURNING id, state
 ), evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
@@ -102,13 +113,18 @@ WITH guard AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT guard.id, e.kind, %(worker_id)s, %(token)s, e.detail
     FROM guard, jsonb_to_recordset(%(events)s::jsonb) AS e(kind text, detail jsonb)
+    UNION ALL
+    SELECT guard.id, 'cancelled', %(worker_id)s, %(token)s,
+           jsonb_build_object('reason', 'cancel request found at the end of a cycle')
+    FROM guard
+    WHERE guard.state = 'cancelled' AND %(state)s::text <> 'cancelled'
 ), consumed AS (
     UPDATE toolkit_signals s
     SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = %(token)s
     FROM guard, jsonb_to_recordset(%(signals)s::jsonb) AS c(id bigint, occurrence text)
     WHERE s.id = c.id AND s.task_id = guard.id AND s.consumed_at IS NULL
 )
-SELECT id FROM guard;
+SELECT id, state FROM guard;
 
 -- name: next_signal
 -- The oldest signal of this name not consumed yet, nor taken by this cycle (%(taken)s ids:

@@ -2,13 +2,17 @@
 -- Registers a worker id; refused (no row) while another live process holds the same id.
 -- %(dead_pid)s names a process of this host known to be gone, whose registration may be
 -- taken over at once (a restart after a crash).
-INSERT INTO toolkit_workers (worker_id, pid, host, concurrency, definitions, expires_at)
-VALUES (%(worker_id)s, %(pid)s, %(host)s, %(concurrency)s, %(definitions)s,
+INSERT INTO toolkit_workers
+    (worker_id, pid, host, concurrency, lease_seconds, heartbeat_seconds, definitions, expires_at)
+VALUES (%(worker_id)s, %(pid)s, %(host)s, %(concurrency)s, %(lease_seconds)s,
+        %(heartbeat_seconds)s, %(definitions)s,
         clock_timestamp() + %(lease_seconds)s * interval '1 second')
 ON CONFLICT (worker_id) DO UPDATE
 SET pid = excluded.pid,
     host = excluded.host,
     concurrency = excluded.concurrency,
+    lease_seconds = excluded.lease_seconds,
+    heartbeat_seconds = excluded.heartbeat_seconds,
     definitions = excluded.definitions,
     started_at = clock_timestamp(),
     heartbeat_at = clock_timestamp(),
@@ -20,8 +24,9 @@ WHERE toolkit_workers.stopped_at IS NOT NULL
 RETURNING worker_id;
 
 -- name: get_worker
-SELECT worker_id, pid, host, concurrency, definitions, started_at, heartbeat_at, expires_at,
-       stopped_at, stopped_at IS NULL AND expires_at > clock_timestamp() AS live
+SELECT worker_id, pid, host, concurrency, lease_seconds, heartbeat_seconds, definitions,
+       started_at, heartbeat_at, expires_at, stopped_at,
+       stopped_at IS NULL AND expires_at > clock_timestamp() AS live
 FROM toolkit_workers
 WHERE worker_id = %(worker_id)s;
 
@@ -32,8 +37,28 @@ WHERE worker_id = %(worker_id)s AND pid = %(pid)s AND stopped_at IS NULL;
 
 -- name: list_workers
 -- Live workers first, then those stopped or expired within the last day.
-SELECT worker_id, pid, host, concurrency, definitions, started_at, heartbeat_at, expires_at,
-       stopped_at, stopped_at IS NULL AND expires_at > clock_timestamp() AS live
+SELECT worker_id, pid, host, concurrency, lease_seconds, heartbeat_seconds, definitions,
+       started_at, heartbeat_at, expires_at, stopped_at,
+       stopped_at IS NULL AND expires_at > clock_timestamp() AS live
 FROM toolkit_workers
 WHERE stopped_at IS NULL OR stopped_at > clock_timestamp() - interval '1 day'
 ORDER BY live DESC, heartbeat_at DESC;
+
+-- name: health_workers
+-- Live workers with their lease settings and the age of their last heartbeat, seconds.
+SELECT worker_id, lease_seconds, heartbeat_seconds,
+       extract(epoch FROM clock_timestamp() - heartbeat_at)::float8 AS heartbeat_age
+FROM toolkit_workers
+WHERE stopped_at IS NULL AND expires_at > clock_timestamp()
+ORDER BY worker_id;
+
+-- name: health_counts
+-- The figures `toolkit doctor` judges: the oldest due task's age (seconds), tasks in
+-- reconciliation, expired leases not reclaimed.
+SELECT
+    (SELECT extract(epoch FROM clock_timestamp() - min(run_at))::float8
+     FROM toolkit_tasks WHERE state = 'queued' AND run_at <= clock_timestamp()) AS oldest_due_age,
+    (SELECT count(*) FROM toolkit_tasks
+     WHERE state = 'waiting' AND wait_reason = 'reconciliation') AS reconciliation,
+    (SELECT count(*) FROM toolkit_tasks
+     WHERE state = 'leased' AND lease_expires_at <= clock_timestamp()) AS expired_leases;
