@@ -16,7 +16,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -40,9 +40,18 @@ from toolkit.errors import (
     HandlerNotFound,
     LeaseLost,
     ResultNotJson,
+    StoreError,
 )
 from toolkit.expressions import is_truthy
-from toolkit.leases import NEVER, ClaimedTask, Event, EvidenceRecord, FencedWrite, Leases
+from toolkit.leases import (
+    NEVER,
+    ClaimedTask,
+    Event,
+    EvidenceRecord,
+    FencedWrite,
+    Leases,
+    TaskState,
+)
 from toolkit.metrics import WorkerMetrics
 from toolkit.registry import App, EffectContext, Handler
 
@@ -152,6 +161,8 @@ class Interpreter:
         worker_id: the id every write is fenced with.
         connection: factory for ``EffectContext.connection()``.
         metrics: where step durations, waits and retries are recorded; None for nowhere.
+        commit: how fenced writes are applied; default one statement each
+            (``Leases.commit``); the supervisor passes its group commit.
     """
 
     def __init__(
@@ -161,12 +172,14 @@ class Interpreter:
         worker_id: str,
         connection: ConnectionFactory,
         metrics: WorkerMetrics | None = None,
+        commit: Callable[[FencedWrite], Awaitable[TaskState]] | None = None,
     ) -> None:
         self._leases = leases
         self._app = app
         self._worker_id = worker_id
         self._connection = connection
         self._metrics = metrics
+        self._apply = commit or functools.partial(leases.commit, worker_id)
 
     async def execute(
         self,
@@ -204,12 +217,41 @@ class Interpreter:
                 extra={"action": "cycle_database_unavailable", "task_id": task.id},
             )
             return CycleOutcome.DATABASE_UNAVAILABLE
+        except StoreError as exc:
+            return await self._refused(cycle, exc)
         except anyio.get_cancelled_exc_class():
             control.call_stop.set()
             if not control.lease_lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self._end_interrupted(cycle, control)
             raise
+
+    async def _refused(self, cycle: _Cycle, exc: StoreError) -> CycleOutcome:
+        """The database refused a write (a value it cannot store): fail the task cleanly.
+
+        The failure is written over the checkpoint the cycle started from, without the
+        refused values, so the task never stays stuck on a write that cannot succeed.
+        """
+        step = cycle.checkpoint.cursor
+        logger.warning(
+            "the database refused a write; failing the task: %s",
+            exc,
+            extra={"action": "write_refused", "task_id": cycle.task.id, "step": step},
+        )
+        error = {"name": "StoreRefused", "message": str(exc), "step": step}
+        write = FencedWrite(
+            task_id=cycle.task.id,
+            token=cycle.task.token,
+            checkpoint={**cycle.task.checkpoint, "cursor": None},
+            state="failed",
+            error=error,
+            events=(Event("failed", {"error": error}),),
+        )
+        try:
+            await self._apply(write)
+        except (LeaseLost, DatabaseUnavailable, StoreError):
+            return CycleOutcome.LEASE_LOST
+        return CycleOutcome.FAILED
 
     async def _end_interrupted(self, cycle: _Cycle, control: CycleControl) -> None:
         try:
@@ -223,7 +265,7 @@ class Interpreter:
 
     async def _commit(self, cycle: _Cycle, **fields: Any) -> None:
         write = cycle.write(**fields)
-        applied = await self._leases.commit(self._worker_id, write)
+        applied = await self._apply(write)
         if applied != write.state:  # a cancel request found by the write itself
             cycle.cancelled_at_commit = True
         if self._metrics is not None and write.wait_reason is not None:
@@ -439,12 +481,17 @@ class Interpreter:
             ctx._stop.set()
             raise _TimedOut
         try:
-            json.dumps(result, allow_nan=False)
+            text = json.dumps(result, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise ResultNotJson(
                 f"handler {step.handler!r} of step {step.id!r} returned a value that is not "
                 f"JSON: {exc}"
             ) from exc
+        if "\\u0000" in text:
+            raise ResultNotJson(
+                f"handler {step.handler!r} of step {step.id!r} returned a string with a NUL "
+                "character, which PostgreSQL cannot store"
+            )
         return result
 
     async def _after_failure(

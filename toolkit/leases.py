@@ -11,10 +11,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import anyio
 from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
-from toolkit.errors import LeaseLost
+from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError, ToolkitError
 
 #: The ``run_at`` of a wait with no deadline: later than any real time, yet a value Python's
 #: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
@@ -204,11 +205,38 @@ class Leases:
             DatabaseUnavailable: the database cannot be reached (the write may or may not
                 have committed; the fence makes a retry safe).
         """
-        row = await self._db.fetch_one("commit_fenced", _fenced_params(worker_id, write))
-        if row is None:
+        applied = await self.commit_many(worker_id, [write])
+        if write.task_id not in applied:
             raise LeaseLost(task_id=write.task_id, token=write.token)
-        state: TaskState = row["state"]
-        return state
+        return applied[write.task_id]
+
+    async def commit_many(
+        self, worker_id: str, writes: Sequence[FencedWrite]
+    ) -> dict[int, TaskState]:
+        """Apply fenced writes of several tasks in one statement (group commit).
+
+        Each write is fenced on its own: one whose lease is lost changes nothing, the others
+        apply. All applied writes commit together.
+
+        Args:
+            worker_id: the writer; every write carries its own task and token.
+            writes: at most one write per task.
+
+        Returns:
+            Task id to applied state, for every write that applied; a missing id is a lost
+            lease.
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached (nothing or everything of
+                the batch committed; the fence makes a retry safe).
+            StoreError: the database refused the batch (e.g. a value it cannot store);
+                nothing of the batch was written.
+        """
+        rows = await self._db.fetch_all(
+            "commit_fenced",
+            {"worker_id": worker_id, "writes": Jsonb([_write_json(w) for w in writes])},
+        )
+        return {row["id"]: row["state"] for row in rows}
 
     async def next_signal(
         self, task_id: int, name: str, taken: Sequence[int] = ()
@@ -235,19 +263,125 @@ class Leases:
         return row is not None
 
 
-def _fenced_params(worker_id: str, write: FencedWrite) -> dict[str, Any]:
+def _write_json(write: FencedWrite) -> dict[str, Any]:
     return {
         "task_id": write.task_id,
-        "worker_id": worker_id,
         "token": write.token,
-        "checkpoint": Jsonb(write.checkpoint),
+        "checkpoint": write.checkpoint,
         "state": write.state,
         "wait_reason": write.wait_reason,
         "run_at": write.run_at,
         "delay_seconds": write.delay_seconds,
-        "result": None if write.result is None else Jsonb(write.result),
-        "error": None if write.error is None else Jsonb(write.error),
-        "records": Jsonb([dataclasses.asdict(record) for record in write.evidence]),
-        "events": Jsonb([dataclasses.asdict(event) for event in write.events]),
-        "signals": Jsonb([{"id": sid, "occurrence": occ} for sid, occ in write.signals]),
+        "result": write.result,
+        "error": write.error,
+        "evidence": [
+            {
+                "occurrence": r.occurrence,
+                "step": r.step,
+                "handler": r.handler,
+                "idempotent": r.idempotent,
+                "idempotency_key": r.idempotency_key,
+                "record": r.record,
+                "attempt": r.attempt,
+                "result": r.result,
+                "error": r.error,
+            }
+            for r in write.evidence
+        ],
+        "events": [{"kind": e.kind, "detail": e.detail} for e in write.events],
+        "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
     }
+
+
+class GroupCommit:
+    """Gathers the fenced writes of concurrent cycles into one statement (DESIGN §4).
+
+    A cycle calls :meth:`commit` and waits; the writer (:meth:`run`, a task of the
+    supervisor) takes every write queued by then, lets the event loop run once more so that
+    cycles finishing at the same moment join, and applies them with one
+    :meth:`Leases.commit_many`. Each write stays fenced on its own. If the database refuses
+    the batch (a value it cannot store), each write is retried alone so only the faulty one
+    fails.
+
+    Args:
+        leases: the store's leases.
+        worker_id: the writer.
+        max_batch: most writes per statement.
+    """
+
+    def __init__(self, leases: Leases, worker_id: str, max_batch: int = 256) -> None:
+        self._leases = leases
+        self._worker_id = worker_id
+        self._max_batch = max_batch
+        self._queue: list[_PendingWrite] = []
+        self._ready = anyio.Event()
+        self._running = False
+
+    async def commit(self, write: FencedWrite) -> TaskState:
+        """Apply ``write`` with the next batch; same contract as :meth:`Leases.commit`.
+
+        Falls back to a statement of its own when no writer runs.
+        """
+        if not self._running:
+            return await self._leases.commit(self._worker_id, write)
+        pending = _PendingWrite(write)
+        self._queue.append(pending)
+        self._ready.set()
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        if pending.state is None:
+            raise LeaseLost(task_id=write.task_id, token=write.token)
+        return pending.state
+
+    async def run(self) -> None:
+        """The writer loop; runs until cancelled, then fails every write still queued."""
+        self._running = True
+        try:
+            while True:
+                await self._ready.wait()
+                self._ready = anyio.Event()
+                await anyio.sleep(0)  # one more turn of the loop: let simultaneous writes join
+                while self._queue:
+                    batch = self._queue[: self._max_batch]
+                    del self._queue[: self._max_batch]
+                    with anyio.CancelScope(shield=True):
+                        await self._apply(batch)
+        finally:
+            self._running = False
+            stopped = DatabaseUnavailable("the worker's writer stopped before this write")
+            for pending in self._queue:
+                pending.finish(error=stopped)
+            self._queue.clear()
+
+    async def _apply(self, batch: list[_PendingWrite]) -> None:
+        try:
+            applied = await self._leases.commit_many(self._worker_id, [p.write for p in batch])
+        except StoreError as exc:
+            if len(batch) == 1:
+                batch[0].finish(error=exc)
+                return
+            for pending in batch:  # apply one by one: only the refused write fails
+                await self._apply([pending])
+            return
+        except ToolkitError as exc:
+            for pending in batch:
+                pending.finish(error=exc)
+            return
+        for pending in batch:
+            pending.finish(state=applied.get(pending.write.task_id))
+
+
+class _PendingWrite:
+    """A write waiting for its batch: the result is a state, None (lease lost) or an error."""
+
+    def __init__(self, write: FencedWrite) -> None:
+        self.write = write
+        self.done = anyio.Event()
+        self.state: TaskState | None = None
+        self.error: ToolkitError | None = None
+
+    def finish(self, *, state: TaskState | None = None, error: ToolkitError | None = None) -> None:
+        self.state = state
+        self.error = error
+        self.done.set()

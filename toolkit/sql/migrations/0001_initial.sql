@@ -48,10 +48,12 @@ CREATE TABLE toolkit_tasks (
 CREATE UNIQUE INDEX toolkit_tasks_idempotency_key ON toolkit_tasks (tenant, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 
--- The claim path: only live rows are indexed, so terminal history never slows a claim.
--- Waiting tasks are claimable once run_at passes (a timer fired, a signal arrived, a signal
--- wait timed out); a wait with no deadline has run_at = 9999-12-31 (never).
-CREATE INDEX toolkit_tasks_claimable ON toolkit_tasks (run_at, id)
+-- The claim path: tasks by when they are due. A queued or waiting task is due at run_at (a
+-- retry, a timer fired, a signal arrived, a signal wait timed out; a wait with no deadline
+-- has run_at = 9999-12-31, never); a leased one when its lease expires (recoverable). Only
+-- live rows are indexed, so terminal history never slows a claim.
+CREATE INDEX toolkit_tasks_claimable
+    ON toolkit_tasks ((CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END), id)
     WHERE state IN ('queued', 'leased', 'waiting');
 CREATE INDEX toolkit_tasks_definition ON toolkit_tasks (definition_name, definition_version, state);
 CREATE INDEX toolkit_tasks_state ON toolkit_tasks (state, tenant);

@@ -1,15 +1,17 @@
 -- name: claim_tasks
 -- Claims up to %(limit)s due tasks of the given definitions: queued or waiting ones whose
--- run_at has come, and leased ones whose lease expired (recoverable). The fencing token rises by one
--- on every claim (DESIGN §2); the lease expiry is database time.
+-- run_at has come, and leased ones whose lease expired (recoverable). The index orders
+-- tasks by when they are due (a leased task by its lease expiry), so one index range finds
+-- every claimable task and never steps over live leases. The fencing token rises by one on
+-- every claim (DESIGN §2); the lease expiry is database time.
 WITH candidates AS (
-    SELECT id, state AS previous_state, lease_owner AS previous_owner, run_at
+    SELECT id, state AS previous_state, lease_owner AS previous_owner,
+           CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
     FROM toolkit_tasks
     WHERE state IN ('queued', 'leased', 'waiting')
-      AND run_at <= clock_timestamp()
-      AND (state <> 'leased' OR lease_expires_at <= clock_timestamp())
+      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END <= clock_timestamp()
       AND definition_digest = ANY(%(digests)s::text[])
-    ORDER BY run_at, id
+    ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
@@ -25,7 +27,7 @@ WITH candidates AS (
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
               t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
-              extract(epoch FROM clock_timestamp() - c.run_at)::float8 AS queue_delay
+              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT id,
@@ -42,87 +44,112 @@ ORDER BY id;
 
 -- name: renew_leases
 -- One statement per heartbeat interval renews every lease this process holds, keyed by
--- (task, token): a lease that expired or moved to a higher token is not revived.
+-- (task, token): a lease that expired or moved to a higher token is not revived. Rows are
+-- locked in id order, as the group commit does, so the two never deadlock.
 WITH worker AS (
     UPDATE toolkit_workers
     SET heartbeat_at = clock_timestamp(),
         expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
     WHERE worker_id = %(worker_id)s AND stopped_at IS NULL
+), held AS (
+    SELECT t.id
+    FROM toolkit_tasks t
+    JOIN unnest(%(task_ids)s::bigint[], %(tokens)s::bigint[]) AS h(task_id, token)
+      ON t.id = h.task_id AND t.lease_token = h.token
+    WHERE t.lease_owner = %(worker_id)s
+      AND t.state = 'leased'
+      AND t.lease_expires_at > clock_timestamp()
+    ORDER BY t.id
+    FOR NO KEY UPDATE OF t
 )
 UPDATE toolkit_tasks t
 SET lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
-FROM unnest(%(task_ids)s::bigint[], %(tokens)s::bigint[]) AS held(task_id, token)
-WHERE t.id = held.task_id
-  AND t.lease_token = held.token
+FROM held
+WHERE t.id = held.id
   AND t.lease_owner = %(worker_id)s
   AND t.state = 'leased'
   AND t.lease_expires_at > clock_timestamp()
 RETURNING t.id, t.cancel_requested;
 
 -- name: commit_fenced
--- The one fenced write (DESIGN §2): applied only while (task, worker, token) still holds an
--- unexpired lease, in the same statement. It stores the checkpoint, appends effect evidence
--- and events, marks consumed signals, and moves the task to its next state. run_at becomes
--- %(run_at)s when given (a timestamp; 9999-12-31 for "never"), else database now +
--- %(delay_seconds)s when given, else stays. A task with a cancel request that would go on
--- waiting or queued ends cancelled instead, so no request is lost between two heartbeats.
--- Returns the state applied; zero rows means LeaseLost.
-WITH guard AS (
-    UPDATE toolkit_tasks
-    SET checkpoint = %(checkpoint)s,
-        state = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
-                     THEN 'cancelled' ELSE %(state)s::text END,
-        wait_reason = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
-                           THEN NULL ELSE %(wait_reason)s::text END,
+-- The fenced write (DESIGN §2), for a batch of tasks at once (group commit). Each write in
+-- %(writes)s is applied only while (its task, %(worker_id)s, its token) still holds an
+-- unexpired lease, in this same statement: it stores the checkpoint, appends effect
+-- evidence and events, marks consumed signals, and moves the task to its next state.
+-- run_at becomes the write's run_at when given (a timestamp; 9999-12-31 for "never"), else
+-- database now + delay_seconds when given, else stays. A task with a cancel request that would go on waiting or queued ends cancelled
+-- instead, so no request is lost between two heartbeats. Rows are locked in id order.
+-- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
+WITH w AS (
+    SELECT *,
+           state IN ('queued', 'waiting') AS may_cancel
+    FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
+        task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
+        run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
+        evidence jsonb, events jsonb, signals jsonb)
+), locked AS (
+    SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling
+    FROM toolkit_tasks t
+    JOIN w ON t.id = w.task_id AND t.lease_token = w.token
+    WHERE t.lease_owner = %(worker_id)s
+      AND t.state = 'leased'
+      AND t.lease_expires_at > clock_timestamp()
+    ORDER BY t.id
+    FOR NO KEY UPDATE OF t
+), guard AS (
+    UPDATE toolkit_tasks t
+    SET checkpoint = w.checkpoint,
+        state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
+        wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         run_at = CASE
-            WHEN %(run_at)s::timestamptz IS NOT NULL THEN %(run_at)s::timestamptz
-            WHEN %(delay_seconds)s::float8 IS NOT NULL
-                THEN clock_timestamp() + %(delay_seconds)s::float8 * interval '1 second'
-            ELSE run_at END,
-        lease_owner = CASE WHEN %(state)s = 'leased' THEN lease_owner END,
-        lease_expires_at = CASE WHEN %(state)s = 'leased' THEN lease_expires_at END,
-        result = %(result)s::jsonb,
-        error = CASE WHEN cancel_requested IS NOT NULL AND %(state)s::text IN ('queued', 'waiting')
+            WHEN w.run_at IS NOT NULL THEN w.run_at
+            WHEN w.delay_seconds IS NOT NULL
+                THEN clock_timestamp() + w.delay_seconds * interval '1 second'
+            ELSE t.run_at END,
+        lease_owner = CASE WHEN w.state = 'leased' THEN t.lease_owner END,
+        lease_expires_at = CASE WHEN w.state = 'leased' THEN t.lease_expires_at END,
+        result = w.result,
+        error = CASE WHEN l.cancelling
                      THEN jsonb_build_object(
                          'name', 'Cancelled',
-                         'message', coalesce(cancel_requested ->> 'reason', 'cancelled by request'),
-                         'step', %(checkpoint)s::jsonb ->> 'cursor')
-                     ELSE %(error)s::jsonb END,
-        finished_at = CASE WHEN %(state)s::text IN ('succeeded', 'failed', 'cancelled')
-                             OR (cancel_requested IS NOT NULL
-                                 AND %(state)s::text IN ('queued', 'waiting'))
+                         'message', coalesce(t.cancel_requested ->> 'reason', 'cancelled by request'),
+                         'step', w.checkpoint ->> 'cursor')
+                     ELSE w.error END,
+        finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
                            THEN clock_timestamp() END,
         updated_at = clock_timestamp()
-    WHERE id = %(task_id)s
-      AND lease_owner = %(worker_id)s
-      AND lease_token = %(token)s
-      AND state = 'leased'
-      AND lease_expires_at > clock_timestamp()
-    RETURNING id, state
+    FROM w, locked l
+    WHERE t.id = w.task_id AND l.id = w.task_id
+    RETURNING t.id, t.state, w.token, l.cancelling
 ), evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
          fencing_token, worker_id, result, error)
-    SELECT guard.id, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
-           r.record, r.attempt, %(token)s, %(worker_id)s, r.result, r.error
-    FROM guard,
-         jsonb_to_recordset(%(records)s::jsonb) AS r(
-             occurrence text, step text, handler text, idempotent boolean,
-             idempotency_key text, record text, attempt integer, result jsonb, error jsonb)
+    SELECT g.id, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
+           r.record, r.attempt, g.token, %(worker_id)s, r.result, r.error
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(
+        occurrence text, step text, handler text, idempotent boolean,
+        idempotency_key text, record text, attempt integer, result jsonb, error jsonb)
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT guard.id, e.kind, %(worker_id)s, %(token)s, e.detail
-    FROM guard, jsonb_to_recordset(%(events)s::jsonb) AS e(kind text, detail jsonb)
+    SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
     UNION ALL
-    SELECT guard.id, 'cancelled', %(worker_id)s, %(token)s,
+    SELECT g.id, 'cancelled', %(worker_id)s, g.token,
            jsonb_build_object('reason', 'cancel request found at the end of a cycle')
-    FROM guard
-    WHERE guard.state = 'cancelled' AND %(state)s::text <> 'cancelled'
+    FROM guard g
+    WHERE g.cancelling
 ), consumed AS (
     UPDATE toolkit_signals s
-    SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = %(token)s
-    FROM guard, jsonb_to_recordset(%(signals)s::jsonb) AS c(id bigint, occurrence text)
-    WHERE s.id = c.id AND s.task_id = guard.id AND s.consumed_at IS NULL
+    SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = g.token
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
+    WHERE s.id = c.id AND s.task_id = g.id AND s.consumed_at IS NULL
 )
 SELECT id, state FROM guard;
 
