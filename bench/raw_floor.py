@@ -43,11 +43,12 @@ if __package__ in {None, ""}:  # run as a script: make `bench` and `toolkit` imp
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
-from toolkit.leases import Event, FencedWrite, _fenced_params
+from toolkit.leases import Event, FencedWrite, _write_json
 from toolkit.queries import query
 
 Mode = Literal["unnest", "pipeline", "commit-per-write", "engine-sql"]
@@ -110,8 +111,8 @@ class Write:
         checkpoint: the checkpoint JSON the engine writes here.
         final: the write completes the task.
         records: the engine's evidence records of this write (JSON, ``TASK_ID`` in keys).
-        engine: the engine's ``commit_fenced`` parameters of this write, built by the
-            engine's own code, but for the task, token, worker and records.
+        engine: the engine's ``commit_fenced`` write of one task, built by the engine's own
+            code, but for the task, token and evidence records.
     """
 
     checkpoint: str
@@ -173,7 +174,7 @@ def write_plan(workload: Workload) -> list[Write]:
             state="succeeded" if final else "leased", result={} if final else None,
             events=(Event("succeeded"),) if final else (),
         )  # fmt: skip
-        plan.append(Write(state, final, json.dumps(records), _fenced_params("", fenced)))
+        plan.append(Write(state, final, json.dumps(records), _write_json(fenced)))
         records.clear()
 
     begin(ids[0])
@@ -251,16 +252,20 @@ def _write_commit_per_write(
 
 
 def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:
-    statement = query("commit_fenced")
-    common = {**write.engine, "worker_id": worker.owner}
-    with conn.pipeline() as pipeline:
-        cursors = []
-        for task_id, token in claimed:
-            records = write.records.replace(TASK_ID, str(task_id))
-            params = {**common, "task_id": task_id, "token": token, "records": records}
-            cursors.append(conn.execute(statement, params))
-            pipeline.sync()
-    return sum(cursor.rowcount for cursor in cursors)
+    """The engine's group commit: one ``commit_fenced`` statement for the claimed batch."""
+    writes = [
+        {
+            **write.engine,
+            "task_id": task_id,
+            "token": token,
+            "evidence": json.loads(write.records.replace(TASK_ID, str(task_id))),
+        }
+        for task_id, token in claimed
+    ]
+    cursor = conn.execute(
+        query("commit_fenced"), {"worker_id": worker.owner, "writes": Jsonb(writes)}
+    )
+    return cursor.rowcount
 
 
 ClaimFn = Callable[[Connection, Worker], list[tuple[int, int]]]
