@@ -6,10 +6,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import anyio
 import psycopg
+
+from tests.workflows import definition
+from toolkit.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,16 +62,10 @@ def call_counts(dsn: str) -> dict[str, int]:
 
 # --- helpers of the crash-matrix and acceptance tests -------------------------------------------
 
-from collections.abc import Sequence  # noqa: E402
-from typing import Any  # noqa: E402
 
 
 def submit_tasks(dsn: str, text: str, inputs: Sequence[Any]) -> list[int]:
     """Deploy the definition ``text`` and submit one task per input; return their ids."""
-    import anyio
-
-    from tests.workflows import definition
-    from toolkit.store import Store
 
     async def main() -> list[int]:
         async with await Store.open(dsn, migrate_schema=False) as store:

@@ -9,13 +9,10 @@ import socket
 import urllib.request
 from pathlib import Path
 
-import anyio
 from click.testing import CliRunner
 
-from tests.processes import query, toolkit_process, wait_for
-from tests.workflows import definition
+from tests.processes import query, submit_tasks, toolkit_process, wait_for
 from toolkit.cli import cli
-from toolkit.store import Store
 
 SLOW = """
 name: slow-metrics
@@ -44,20 +41,10 @@ def _value(text: str, metric: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def _submit(dsn: str, text: str, count: int = 1) -> list[int]:
-    async def main() -> list[int]:
-        async with await Store.open(dsn, migrate_schema=False) as store:
-            d = definition(text)
-            await store.definitions.deploy(d)
-            return await store.tasks.submit(d, [{}] * count)
-
-    return anyio.run(main)
-
-
 def test_metrics_endpoint_shows_queue_delay_execution_time_and_a_forced_lease_loss(
     dsn: str, tmp_path: Path
 ) -> None:
-    (task_id,) = _submit(dsn, SLOW)
+    (task_id,) = submit_tasks(dsn, SLOW, [{}])
     path = tmp_path / "slow.yaml"
     path.write_text(SLOW)
     port = _free_port()
@@ -93,7 +80,7 @@ def test_doctor_flags_an_expired_lease_and_an_unavailable_definition(dsn: str) -
     runner = CliRunner()
     result = runner.invoke(cli, ["doctor"], env={"TOOLKIT_DSN": dsn})
     assert result.exit_code == 0, result.output
-    (task_id,) = _submit(dsn, SLOW)
+    (task_id,) = submit_tasks(dsn, SLOW, [{}])
     query(
         dsn,
         "UPDATE toolkit_tasks SET state = 'leased', lease_owner = 'gone', lease_token = 1, "
@@ -123,7 +110,7 @@ def test_doctor_on_an_unreachable_database_never_shows_the_password() -> None:
 
 def test_json_logs_carry_a_stable_action_key(dsn: str, tmp_path: Path) -> None:
     text = SLOW.replace("args: {seconds: 30}", "args: {seconds: 0}")
-    _submit(dsn, text)
+    submit_tasks(dsn, text, [{}])
     path = tmp_path / "quick.yaml"
     path.write_text(text)
     worker = toolkit_process(

@@ -5,24 +5,12 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-import anyio
 import pytest
 
-from tests.processes import call_counts, query, toolkit_process, wait_for
-from tests.workflows import FIVE_SLOW_STEPS, definition
-from toolkit.store import Store
+from tests.processes import call_counts, query, submit_tasks, toolkit_process, wait_for
+from tests.workflows import FIVE_SLOW_STEPS
 
 RUN = ["run", "--app", "tests.apps.counting", "--lease", "2", "--heartbeat", "0.5"]
-
-
-def _submit(dsn: str, text: str, inputs: list[object]) -> list[int]:
-    async def main() -> list[int]:
-        async with await Store.open(dsn, migrate_schema=False) as store:
-            d = definition(text)
-            await store.definitions.deploy(d)
-            return await store.tasks.submit(d, inputs)
-
-    return anyio.run(main)
 
 
 def _completed_steps(dsn: str, task_id: int) -> set[str]:
@@ -44,7 +32,7 @@ def definitions_file(tmp_path: Path) -> Path:
 def test_sigkill_mid_workflow_then_another_worker_finishes_it(
     dsn: str, definitions_file: Path
 ) -> None:
-    (task_id,) = _submit(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.4}])
+    (task_id,) = submit_tasks(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.4}])
     first = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file), "--worker-id", "A")
     try:
         wait_for(lambda: "s2" in _completed_steps(dsn, task_id), what="s2 completed")
@@ -80,7 +68,7 @@ def test_sigkill_mid_workflow_then_another_worker_finishes_it(
 
 
 def test_sigterm_during_work_exits_zero_and_loses_nothing(dsn: str, definitions_file: Path) -> None:
-    ids = _submit(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.3}] * 3)
+    ids = submit_tasks(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.3}] * 3)
     worker = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file), "--grace", "0.2")
     wait_for(lambda: bool(call_counts(dsn)), what="a handler running")
     worker.send_signal(signal.SIGTERM)
