@@ -84,20 +84,30 @@ GROUP BY record;
 -- name: idle_state
 -- Read by an idle worker after an empty claim. pending: a task of these definitions is
 -- queued (due or not), leased, or waiting and due, which `toolkit run --until-idle` waits
--- for (a timer or signal wait not yet due does not count). next_due: seconds until the earliest future run_at of a queued or waiting
--- task (a retry or a timer), so the worker wakes for it instead of polling.
+-- for (a timer or signal wait not yet due does not count). next_due: seconds until the
+-- earliest future run_at of a queued or waiting task (a retry or a timer), so the worker
+-- wakes for it instead of polling. Both read the claim index by its key; the time bound is
+-- a sub-select so that the planner uses it as an index bound, not as a filter over every
+-- waiting task.
 SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
-           WHERE (state IN ('queued', 'leased')
-                  OR (state = 'waiting' AND run_at <= clock_timestamp()))
+           WHERE state IN ('queued', 'leased')
+             AND definition_digest = ANY(%(digests)s::text[])
+       )
+       OR EXISTS (
+           SELECT 1 FROM toolkit_tasks
+           WHERE state IN ('queued', 'leased', 'waiting') AND state = 'waiting'
+             AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                 <= (SELECT clock_timestamp())
              AND definition_digest = ANY(%(digests)s::text[])
        ) AS pending,
        (SELECT extract(epoch FROM run_at - clock_timestamp())::float8
         FROM toolkit_tasks
-        WHERE state IN ('queued', 'waiting')
-          AND run_at > clock_timestamp()
+        WHERE state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
+          AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+              > (SELECT clock_timestamp())
           AND definition_digest = ANY(%(digests)s::text[])
-        ORDER BY run_at
+        ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
         LIMIT 1) AS next_due;
 
 -- name: send_signal
