@@ -55,6 +55,9 @@ CREATE UNIQUE INDEX toolkit_tasks_idempotency_key ON toolkit_tasks (tenant, idem
 CREATE INDEX toolkit_tasks_claimable
     ON toolkit_tasks ((CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END), id)
     WHERE state IN ('queued', 'leased', 'waiting');
+-- Is any task of these definitions queued or leased? (an idle worker's question)
+CREATE INDEX toolkit_tasks_active ON toolkit_tasks (definition_digest)
+    WHERE state IN ('queued', 'leased');
 CREATE INDEX toolkit_tasks_definition ON toolkit_tasks (definition_name, definition_version, state);
 CREATE INDEX toolkit_tasks_state ON toolkit_tasks (state, tenant);
 
