@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import statistics
 import tempfile
 import time
 import warnings
-from collections.abc import Iterator
-from typing import LiteralString
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import LiteralString, Protocol
 
 import anyio
 import psycopg
@@ -59,6 +62,96 @@ class Workload:
 
     def definition(self) -> WorkflowDefinition:
         return parse_definition(self.yaml(), source=f"<{self.name}>")
+
+
+@dataclasses.dataclass(frozen=True)
+class TimerWorkload:
+    """One definition: a durable timer wait of ``duration``, then one no-op effect.
+
+    Its tasks park in ``waiting`` (reason ``timer``, ``run_at`` = park time + duration) after
+    their first cycle: the background load of "waiting timers cost nothing".
+    """
+
+    duration: str = "1h"
+
+    @property
+    def name(self) -> str:
+        return "bench-timer"
+
+    def yaml(self) -> str:
+        return "\n".join([
+            f"name: {self.name}", "version: 1", "input: {type: object}", "start: pause",
+            "steps:",
+            f"  pause: {{wait: {{duration: {self.duration}}}, next: done}}",
+            f"  done: {{effect: {NOOP_HANDLER}, idempotent: true}}",
+        ]) + "\n"  # fmt: skip
+
+    def definition(self) -> WorkflowDefinition:
+        return parse_definition(self.yaml(), source=f"<{self.name}>")
+
+
+TIMER = TimerWorkload()
+
+
+class Deployable(Protocol):
+    """A benchmark definition: its name, YAML text and parsed form."""
+
+    @property
+    def name(self) -> str: ...
+
+    def yaml(self) -> str: ...
+
+    def definition(self) -> WorkflowDefinition: ...
+
+
+def write_definitions(folder: Path, workloads: Iterable[Deployable]) -> Path:
+    """Write one YAML file per workload into ``folder`` (a worker's ``--definitions``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for workload in workloads:
+        (folder / f"{workload.name}.yaml").write_text(workload.yaml(), encoding="utf-8")
+    return folder
+
+
+@dataclasses.dataclass(frozen=True)
+class Percentiles:
+    """A latency distribution, milliseconds (linear interpolation, like ``percentile_cont``)."""
+
+    count: int
+    p50: float
+    p99: float
+    max: float
+
+    def __str__(self) -> str:
+        return f"{self.p50:.1f} / {self.p99:.1f}"
+
+
+def percentiles(values_ms: Sequence[float]) -> Percentiles:
+    """p50, p99 and max of ``values_ms`` (at least two values)."""
+    cuts = statistics.quantiles(values_ms, n=100, method="inclusive")
+    return Percentiles(len(values_ms), cuts[49], cuts[98], max(values_ms))
+
+
+#: Per task of one definition, the database time from its first ``first`` event to its
+#: first ``last`` event.
+_EVENT_GAPS: LiteralString = """
+SELECT extract(epoch FROM b - a)::float8 * 1000
+FROM (SELECT e.task_id, min(e.at) FILTER (WHERE e.kind = %(first)s) AS a,
+             min(e.at) FILTER (WHERE e.kind = %(last)s) AS b
+      FROM toolkit_task_events e
+      JOIN toolkit_tasks t ON t.id = e.task_id AND t.definition_name = %(definition)s
+      WHERE e.kind IN (%(first)s, %(last)s)
+      GROUP BY e.task_id) gaps
+WHERE a IS NOT NULL AND b IS NOT NULL
+"""
+
+
+def event_latency(dsn: str, definition: str, first: str, last: str) -> Percentiles:
+    """Latency between two task events (``toolkit_task_events.at``: database time), over the
+    tasks of ``definition`` that have both, e.g. ``submitted`` → ``claimed``."""
+    params = {"definition": definition, "first": first, "last": last}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute(_EVENT_GAPS, params).fetchall()
+    return percentiles([float(ms) for (ms,) in rows])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,13 +220,13 @@ def scratch_database(server_dsn: str, name: str) -> Iterator[str]:
         _admin(server_dsn, drop)
 
 
-def seed(dsn: str, workload: Workload, tasks: int) -> None:
+def seed(dsn: str, workload: Deployable, tasks: int) -> None:
     """Migrate the database, deploy the workload's definition, queue ``tasks`` tasks, then
     ANALYZE and CHECKPOINT (when allowed) so every run starts from the same state."""
     anyio.run(_seed, dsn, workload, tasks)
 
 
-async def _seed(dsn: str, workload: Workload, tasks: int) -> None:
+async def _seed(dsn: str, workload: Deployable, tasks: int) -> None:
     db = await Database.connect(dsn)
     try:
         await migrate(db)
@@ -160,6 +253,62 @@ def task_states(dsn: str) -> dict[str, int]:
     """Number of tasks in each state."""
     rows = _fetch(dsn, "SELECT state, count(*) FROM toolkit_tasks GROUP BY state")
     return {str(state): int(str(count)) for state, count in rows}
+
+
+def vacuum_analyze(dsn: str) -> None:
+    """``VACUUM (ANALYZE)`` the task tables: what autovacuum would have done by now."""
+    tables = sql.SQL(", ").join(map(sql.Identifier, TASK_TABLES))
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(tables))
+
+
+def wait_for_states(dsn: str, expected: dict[str, int], *, timeout: float) -> None:
+    """Poll :func:`task_states` until it equals ``expected``.
+
+    Raises:
+        TimeoutError: not within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while (states := task_states(dsn)) != expected:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"expected task states {expected}, found {states}")
+        time.sleep(0.05)
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(dsn: str) -> float | None:
+    """CPU seconds used so far by the server's process tree (Linux, same machine only).
+
+    The postmaster's own and reaped children's time (``cutime``, ``cstime``: backends that
+    have exited) plus the time of its live children (backends, WAL writer, checkpointer...):
+    the difference of two reads is the server's CPU in between, whichever database used it.
+    None when the server is not a local process this user can read.
+    """
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        postmaster = _stat(conn.info.backend_pid)
+    if postmaster is None:
+        return None
+    root = int(postmaster[1])  # field 4, ppid: the postmaster
+    fields = _stat(root)
+    if fields is None:
+        return None
+    ticks = sum(int(value) for value in fields[11:15])  # utime, stime, cutime, cstime
+    for entry in Path("/proc").iterdir():
+        child = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if child is not None and int(child[1]) == root:
+            ticks += int(child[11]) + int(child[12])
+    return ticks / _CLOCK_TICKS
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from field 3 (state) on, or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()
 
 
 def counters(dsn: str, *, settle: float = 0.2, timeout: float = 5.0) -> Counters:
