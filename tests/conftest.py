@@ -6,6 +6,7 @@ worker tests a second time against the system PostgreSQL 15 that way).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -117,3 +118,41 @@ async def store(dsn: str) -> AsyncIterator[Store]:
         yield opened
     finally:
         await opened.close()
+
+
+@dataclasses.dataclass
+class PrivateServer:
+    """An embedded PostgreSQL of one test, which the test may stop and start again."""
+
+    home: str
+    dsn: str = ""
+
+    def start(self) -> str:
+        self.dsn = start_embedded(self.home)
+        return self.dsn
+
+    def stop(self) -> None:
+        stop_embedded(self.home)
+
+
+@pytest.fixture
+def private_server() -> Iterator[PrivateServer]:
+    """A migrated embedded server of this test alone (for restarts), in a temp home."""
+    server = PrivateServer(tempfile.mkdtemp(prefix="toolkit-private-"))
+    try:
+        server.start()
+
+        async def build() -> None:
+            db = await Database.connect(server.dsn)
+            try:
+                await migrate(db)
+                async with db.connection() as conn:
+                    await conn.execute(CREATE_CALLS)
+            finally:
+                await db.close()
+
+        anyio.run(build)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.home, ignore_errors=True)

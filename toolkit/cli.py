@@ -29,6 +29,7 @@ from toolkit.errors import ConfigError, ToolkitError
 from toolkit.log_format import JsonFormatter, TextFormatter
 from toolkit.metrics import WorkerMetrics
 from toolkit.migrations import migrate, schema_status
+from toolkit.payload import DEFAULT_MAX_BYTES
 from toolkit.registry import App
 from toolkit.store import Store
 from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
@@ -40,10 +41,17 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """Where the store is: ``--dsn``/``TOOLKIT_DSN``, else the embedded server in ``home``."""
+    """Where the store is: ``--dsn``/``TOOLKIT_DSN``, else the embedded server in ``home``.
+
+    Attributes:
+        dsn: the connection string, None for the embedded server.
+        home: the embedded server's folder.
+        max_payload_bytes: the size limit of one stored JSON value (``--max-payload-bytes``).
+    """
 
     dsn: str | None
     home: Path
+    max_payload_bytes: int = DEFAULT_MAX_BYTES
 
     @property
     def embedded(self) -> bool:
@@ -56,9 +64,13 @@ class Settings:
 
     async def open_store(self, *, pool_size: int = 4) -> Store:
         """Open the store; migrate automatically only on the embedded server."""
-        return await Store.open(
+        store = await Store.open(
             self.resolve_dsn(), pool_size=pool_size, migrate_schema=self.embedded
         )
+        store.db.payload_limits = dataclasses.replace(
+            store.db.payload_limits, max_bytes=self.max_payload_bytes
+        )
+        return store
 
 
 def _run_async(func: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -115,8 +127,24 @@ def _dump(value: Any) -> str:
     type=click.Choice(["text", "json"]),
     help="Readable text, or one JSON object per line for machines.",
 )
+@click.option(
+    "--max-payload-bytes",
+    envvar="TOOLKIT_MAX_PAYLOAD_BYTES",
+    show_envvar=True,
+    default=DEFAULT_MAX_BYTES,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest task input, step result or signal payload, in bytes of JSON text.",
+)
 @click.pass_context
-def cli(ctx: click.Context, dsn: str | None, home: Path, log_level: str, log_format: str) -> None:
+def cli(
+    ctx: click.Context,
+    dsn: str | None,
+    home: Path,
+    log_level: str,
+    log_format: str,
+    max_payload_bytes: int,
+) -> None:
     """runifold: durable workflows from versioned YAML, on PostgreSQL."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
@@ -124,7 +152,7 @@ def cli(ctx: click.Context, dsn: str | None, home: Path, log_level: str, log_for
     if log_level.upper() != "DEBUG":
         # The pool logs every failed reconnect; the worker logs one line per outage instead.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-    ctx.obj = Settings(dsn=dsn, home=home)
+    ctx.obj = Settings(dsn=dsn, home=home, max_payload_bytes=max_payload_bytes)
 
 
 # --- definitions ----------------------------------------------------------------------------
@@ -593,7 +621,8 @@ def run(
             f"failed {report.failed}, cancelled {report.cancelled}, waiting {report.waiting}, "
             f"retried {report.retried}, "
             f"released {report.released}, lease lost {report.lease_lost}, "
-            f"cycles {report.cycles}, max loop lag {report.max_loop_lag * 1000:.0f} ms, "
+            f"database outages {report.database_outages}, cycles {report.cycles}, "
+            f"max loop lag {report.max_loop_lag * 1000:.0f} ms, "
             f"wall {report.wall_time:.2f} s"
         )
 

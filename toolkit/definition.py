@@ -308,10 +308,18 @@ class WorkflowDefinition:
 
         Raises:
             InputError: If the input does not match; ``path`` is the JSON path of the most
-                relevant fault, and the message names it.
+                relevant fault, and the message names it. Also for an input nested too
+                deeply to validate (the store refuses deeper than 64 levels before this).
         """
-        filled = _apply_defaults(self.input_schema, copy.deepcopy(value))
-        error = best_match(self._input_validator.iter_errors(filled))
+        try:
+            filled = _apply_defaults(self.input_schema, copy.deepcopy(value))
+            error = best_match(self._input_validator.iter_errors(filled))
+        except RecursionError:
+            raise InputError(
+                f"invalid input for {self.name} v{self.version}: $: the input is nested too "
+                "deeply to validate",
+                path="$",
+            ) from None
         if error is not None:
             raise InputError(
                 f"invalid input for {self.name} v{self.version}: {error.json_path}:"

@@ -15,10 +15,11 @@ import functools
 import json
 import logging
 import math
+import random
 import threading
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
@@ -39,7 +40,9 @@ from toolkit.errors import (
     ExpressionError,
     HandlerNotFound,
     LeaseLost,
+    PayloadRefused,
     ResultNotJson,
+    ResultTooLarge,
     StoreError,
 )
 from toolkit.expressions import is_truthy
@@ -53,9 +56,18 @@ from toolkit.leases import (
     TaskState,
 )
 from toolkit.metrics import WorkerMetrics
+from toolkit.payload import check_payload
 from toolkit.registry import App, EffectContext, Handler
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Most characters of an error message stored with a task or its evidence.
+MAX_ERROR_MESSAGE = 4000
+#: Backoff between two tries of a store call while the database is unreachable, seconds.
+STORE_RETRY_MIN = 0.05
+STORE_RETRY_MAX = 2.0
 
 ConnectionFactory = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 Error = dict[str, Any]
@@ -84,11 +96,17 @@ class CycleControl:
         lease_lost: the heartbeat found the lease gone.
         call_stop: the stop flag of the handler call in progress (``ctx.cancelled``); a new
             one per call, so a timed-out call does not stop the next.
+        lease_deadline: event-loop time (``anyio.current_time()``) until which the lease is
+            surely held: the time a claim or renewal was sent plus the lease duration. Until
+            then a store call that finds the database unreachable is tried again with
+            backoff (the fence makes a repeated write safe); after it, the cycle gives up
+            and the lease lapses. The default, minus infinity, never tries again.
     """
 
     cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
     call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lease_deadline: float = -math.inf
 
     def new_call(self) -> threading.Event:
         """A fresh stop flag for the next handler call."""
@@ -103,20 +121,37 @@ def error_data(exc: BaseException) -> Error:
     name; it is what ``retry.non_retryable`` and ``catch`` rules match.
     """
     name = getattr(exc, "error_name", None) or type(exc).__name__
-    return {"name": str(name), "message": str(exc) or type(exc).__name__}
+    return {
+        "name": storable_text(str(name), 200),
+        "message": storable_text(str(exc) or type(exc).__name__),
+    }
+
+
+def storable_text(text: str, limit: int = MAX_ERROR_MESSAGE) -> str:
+    """``text`` as PostgreSQL can store it in JSON: no NUL, valid Unicode, at most ``limit``.
+
+    NUL characters become a backslash and ``0``, unpaired surrogates ``?``; a longer text is
+    cut and marked with ``...``.
+    """
+    text = text.replace("\x00", "\\0").encode("utf-8", "replace").decode("utf-8")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _Cycle:
     """State of one cycle: the task, its lease, the checkpoint and what is not yet written."""
 
-    def __init__(self, task: ClaimedTask, definition: WorkflowDefinition) -> None:
+    def __init__(
+        self, task: ClaimedTask, definition: WorkflowDefinition, control: CycleControl
+    ) -> None:
         self.task = task
         self.definition = definition
+        self.control = control
         self.checkpoint = Checkpoint.from_json(task.checkpoint)
         self.evidence: list[EvidenceRecord] = []
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
         self.cancelled_at_commit = False
+        self.writes = 0
 
     @property
     def dirty(self) -> bool:
@@ -137,6 +172,7 @@ class _Cycle:
 
     def write(self, **fields: Any) -> FencedWrite:
         """A fenced write of the current checkpoint plus everything not yet written."""
+        self.writes += 1
         write = FencedWrite(
             task_id=self.task.id,
             token=self.task.token,
@@ -144,6 +180,7 @@ class _Cycle:
             evidence=tuple(self.evidence),
             events=tuple(self.events),
             signals=tuple(self.signals),
+            write_id=f"{self.task.token}:{self.writes}",
             **fields,
         )
         self.evidence.clear()
@@ -195,11 +232,16 @@ class Interpreter:
 
         Returns:
             How the cycle ended. Never raises for lease loss or an unreachable database:
-            those end the cycle (the lease lapses and another claim resumes the task).
+            those end the cycle (the lease lapses and another claim resumes the task). While
+            ``control.lease_deadline`` has not passed, a store call that finds the database
+            unreachable is tried again with backoff; past it the outcome is ``LEASE_LOST``
+            (without a deadline, ``DATABASE_UNAVAILABLE``). A write the database refuses, or
+            an error of the engine itself, fails the task with a clean fenced write rather
+            than leaving it to be claimed again and again.
         """
-        cycle = _Cycle(task, definition)
         control = control or CycleControl()
         try:
+            cycle = _Cycle(task, definition, control)
             if task.cancel_requested:
                 return await self._cancel(cycle, task.cancel_requested)
             outcome = await self._run(cycle, control)
@@ -211,47 +253,83 @@ class Interpreter:
             )
             return CycleOutcome.LEASE_LOST
         except DatabaseUnavailable as exc:
-            logger.warning(
-                "database unavailable during a cycle: %s",
+            # One line per outage is the supervisor's; this one is per task, for debugging.
+            gave_up = math.isfinite(control.lease_deadline)
+            logger.info(
+                "database unavailable during a cycle%s: %s",
+                "; its lease lapses" if gave_up else "",
                 exc,
                 extra={"action": "cycle_database_unavailable", "task_id": task.id},
             )
-            return CycleOutcome.DATABASE_UNAVAILABLE
+            return CycleOutcome.LEASE_LOST if gave_up else CycleOutcome.DATABASE_UNAVAILABLE
         except StoreError as exc:
-            return await self._refused(cycle, exc)
+            logger.warning(
+                "the database refused a write; failing the task: %s",
+                exc,
+                extra={"action": "write_refused", "task_id": task.id},
+            )
+            return await self._fail_cleanly(task, control, "StoreRefused", str(exc))
         except anyio.get_cancelled_exc_class():
             control.call_stop.set()
             if not control.lease_lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self._end_interrupted(cycle, control)
             raise
+        except Exception as exc:  # a fault of the engine or of stored data: never a crash loop
+            logger.exception(
+                "internal error in a cycle; failing the task",
+                extra={"action": "internal_error", "task_id": task.id},
+            )
+            return await self._fail_cleanly(
+                task, control, "InternalError", f"{type(exc).__name__}: {exc}"
+            )
 
-    async def _refused(self, cycle: _Cycle, exc: StoreError) -> CycleOutcome:
-        """The database refused a write (a value it cannot store): fail the task cleanly.
+    async def _fail_cleanly(
+        self, task: ClaimedTask, control: CycleControl, name: str, message: str
+    ) -> CycleOutcome:
+        """Fail the task over the checkpoint its cycle started from.
 
-        The failure is written over the checkpoint the cycle started from, without the
-        refused values, so the task never stays stuck on a write that cannot succeed.
+        Used when the database refused a write (a value it cannot store) or the engine
+        failed: nothing of the cycle's progress is written, so the task never stays stuck on
+        a write that cannot succeed.
         """
-        step = cycle.checkpoint.cursor
-        logger.warning(
-            "the database refused a write; failing the task: %s",
-            exc,
-            extra={"action": "write_refused", "task_id": cycle.task.id, "step": step},
-        )
-        error = {"name": "StoreRefused", "message": str(exc), "step": step}
+        step = task.checkpoint.get("cursor") if isinstance(task.checkpoint, dict) else None
+        error = {"name": name, "message": storable_text(message), "step": step}
+        base = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         write = FencedWrite(
-            task_id=cycle.task.id,
-            token=cycle.task.token,
-            checkpoint={**cycle.task.checkpoint, "cursor": None},
+            task_id=task.id,
+            token=task.token,
+            checkpoint={**base, "cursor": None},
             state="failed",
             error=error,
             events=(Event("failed", {"error": error}),),
+            write_id=f"{task.token}:failed",
         )
         try:
-            await self._apply(write)
+            await self._retrying(control, functools.partial(self._apply, write))
         except (LeaseLost, DatabaseUnavailable, StoreError):
             return CycleOutcome.LEASE_LOST
         return CycleOutcome.FAILED
+
+    async def _retrying(self, control: CycleControl, call: Callable[[], Awaitable[T]]) -> T:
+        """Make a store call, again with backoff while the database is unreachable.
+
+        Tries again until ``control.lease_deadline``: a repeated call is safe because reads
+        are reads and every write is fenced and carries its write id.
+
+        Raises:
+            DatabaseUnavailable: the database stayed unreachable up to the deadline.
+        """
+        delay = STORE_RETRY_MIN
+        while True:
+            try:
+                return await call()
+            except DatabaseUnavailable:
+                pause = delay * (0.5 + random.random() / 2)
+                if anyio.current_time() + pause >= control.lease_deadline or control.lease_lost:
+                    raise
+            await anyio.sleep(pause)
+            delay = min(delay * 2, STORE_RETRY_MAX)
 
     async def _end_interrupted(self, cycle: _Cycle, control: CycleControl) -> None:
         try:
@@ -265,7 +343,7 @@ class Interpreter:
 
     async def _commit(self, cycle: _Cycle, **fields: Any) -> None:
         write = cycle.write(**fields)
-        applied = await self._apply(write)
+        applied = await self._retrying(cycle.control, functools.partial(self._apply, write))
         if applied != write.state:  # a cancel request found by the write itself
             cycle.cancelled_at_commit = True
         if self._metrics is not None and write.wait_reason is not None:
@@ -278,7 +356,7 @@ class Interpreter:
     async def _run(self, cycle: _Cycle, control: CycleControl) -> CycleOutcome:
         try:
             return await self._steps(cycle, control)
-        except (ExpressionError, ResultNotJson, HandlerNotFound) as exc:
+        except (ExpressionError, ResultNotJson, ResultTooLarge, HandlerNotFound) as exc:
             # A fault of the definition or the application, not of one attempt: the task fails.
             return await self._fail(cycle, error_data(exc))
 
@@ -304,7 +382,9 @@ class Interpreter:
                 cp.enter(target)
                 continue
             if isinstance(step, SucceedStep):
-                return await self._succeed(cycle, step.output.render(cycle.scope()))
+                output = step.output.render(cycle.scope())
+                self._check_result(output, step.id, "the output")
+                return await self._succeed(cycle, output)
             if isinstance(step, FailStep):
                 message = step.message.render(cycle.scope())
                 text = message if isinstance(message, str) else json.dumps(message)
@@ -428,12 +508,14 @@ class Interpreter:
         try:
             result = await self._call(handler, step, ctx, args)
             outcome = "completed"
-        except ResultNotJson as exc:
-            # The call happened; its result cannot be recorded. Not an attempt to repeat.
+        except (ResultNotJson, ResultTooLarge) as exc:
+            # The call happened; its result cannot be recorded. Not an attempt to repeat:
+            # the step fails for good (its catch applies).
             error = error_data(exc)
             cp.pending = None
+            cp.attempts.pop(occurrence, None)
             cycle.evidence.append(record("failed", error=error))
-            return await self._fail(cycle, {**error, "step": step.id})
+            return await self._step_failed(cycle, step, {**error, "attempts": attempt})
         except _TimedOut:
             error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
             if not step.idempotent:
@@ -480,19 +562,26 @@ class Interpreter:
         if scope.cancelled_caught:
             ctx._stop.set()
             raise _TimedOut
-        try:
-            text = json.dumps(result, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ResultNotJson(
-                f"handler {step.handler!r} of step {step.id!r} returned a value that is not "
-                f"JSON: {exc}"
-            ) from exc
-        if "\\u0000" in text:
-            raise ResultNotJson(
-                f"handler {step.handler!r} of step {step.id!r} returned a string with a NUL "
-                "character, which PostgreSQL cannot store"
-            )
+        self._check_result(result, step.id, f"handler {step.handler!r}")
         return result
+
+    def _check_result(self, value: Any, step: str, source: str) -> None:
+        """Check that a step's result can be stored within the payload limits.
+
+        Raises:
+            ResultTooLarge: over the size or nesting limit.
+            ResultNotJson: not storable JSON (a non-JSON type, NaN, a NUL character ...).
+        """
+        try:
+            check_payload(value, self._leases.payload_limits)
+        except PayloadRefused as exc:
+            where = f"{source} of step {step!r} returned a value"
+            if exc.limit is not None:
+                raise ResultTooLarge(
+                    f"{where} over the payload limit: {exc}", step=step, path=exc.path,
+                    limit=exc.limit,
+                ) from exc  # fmt: skip
+            raise ResultNotJson(f"{where} that cannot be stored as JSON: {exc}") from exc
 
     async def _after_failure(
         self, cycle: _Cycle, step: EffectStep, occurrence: str, attempt: int, error: Error
@@ -523,7 +612,10 @@ class Interpreter:
         resumed = cp.wait is not None and cp.wait.get("occurrence") == occurrence
         if step.signal is not None:
             taken = [signal_id for signal_id, _ in cycle.signals]
-            found = await self._leases.next_signal(cycle.task.id, step.signal, taken)
+            found = await self._retrying(
+                cycle.control,
+                functools.partial(self._leases.next_signal, cycle.task.id, step.signal, taken),
+            )
             if found is not None:
                 signal_id, payload = found
                 cycle.signals.append((signal_id, occurrence))
@@ -541,8 +633,17 @@ class Interpreter:
                 await self._commit(
                     cycle, state="waiting", wait_reason="signal", delay_seconds=step.timeout
                 )
-            # A signal that arrived while we still held the lease did not wake us: look again.
-            await self._leases.wake_if_signalled(cycle.task.id, step.signal)
+            # The write woke the task if the signal was stored before it; one sent while the
+            # write waited for the row is caught here. The wait is committed either way: a
+            # failure here is no reason to report the cycle as anything but waiting.
+            try:
+                await self._leases.wake_if_signalled(cycle.task.id, step.signal)
+            except (DatabaseUnavailable, StoreError) as exc:
+                logger.info(
+                    "could not look for a signal after the wait was committed: %s",
+                    exc,
+                    extra={"action": "wake_check_failed", "task_id": cycle.task.id},
+                )
             return CycleOutcome.WAITING
         if resumed:  # a timer wait is only claimed again once its run_at has passed
             cp.wait = None
@@ -568,6 +669,8 @@ class Interpreter:
 
     async def _fail(self, cycle: _Cycle, error: Error) -> CycleOutcome:
         error.setdefault("step", cycle.checkpoint.cursor)
+        if isinstance(error.get("message"), str):
+            error["message"] = storable_text(error["message"])
         cycle.checkpoint.cursor = None
         cycle.events.append(Event("failed", {"error": error}))
         await self._commit(cycle, state="failed", error=error)

@@ -38,7 +38,9 @@ __all__ = [
     "MissingHandlers",
     "NoChoiceMatched",
     "NotReconcilable",
+    "PayloadRefused",
     "ResultNotJson",
+    "ResultTooLarge",
     "SchemaOutdated",
     "StoreError",
     "SubmitConflict",
@@ -291,4 +293,51 @@ class SubmitConflict(ToolkitError):
     ) -> None:
         self.task_id = task_id
         self.definition = definition
+        super().__init__(message)
+
+
+class PayloadRefused(ToolkitError):
+    """A JSON value cannot be stored: too large, nested too deeply, or not storable JSON.
+
+    Attributes:
+        path: JSON path of the fault inside the value (``$`` when the whole value is too
+            large).
+        reason: what is wrong there, without the path.
+        limit: the limit exceeded (bytes or nesting levels), None when no limit is involved.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        path: str = "$",
+        reason: str | None = None,
+        limit: int | None = None,
+    ) -> None:
+        self.path = path
+        self.reason = reason or message or self.default_message()
+        self.limit = limit
+        super().__init__(message)
+
+
+class ResultTooLarge(ToolkitError):
+    """A step's result is over the payload limit (size or nesting); the step fails for good.
+
+    Attributes:
+        step: the step whose result was refused.
+        path: JSON path of the fault inside the result.
+        limit: the limit exceeded (bytes or nesting levels).
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        step: str | None = None,
+        path: str = "$",
+        limit: int | None = None,
+    ) -> None:
+        self.step = step
+        self.path = path
+        self.limit = limit
         super().__init__(message)

@@ -8,6 +8,7 @@ caller gets :class:`~toolkit.errors.LeaseLost`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError, ToolkitError
+from toolkit.payload import PayloadLimits
 
 #: The ``run_at`` of a wait with no deadline: later than any real time, yet a value Python's
 #: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
@@ -95,6 +97,13 @@ class FencedWrite:
         evidence: effect evidence records to append, in order.
         events: task events to append, in order.
         signals: ``(signal id, occurrence)`` of signals consumed by this write.
+        write_id: an id unique to this write (``TOKEN:N``, the N-th write under the lease),
+            stored in the checkpoint as ``write``. Sending the same write again (after a
+            dropped connection left its outcome unknown) then applies it at most once: a write
+            already applied is reported applied, nothing appended twice. None: no such check.
+
+    A signal wait (``waiting``, reason ``signal``) is made due at once by the write itself
+    when a signal of that name is already stored and not consumed by this write.
     """
 
     task_id: int
@@ -109,6 +118,7 @@ class FencedWrite:
     evidence: Sequence[EvidenceRecord] = ()
     events: Sequence[Event] = ()
     signals: Sequence[tuple[int, str]] = ()
+    write_id: str | None = None
 
 
 class Leases:
@@ -116,6 +126,11 @@ class Leases:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+
+    @property
+    def payload_limits(self) -> PayloadLimits:
+        """The size and nesting limits of stored JSON values (the database's)."""
+        return self._db.payload_limits
 
     async def claim(
         self, worker_id: str, digests: Sequence[str], limit: int, lease_seconds: float
@@ -178,6 +193,9 @@ class Leases:
             For each task whose lease was renewed, its cancel request (``{"reason", "at"}``)
             or None; any task of ``held`` missing here has lost its lease.
 
+        Runs on the database's reserved connection, so handlers holding every connection of
+        the main pool do not starve it. Idempotent: safe to send again.
+
         Raises:
             DatabaseUnavailable: the database cannot be reached.
         """
@@ -189,6 +207,7 @@ class Leases:
                 "tokens": list(held.values()),
                 "lease_seconds": lease_seconds,
             },
+            reserved=True,
         )
         return {row["id"]: row["cancel_requested"] for row in rows}
 
@@ -203,7 +222,8 @@ class Leases:
             LeaseLost: the lease is no longer held by ``(worker_id, write.token)`` or has
                 expired; nothing was written.
             DatabaseUnavailable: the database cannot be reached (the write may or may not
-                have committed; the fence makes a retry safe).
+                have committed; the fence makes a retry safe, and a write with a
+                ``write_id`` is applied at most once).
         """
         applied = await self.commit_many(worker_id, [write])
         if write.task_id not in applied:
@@ -216,7 +236,9 @@ class Leases:
         """Apply fenced writes of several tasks in one statement (group commit).
 
         Each write is fenced on its own: one whose lease is lost changes nothing, the others
-        apply. All applied writes commit together.
+        apply. All applied writes commit together. A write whose ``write_id`` is already
+        stored (it was applied by an earlier send) is reported with the task's state and
+        applied again never.
 
         Args:
             worker_id: the writer; every write carries its own task and token.
@@ -290,6 +312,7 @@ def _write_json(write: FencedWrite) -> dict[str, Any]:
         ],
         "events": [{"kind": e.kind, "detail": e.detail} for e in write.events],
         "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
+        "write_id": write.write_id,
     }
 
 
@@ -316,6 +339,8 @@ class GroupCommit:
         self._queue: list[_PendingWrite] = []
         self._ready = anyio.Event()
         self._running = False
+        self._shield: anyio.CancelScope | None = None
+        self._stop_deadline = math.inf
 
     async def commit(self, write: FencedWrite) -> TaskState:
         """Apply ``write`` with the next batch; same contract as :meth:`Leases.commit`.
@@ -327,12 +352,27 @@ class GroupCommit:
         pending = _PendingWrite(write)
         self._queue.append(pending)
         self._ready.set()
+        # A cycle cancelled while it waits here leaves its write queued: the write carries
+        # evidence the cycle has already handed over, and it applies (fenced) before any
+        # later write of the same task (one write per task per batch).
         await pending.done.wait()
         if pending.error is not None:
             raise pending.error
         if pending.state is None:
             raise LeaseLost(task_id=write.task_id, token=write.token)
         return pending.state
+
+    def stop_soon(self, grace: float) -> None:
+        """Give the batch in flight at most ``grace`` more seconds once the writer is cancelled.
+
+        A batch in flight is shielded from cancellation so that it is not cut off half-way;
+        during an outage it could wait for a connection for the pool's whole timeout. Call
+        this before cancelling :meth:`run`: past ``grace`` the batch is abandoned (the fence
+        and the write ids keep that safe) and its writers get ``DatabaseUnavailable``.
+        """
+        self._stop_deadline = anyio.current_time() + grace
+        if self._shield is not None:
+            self._shield.deadline = self._stop_deadline
 
     async def run(self) -> None:
         """The writer loop; runs until cancelled, then fails every write still queued."""
@@ -343,16 +383,37 @@ class GroupCommit:
                 self._ready = anyio.Event()
                 await anyio.sleep(0)  # one more turn of the loop: let simultaneous writes join
                 while self._queue:
-                    batch = self._queue[: self._max_batch]
-                    del self._queue[: self._max_batch]
-                    with anyio.CancelScope(shield=True):
+                    batch = self._take_batch()
+                    with anyio.CancelScope(shield=True, deadline=self._stop_deadline) as shield:
+                        self._shield = shield
                         await self._apply(batch)
+                    self._shield = None
+                    for pending in batch:  # abandoned at the stop deadline
+                        if not pending.done.is_set():
+                            pending.finish(error=_writer_stopped())
         finally:
             self._running = False
-            stopped = DatabaseUnavailable("the worker's writer stopped before this write")
             for pending in self._queue:
-                pending.finish(error=stopped)
+                pending.finish(error=_writer_stopped())
             self._queue.clear()
+
+    def _take_batch(self) -> list[_PendingWrite]:
+        """Take up to ``max_batch`` queued writes, at most one per task, in queue order.
+
+        A second write of the same task (one queued by a cycle cancelled while its previous
+        write waited) stays queued for the next batch, so the two apply in order.
+        """
+        batch: list[_PendingWrite] = []
+        later: list[_PendingWrite] = []
+        tasks: set[int] = set()
+        for pending in self._queue:
+            if len(batch) < self._max_batch and pending.write.task_id not in tasks:
+                tasks.add(pending.write.task_id)
+                batch.append(pending)
+            else:
+                later.append(pending)
+        self._queue[:] = later
+        return batch
 
     async def _apply(self, batch: list[_PendingWrite]) -> None:
         try:
@@ -368,8 +429,19 @@ class GroupCommit:
             for pending in batch:
                 pending.finish(error=exc)
             return
+        except Exception as exc:  # e.g. a value the driver cannot adapt: the writer lives on
+            if len(batch) > 1:
+                for pending in batch:
+                    await self._apply([pending])
+                return
+            batch[0].finish(error=StoreError(f"the write could not be sent: {exc!r}"))
+            return
         for pending in batch:
             pending.finish(state=applied.get(pending.write.task_id))
+
+
+def _writer_stopped() -> DatabaseUnavailable:
+    return DatabaseUnavailable("the worker's writer stopped before this write was applied")
 
 
 class _PendingWrite:

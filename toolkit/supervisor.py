@@ -5,6 +5,14 @@ DESIGN §2 ("Supervisor") and §4 (the hot path). One :class:`WorkflowSupervisor
 woken by LISTEN/NOTIFY; polling with exponential backoff and jitter is the fallback. On
 shutdown it claims nothing new, lets started cycles finish within a grace period, then
 cancels the rest, which release their leases with a fenced write.
+
+Database outages (a restart, terminated connections, an exhausted pool) never end the run:
+every part of the supervisor tries again with backoff, and the run logs one warning when the
+database becomes unreachable and one line when it is back, however many tasks and services
+noticed. A lease is presumed lost once its holder could not renew it for a whole lease
+duration (measured from the sending of the last renewal that succeeded, so never later than
+the database's own expiry): its cycle is cancelled and writes nothing more; the fence refuses
+any write that would still arrive.
 """
 
 from __future__ import annotations
@@ -14,15 +22,15 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import LiteralString
+from typing import Any, LiteralString
 
 import anyio
 import psycopg
 
-from toolkit.database import is_unavailable
+from toolkit.database import redact_dsn
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
-from toolkit.errors import ConfigError, DatabaseUnavailable
-from toolkit.leases import ClaimedTask, GroupCommit
+from toolkit.errors import ConfigError, DatabaseUnavailable, ToolkitError
+from toolkit.leases import ClaimedTask, FencedWrite, GroupCommit, TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.worker import Worker
 
@@ -30,6 +38,12 @@ logger = logging.getLogger(__name__)
 
 WAKEUP_CHANNEL = "toolkit_wakeup"
 _LISTEN: LiteralString = "LISTEN toolkit_wakeup"
+
+#: Seconds a worker waits at most to record itself stopped when the database is away.
+UNREGISTER_TIMEOUT = 3.0
+#: A failure this soon after the database came back is part of the same outage (stale
+#: connections of the pool failing one by one), seconds.
+OUTAGE_SETTLE = 1.0
 
 
 class CancellationToken:
@@ -164,6 +178,66 @@ class SupervisorReport:
             setattr(self, field, getattr(self, field) + 1)
 
 
+class _Outage:
+    """Whether the database is reachable, as every part of the supervisor sees it.
+
+    The first failure of an outage logs one warning and counts one outage; the first success
+    after it logs one line that it is back. Failures in between are silent. Failures within
+    :data:`OUTAGE_SETTLE` seconds of a recovery (stale connections failing one by one) are
+    announced only if they go on past that long.
+    """
+
+    def __init__(self, report: SupervisorReport, metrics: WorkerMetrics) -> None:
+        self._report = report
+        self._metrics = metrics
+        self.down_since: float | None = None
+        self._announced = False
+        self._last_recovery = -float("inf")
+        self.leases_lost = 0
+
+    @property
+    def down(self) -> bool:
+        """True while the database is presumed unreachable."""
+        return self.down_since is not None
+
+    def failed(self, exc: BaseException) -> None:
+        """A store call found the database unreachable."""
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
+            self._announced = False
+        if self._announced:
+            return
+        if now - self._last_recovery < OUTAGE_SETTLE and now - self.down_since < OUTAGE_SETTLE:
+            return  # maybe a straggler of the outage that just ended
+        self._announced = True
+        self.leases_lost = 0
+        self._report.database_outages += 1
+        self._metrics.database_outages.inc()
+        logger.warning(
+            "database unavailable; the worker keeps its leases while it can and tries again "
+            "with backoff: %s",
+            exc,
+            extra={"action": "database_unavailable"},
+        )
+
+    def succeeded(self) -> None:
+        """A store call went through."""
+        if self.down_since is None:
+            return
+        now = time.monotonic()
+        seconds = now - self.down_since
+        self.down_since = None
+        self._last_recovery = now
+        if self._announced:
+            logger.info(
+                "database reachable again after %.1f s; leases lost meanwhile: %d",
+                seconds,
+                self.leases_lost,
+                extra={"action": "database_back", "seconds": round(seconds, 3)},
+            )
+
+
 class WorkflowSupervisor:
     """Runs one worker: claims, executes, heartbeats, and shuts down gracefully.
 
@@ -192,14 +266,27 @@ class WorkflowSupervisor:
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._group_commit = GroupCommit(worker.store.leases, worker.worker_id)
+        self._outage = _Outage(self.report, self.metrics)
+        self._claim_scope: anyio.CancelScope | None = None
+        self._refusals: dict[str, str] = {}
         self._interpreter = Interpreter(
             worker.store.leases,
             worker.app,
             worker.worker_id,
             worker.store.db.connection,
             self.metrics,
-            self._group_commit.commit,
+            self._commit,
         )
+
+    async def _commit(self, write: FencedWrite) -> TaskState:
+        """The group commit, watched for outages."""
+        try:
+            state = await self._group_commit.commit(write)
+        except DatabaseUnavailable as exc:
+            self._outage.failed(exc)
+            raise
+        self._outage.succeeded()
+        return state
 
     async def run(self, shutdown: CancellationToken | None = None) -> SupervisorReport:
         """Run until ``shutdown`` is cancelled (or, with ``until_idle``, the queue drains).
@@ -207,6 +294,9 @@ class WorkflowSupervisor:
         Lifecycle: register the worker id and its definitions, then claim and execute; on
         shutdown stop claiming, give started cycles ``grace`` seconds to finish the lease
         protocol, cancel the rest (each releases its lease) and record the worker stopped.
+
+        Once started, the run outlives database outages: it does not return or raise until
+        shutdown (see the module docstring).
 
         Returns:
             The report of this run.
@@ -220,7 +310,7 @@ class WorkflowSupervisor:
         started = time.monotonic()
         config = self.config
         await self.worker.register(config.concurrency, config.lease, config.heartbeat)
-        shutdown.on_cancel(lambda: self._wake.set())
+        shutdown.on_cancel(self._on_shutdown)
         logger.info(
             "worker started",
             extra={"action": "worker_start", "worker_id": self.worker.worker_id},
@@ -238,9 +328,12 @@ class WorkflowSupervisor:
                         with anyio.move_on_after(self.config.grace):
                             await self._drained.wait()
                     cycles.cancel_scope.cancel()
+                self._group_commit.stop_soon(1.0)
                 services.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True):
+            # Bounded: with the database away the worker row simply expires.
+            bound = 1.0 if self._outage.down else UNREGISTER_TIMEOUT
+            with anyio.CancelScope(shield=True, deadline=anyio.current_time() + bound):
                 await self.worker.unregister()
             self.report.wall_time = time.monotonic() - started
             logger.info(
@@ -249,10 +342,24 @@ class WorkflowSupervisor:
             )
         return self.report
 
+    def _refused(self, action: str, message: str, exc: ToolkitError) -> None:
+        """Log a refused statement as a warning, but the same refusal again only at DEBUG."""
+        text = str(exc)
+        level = logging.DEBUG if self._refusals.get(action) == text else logging.WARNING
+        self._refusals[action] = text
+        logger.log(level, message, text, extra={"action": action})
+
+    def _on_shutdown(self) -> None:
+        self._wake.set()
+        # A claim waiting for a connection during an outage would hold shutdown up until the
+        # pool gives up. When the database is known away, stop waiting: were the claim to
+        # have gone through, its leases lapse and other workers recover the tasks.
+        if self._outage.down and self._claim_scope is not None:
+            self._claim_scope.cancel()
+
     async def _claim_loop(self, cycles: anyio.abc.TaskGroup, shutdown: CancellationToken) -> None:
         config = self.config
         backoff = config.idle_backoff_min
-        outage = False
         # Claim in batches: while cycles run, wait until a good share of the slots is free
         # rather than claiming one task each time one cycle ends.
         refill = max(1, min(config.claim_batch, config.concurrency) // 2)
@@ -262,31 +369,32 @@ class WorkflowSupervisor:
                 await self._idle(None)
                 continue
             next_due: float | None = None
+            tasks: list[ClaimedTask] = []
+            sent = anyio.current_time()
             try:
-                with self.metrics.claim_latency.time():
-                    tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
-                if not tasks:
-                    pending, next_due = await self.worker.idle_state()
-                    if config.until_idle and self._in_flight == 0 and not pending:
-                        return
+                with anyio.CancelScope() as self._claim_scope:
+                    with self.metrics.claim_latency.time():
+                        tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
+                    if not tasks:
+                        pending, next_due = await self.worker.idle_state()
+                        if config.until_idle and self._in_flight == 0 and not pending:
+                            return
             except DatabaseUnavailable as exc:
-                if not outage:
-                    outage = True
-                    self.report.database_outages += 1
-                    self.metrics.database_outages.inc()
-                    logger.warning(
-                        "database unavailable, retrying with backoff: %s",
-                        exc,
-                        extra={"action": "database_unavailable"},
-                    )
+                self._outage.failed(exc)
                 await self._idle(backoff)
                 backoff = min(backoff * 2, config.idle_backoff_max)
                 continue
-            if outage:
-                outage = False
-                logger.info("database reachable again", extra={"action": "database_back"})
+            except ToolkitError as exc:  # the database refused the claim: log, back off
+                self._refused("claim_failed", "claim failed: %s", exc)
+                await self._idle(config.idle_backoff_max)
+                continue
+            finally:
+                self._claim_scope = None
+            if shutdown.cancelled and not tasks:
+                break
+            self._outage.succeeded()
             for task in tasks:
-                self._start_cycle(cycles, task)
+                self._start_cycle(cycles, task, sent + config.lease)
             if tasks:
                 backoff = config.idle_backoff_min
                 continue
@@ -303,7 +411,9 @@ class WorkflowSupervisor:
         if self._wake.is_set():
             self._wake = anyio.Event()
 
-    def _start_cycle(self, cycles: anyio.abc.TaskGroup, task: ClaimedTask) -> None:
+    def _start_cycle(
+        self, cycles: anyio.abc.TaskGroup, task: ClaimedTask, lease_deadline: float
+    ) -> None:
         self.report.claimed += 1
         self.report.recovered += int(task.recovered)
         self.report.queue_delay_total += task.queue_delay
@@ -314,7 +424,7 @@ class WorkflowSupervisor:
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         scope = anyio.CancelScope()
-        control = CycleControl()
+        control = CycleControl(lease_deadline=lease_deadline)
         self._held[task.id] = (task.token, scope, control)
         cycles.start_soon(self._cycle, task, scope, control)
 
@@ -351,45 +461,96 @@ class WorkflowSupervisor:
             metrics.failures.labels(definition).inc()
         elif outcome is CycleOutcome.LEASE_LOST:
             metrics.lease_losses.inc()
+            self._outage.leases_lost += 1
 
     async def _heartbeats(self) -> None:
+        """Renew every held lease each interval; cancel the cycles whose lease is gone.
+
+        A renewal that fails (database away, pool exhausted, a refused statement) is tried
+        again at the next interval; a lease not renewed for a whole lease duration is
+        presumed lost and its cycle cancelled without writing.
+        """
         config = self.config
         while True:
             await anyio.sleep(config.heartbeat)
             held = {task_id: entry[0] for task_id, entry in self._held.items()}
+            sent = anyio.current_time()
+            renewed: dict[int, Any] | None = None
             try:
-                renewed = await self.worker.renew(held, config.lease)
+                with anyio.move_on_after(config.heartbeat):  # never skip an interval's check
+                    renewed = await self.worker.renew(held, config.lease)
+                if renewed is None:
+                    raise DatabaseUnavailable(
+                        f"lease renewal took longer than {config.heartbeat:g} s"
+                    )
             except DatabaseUnavailable as exc:
-                logger.warning("heartbeat failed: %s", exc, extra={"action": "heartbeat_failed"})
+                self._outage.failed(exc)
+            except ToolkitError as exc:
+                self._refused("heartbeat_failed", "heartbeat failed: %s", exc)
+            if renewed is None:
+                self._expire_overdue()
                 continue
+            self._outage.succeeded()
             self.metrics.lease_renewals.inc(len(renewed))
+            lost: list[int] = []
             for task_id, token in held.items():
                 entry = self._held.get(task_id)
                 if entry is None or entry[0] != token:
                     continue  # that cycle ended meanwhile
                 _, scope, control = entry
+                if control.lease_lost:
+                    continue  # presumed lost already; its cycle is ending
                 if task_id not in renewed:
-                    logger.warning(
-                        "lease lost at heartbeat; cancelling the cycle",
-                        extra={"action": "lease_lost", "task_id": task_id, "token": token},
-                    )
+                    lost.append(task_id)
                     control.lease_lost = True
                     scope.cancel()
-                elif renewed[task_id] is not None and control.cancel_requested is None:
+                    continue
+                control.lease_deadline = sent + config.lease
+                if renewed[task_id] is not None and control.cancel_requested is None:
                     logger.info(
                         "cancel requested; cancelling the cycle",
                         extra={"action": "cancel_requested", "task_id": task_id, "token": token},
                     )
                     control.cancel_requested = renewed[task_id]
                     scope.cancel()
+            if lost:
+                logger.warning(
+                    "%d lease(s) lost at heartbeat (expired or taken over); cancelling their "
+                    "cycles, which write nothing more: tasks %s",
+                    len(lost),
+                    _ids(lost),
+                    extra={"action": "lease_lost", "task_ids": lost[:20]},
+                )
+
+    def _expire_overdue(self) -> None:
+        """Cancel the cycles whose lease has not been renewed for a whole lease duration."""
+        now = anyio.current_time()
+        lost = []
+        for task_id, (_, scope, control) in list(self._held.items()):
+            if not control.lease_lost and now >= control.lease_deadline:
+                lost.append(task_id)
+                control.lease_lost = True
+                scope.cancel()
+        if lost:
+            logger.info(
+                "%d lease(s) not renewed for a whole lease duration are presumed lost; "
+                "cancelling their cycles, which write nothing more: tasks %s",
+                len(lost),
+                _ids(lost),
+                extra={"action": "lease_lost", "task_ids": lost[:20]},
+            )
 
     async def _listen(self) -> None:
-        """Wake the claim loop on NOTIFY; reconnect with backoff when the link drops."""
+        """Wake the claim loop on NOTIFY; reconnect with backoff when the link drops.
+
+        Never raises: while it cannot listen, polling with idle backoff finds new work.
+        """
         delay = self.config.idle_backoff_min
+        dsn = self.worker.store.db.dsn
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    self.worker.store.db.dsn, autocommit=True
+                    dsn, autocommit=True, application_name="runifold", connect_timeout=10
                 )
                 async with conn:
                     await conn.execute(_LISTEN)
@@ -397,9 +558,13 @@ class WorkflowSupervisor:
                     self._wake.set()  # anything submitted while we were not listening
                     async for _ in conn.notifies():
                         self._wake.set()
-            except psycopg.Error as exc:
-                if not is_unavailable(exc):
-                    raise
+            except Exception as exc:  # psycopg errors, OSError ...: listen again later
+                logger.debug(
+                    "LISTEN connection to %s lost: %s",
+                    redact_dsn(dsn),
+                    exc,
+                    extra={"action": "listen_lost"},
+                )
             await anyio.sleep(delay)
             delay = min(delay * 2, self.config.idle_backoff_max)
 
@@ -418,10 +583,16 @@ class WorkflowSupervisor:
         while True:
             try:
                 counts = await self.worker.store.definitions.unavailable()
-            except DatabaseUnavailable:
+            except ToolkitError:  # the claim loop and heartbeats report outages
                 counts = None
             if counts is not None:
                 gauge.clear()
                 for (name, version), n in counts.items():
                     gauge.labels(name, str(version)).set(n)
             await anyio.sleep(self.UNAVAILABLE_REFRESH)
+
+
+def _ids(ids: list[int]) -> str:
+    """Task ids for a log line: the first twenty, then how many more."""
+    shown = ", ".join(map(str, ids[:20]))
+    return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")

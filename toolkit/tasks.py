@@ -13,7 +13,15 @@ from psycopg.types.json import Jsonb
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition
-from toolkit.errors import NotReconcilable, SubmitConflict, TaskTerminal, UnknownTask
+from toolkit.errors import (
+    InputError,
+    NotReconcilable,
+    PayloadRefused,
+    SubmitConflict,
+    TaskTerminal,
+    UnknownTask,
+)
+from toolkit.payload import check_payload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +57,25 @@ class Tasks:
     def __init__(self, db: Database) -> None:
         self._db = db
 
+    def _checked_input(self, definition: WorkflowDefinition, value: Any) -> Any:
+        """The input checked against the payload limits, then the input schema."""
+        try:
+            check_payload(value, self._db.payload_limits)
+        except PayloadRefused as exc:
+            raise InputError(
+                f"invalid input for {definition.name} v{definition.version}: {exc}",
+                path=exc.path,
+            ) from exc
+        return definition.validate_input(value)
+
+    def _checked(self, value: Any, what: str) -> Any:
+        """A signal payload or reconciled result checked against the payload limits."""
+        try:
+            check_payload(value, self._db.payload_limits)
+        except PayloadRefused as exc:
+            raise InputError(f"invalid {what}: {exc}", path=exc.path) from exc
+        return value
+
     async def submit(
         self,
         definition: WorkflowDefinition,
@@ -59,7 +86,9 @@ class Tasks:
         """Queue one task per input, validated against the definition's input schema.
 
         All inputs are validated before anything is written; idle workers are woken by a
-        NOTIFY carrying no data.
+        NOTIFY carrying no data. Each input must be storable JSON within the database's
+        payload limits (``db.payload_limits``: 1 MiB of JSON text and 64 levels of nesting
+        by default; no NUL characters, no NaN).
 
         Args:
             definition: a deployed definition; the tasks are pinned to its digest.
@@ -70,9 +99,10 @@ class Tasks:
             The new task ids, in input order.
 
         Raises:
-            InputError: an input fails the input schema (nothing written).
+            InputError: an input is over the payload limits, is not storable JSON, or fails
+                the input schema; ``path`` locates the fault (nothing written).
         """
-        validated = [definition.validate_input(value) for value in inputs]
+        validated = [self._checked_input(definition, value) for value in inputs]
         if not validated:
             return []
         rows = await self._db.fetch_all(
@@ -103,7 +133,8 @@ class Tasks:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
 
         Raises:
-            InputError: the input fails the input schema (nothing written).
+            InputError: the input is over the payload limits, is not storable JSON, or fails
+                the input schema (nothing written).
             SubmitConflict: the existing task runs another definition version or digest.
         """
         params = {
@@ -111,7 +142,7 @@ class Tasks:
             "name": definition.name,
             "version": definition.version,
             "digest": definition.digest,
-            "input": Jsonb(definition.validate_input(value)),
+            "input": Jsonb(self._checked_input(definition, value)),
             "checkpoint": Jsonb(Checkpoint.initial(definition.start).to_json()),
             "key": key,
         }
@@ -200,7 +231,9 @@ class Tasks:
         Raises:
             UnknownTask: no such task.
             TaskTerminal: the task has ended; the signal was not stored.
+            InputError: the payload is over the payload limits or not storable JSON.
         """
+        payload = self._checked(payload, f"payload of signal {name!r}")
         row = await self._db.fetch_one(
             "send_signal", {"task_id": task_id, "name": name, "payload": Jsonb(payload)}
         )
@@ -255,7 +288,10 @@ class Tasks:
         Raises:
             UnknownTask: no such task.
             NotReconcilable: the task is not waiting for reconciliation of ``step``.
+            InputError: ``result`` is over the payload limits or not storable JSON.
         """
+        if outcome == "completed":
+            self._checked(result, f"result of step {step!r}")
         task = await self.get(task_id)
         pending = task.checkpoint.get("pending")
         if task.wait_reason != "reconciliation" or not str(pending).startswith(f"{step}#"):

@@ -79,6 +79,9 @@ RETURNING t.id, t.cancel_requested;
 -- run_at becomes the write's run_at when given (a timestamp; 9999-12-31 for "never"), else
 -- database now + delay_seconds when given, else stays. A task with a cancel request that would go on waiting or queued ends cancelled
 -- instead, so no request is lost between two heartbeats. Rows are locked in id order.
+-- A write with a write_id is stored with it (checkpoint ->> 'write'); sent again after its
+-- outcome was lost with a connection, it is found applied and applied again never. A signal
+-- wait is due at once when a signal of its name is stored and not consumed by this write.
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -86,7 +89,12 @@ WITH w AS (
     FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
         task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
-        evidence jsonb, events jsonb, signals jsonb)
+        evidence jsonb, events jsonb, signals jsonb, write_id text)
+), replayed AS (
+    SELECT t.id, t.state
+    FROM toolkit_tasks t
+    JOIN w ON t.id = w.task_id AND t.lease_token = w.token
+    WHERE w.write_id IS NOT NULL AND t.checkpoint ->> 'write' = w.write_id
 ), locked AS (
     SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling
     FROM toolkit_tasks t
@@ -94,14 +102,26 @@ WITH w AS (
     WHERE t.lease_owner = %(worker_id)s
       AND t.state = 'leased'
       AND t.lease_expires_at > clock_timestamp()
+      AND t.id NOT IN (SELECT id FROM replayed)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
 ), guard AS (
     UPDATE toolkit_tasks t
-    SET checkpoint = w.checkpoint,
+    SET checkpoint = CASE WHEN w.write_id IS NULL THEN w.checkpoint
+                          ELSE w.checkpoint || jsonb_build_object('write', w.write_id) END,
         state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         run_at = CASE
+            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'signal'
+                 AND EXISTS (
+                     SELECT 1 FROM toolkit_signals s
+                     WHERE s.task_id = t.id
+                       AND s.name = w.checkpoint -> 'wait' ->> 'signal'
+                       AND s.consumed_at IS NULL
+                       AND NOT EXISTS (
+                           SELECT 1 FROM jsonb_to_recordset(w.signals) AS c(id bigint)
+                           WHERE c.id = s.id))
+                THEN clock_timestamp()
             WHEN w.run_at IS NOT NULL THEN w.run_at
             WHEN w.delay_seconds IS NOT NULL
                 THEN clock_timestamp() + w.delay_seconds * interval '1 second'
@@ -151,7 +171,9 @@ WITH w AS (
     CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
     WHERE s.id = c.id AND s.task_id = g.id AND s.consumed_at IS NULL
 )
-SELECT id, state FROM guard;
+SELECT id, state FROM guard
+UNION ALL
+SELECT id, state FROM replayed;
 
 -- name: next_signal
 -- The oldest signal of this name not consumed yet, nor taken by this cycle (%(taken)s ids:
