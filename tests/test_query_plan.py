@@ -176,13 +176,6 @@ async def test_prepared_claim_uses_the_claim_index_with_a_generic_plan(store: St
     _assert_claims_through_the_index(await _generic_plan(store, d))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="claim_tasks compares the due time with clock_timestamp(), which is volatile: the "
-    "planner applies it as a Filter, not as a bound of the index scan, so a claim that finds "
-    "nothing due reads every live task (waiting timers, live leases) and its heap row",
-)
 async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
     d = await _mixed(store)
     (scan,) = [

@@ -239,3 +239,49 @@ async def test_second_live_worker_with_same_id_is_refused(store: Store) -> None:
         await Worker(store, app, [d], worker_id="same").register(1, 30.0)
     await first.unregister()
     await Worker(store, app, [d], worker_id="same").register(1, 30.0)
+
+
+async def test_a_worker_that_takes_over_its_own_task_keeps_the_new_lease_alive(
+    store: Store,
+) -> None:
+    """Regression: the stale cycle's end removed the new cycle's lease from the heartbeat."""
+    text = """
+name: own-takeover
+version: 1
+input: {type: object}
+start: slow
+steps:
+  slow: {effect: own.slow, idempotent: true}
+"""
+    (task_id,) = await submit(store, text, [{}])
+    own = App("own")
+    calls_seen: list[int] = []
+
+    @own.effect("own.slow")
+    async def slow(ctx: Any) -> dict[str, Any]:
+        calls_seen.append(ctx.fencing_token)
+        await anyio.sleep(1.0 if len(calls_seen) == 1 else 4.0)
+        return {"token": ctx.fencing_token}
+
+    worker = Worker(store, own, [definition(text)])
+    config = SupervisorConfig(
+        lease=2.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05, until_idle=True
+    )
+
+    async def expire_the_first_lease() -> None:
+        while not calls_seen:
+            await anyio.sleep(0.01)
+        async with store.db.connection() as conn:
+            await conn.execute(
+                "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+                " WHERE id = %s",
+                (task_id,),
+            )
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(expire_the_first_lease)
+            await WorkflowSupervisor(worker, config).run()
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded" and task.result == {"token": 2}
+    assert calls_seen == [1, 2]  # the new lease lived through the 4 s call: no third claim

@@ -425,6 +425,10 @@ class WorkflowSupervisor:
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         scope = anyio.CancelScope()
         control = CycleControl(lease_deadline=lease_deadline)
+        stale = self._held.get(task.id)
+        if stale is not None:  # this worker took over its own task: the old cycle lost it
+            stale[2].lease_lost = True
+            stale[1].cancel()
         self._held[task.id] = (task.token, scope, control)
         cycles.start_soon(self._cycle, task, scope, control)
 
@@ -444,7 +448,8 @@ class WorkflowSupervisor:
                     else CycleOutcome.RELEASED
                 )  # fmt: skip
         finally:
-            self._held.pop(task.id, None)
+            if self._held.get(task.id, (None,))[0] == task.token:
+                del self._held[task.id]  # not a newer cycle's entry for the same task
             self._in_flight -= 1
             self.report.count(outcome)
             self._observe(definition.name, outcome, anyio.current_time() - started)

@@ -9,7 +9,8 @@ WITH candidates AS (
            CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
     FROM toolkit_tasks
     WHERE state IN ('queued', 'leased', 'waiting')
-      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END <= clock_timestamp()
+      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+          <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
       AND definition_digest = ANY(%(digests)s::text[])
     ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
     LIMIT %(limit)s
