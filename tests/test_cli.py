@@ -118,3 +118,38 @@ def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
     )  # fmt: skip
     assert code == 0, err
     assert "succeeded 3" in out
+
+
+def test_a_worker_id_held_by_a_live_process_is_one_clear_error(dsn: str, three_steps: Path) -> None:
+    """Regression: the refusal came out of the worker's task group as a traceback."""
+    import anyio
+
+    from toolkit.store import Store
+
+    async def hold() -> None:
+        async with await Store.open(dsn, migrate_schema=False) as store:
+            await store.workers.register(
+                "busy", concurrency=1, definitions=[], lease_seconds=60, heartbeat_seconds=20
+            )
+
+    anyio.run(hold)
+    code, _, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),
+        "--worker-id", "busy", "--until-idle", dsn=dsn,
+    )  # fmt: skip
+    assert code == 1
+    assert err.startswith("error: worker id 'busy' is held by another live process")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_deploy_registers_nothing_when_one_file_conflicts(dsn: str, tmp_path: Path) -> None:
+    """Regression: files before a conflicting one stayed registered."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    second.write_text(THREE_STEPS)
+    assert invoke("deploy", str(second), dsn=dsn)[0] == 0
+    first.write_text(THREE_STEPS.replace("name: three-steps", "name: another"))
+    second.write_text(THREE_STEPS.replace("succeed: {output: zero}", "succeed: {output: two}"))
+    code, _, err = invoke("deploy", str(first), str(second), dsn=dsn)
+    assert code == 1 and "bump `version`" in err
+    code, out, _ = invoke("definitions", "list", "--json", dsn=dsn)
+    assert [entry["name"] for entry in json.loads(out)] == ["three-steps"]

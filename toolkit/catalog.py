@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
@@ -76,6 +77,31 @@ class DefinitionCatalog:
         if existing.digest == definition.digest:
             return "unchanged"
         raise DefinitionConflict(_conflict_message(existing, definition))
+
+    async def deploy_all(self, definitions: Sequence[WorkflowDefinition]) -> list[DeployOutcome]:
+        """Register several versions, or none of them when one conflicts.
+
+        Every definition is checked against the registered versions first; only when none
+        conflicts are the new ones registered.
+
+        Returns:
+            One outcome per definition, in order.
+
+        Raises:
+            DefinitionConflict: a version is registered with another digest (one line per
+                conflicting definition); nothing was registered.
+        """
+        conflicts = []
+        for definition in definitions:
+            try:
+                existing = await self.get(definition.name, definition.version)
+            except UnknownDefinition:
+                continue
+            if existing.digest != definition.digest:
+                conflicts.append(_conflict_message(existing, definition))
+        if conflicts:
+            raise DefinitionConflict("\n".join(conflicts))
+        return [await self.deploy(definition) for definition in definitions]
 
     async def get(self, name: str, version: int | None = None) -> WorkflowDefinition:
         """Load a registered definition; the latest non-retired version when ``version`` is None.

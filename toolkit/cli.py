@@ -81,13 +81,34 @@ class ToolkitGroup(click.Group):
     """A click group that turns toolkit errors into one clear message and exit status 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        """Invoke the command; a :class:`ToolkitError` prints as ``error: ...`` lines."""
+        """Invoke the command; a :class:`ToolkitError` prints as ``error: ...`` lines.
+
+        Errors raised inside a task group (the worker's) arrive wrapped in an exception
+        group; when every error in it is the toolkit's, they print the same way.
+        """
         try:
             return super().invoke(ctx)
         except ToolkitError as exc:
-            for line in str(exc).splitlines() or [type(exc).__name__]:
-                click.echo(f"error: {line}", err=True)
-            ctx.exit(1)
+            _print_errors([exc])
+        except BaseExceptionGroup as group:
+            matched, rest = group.split(ToolkitError)
+            if matched is None or rest is not None:
+                raise
+            _print_errors(_leaves(matched))
+        ctx.exit(1)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+def _print_errors(errors: Sequence[BaseException]) -> None:
+    for exc in errors:
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            click.echo(f"error: {line}", err=True)
 
 
 def _dump(value: Any) -> str:
@@ -179,8 +200,8 @@ def deploy(settings: Settings, paths: Sequence[Path]) -> None:
 
     async def main() -> None:
         async with await settings.open_store() as store:
-            for definition in definitions:
-                outcome = await store.definitions.deploy(definition)
+            outcomes = await store.definitions.deploy_all(definitions)
+            for definition, outcome in zip(definitions, outcomes, strict=True):
                 click.echo(
                     f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}"
                 )
@@ -576,7 +597,15 @@ def load_app(spec: str) -> App:
     type=int,
     envvar="TOOLKIT_METRICS_PORT",
     show_envvar=True,
-    help="Serve Prometheus metrics on 127.0.0.1:PORT/metrics.",
+    help="Serve Prometheus metrics on HOST:PORT/metrics (see --metrics-host).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="TOOLKIT_METRICS_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics endpoint binds (0.0.0.0 for every interface).",
 )
 @click.pass_obj
 def run(
@@ -591,6 +620,7 @@ def run(
     grace: float,
     until_idle: bool,
     metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM (or, with --until-idle, until the queue drains)."""
     config = SupervisorConfig(
@@ -607,7 +637,7 @@ def run(
             metrics = WorkerMetrics(store.db.pool_stats)
             if metrics_port is not None:
                 try:
-                    metrics.serve(metrics_port)
+                    metrics.serve(metrics_port, metrics_host)
                 except OSError as exc:
                     raise ConfigError(f"--metrics-port {metrics_port}: {exc}") from exc
             supervisor = WorkflowSupervisor(worker, config, metrics)
@@ -702,6 +732,12 @@ def doctor(settings: Settings, as_json: bool) -> None:
 
     Exits 1 when a finding needs action.
     """
+    if settings.embedded:  # every other command migrates the embedded server: so does this
+
+        async def migrated() -> None:
+            await (await settings.open_store()).close()
+
+        _run_async(migrated)
     findings = _run_async(diagnose, settings.resolve_dsn())
     if as_json:
         click.echo(_dump([dataclasses.asdict(f) for f in findings]))

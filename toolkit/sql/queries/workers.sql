@@ -36,12 +36,12 @@ SET stopped_at = clock_timestamp()
 WHERE worker_id = %(worker_id)s AND pid = %(pid)s AND stopped_at IS NULL;
 
 -- name: list_workers
--- Live workers first, then those stopped or expired within the last day.
+-- Live workers first, then those stopped or expired (crashed) within the last day.
 SELECT worker_id, pid, host, concurrency, lease_seconds, heartbeat_seconds, definitions,
        started_at, heartbeat_at, expires_at, stopped_at,
        stopped_at IS NULL AND expires_at > clock_timestamp() AS live
 FROM toolkit_workers
-WHERE stopped_at IS NULL OR stopped_at > clock_timestamp() - interval '1 day'
+WHERE coalesce(stopped_at, expires_at) > clock_timestamp() - interval '1 day'
 ORDER BY live DESC, heartbeat_at DESC;
 
 -- name: health_workers
