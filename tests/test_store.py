@@ -157,3 +157,14 @@ async def test_unreachable_database_is_one_clear_error() -> None:
     with pytest.raises(DatabaseUnavailable, match=r"cannot reach PostgreSQL at .*port=1") as info:
         await Database.connect("postgresql://u:secret@127.0.0.1:1/x", timeout=2)
     assert "secret" not in str(info.value)
+
+
+async def test_a_rolled_back_transaction_is_a_retryable_error_not_a_refusal(store: Store) -> None:
+    """Regression: a deadlock was a StoreError, which fails the task for good."""
+    from toolkit.errors import DatabaseUnavailable
+
+    with pytest.raises(DatabaseUnavailable, match=r"rolled the transaction back \(40P01\)"):
+        async with store.db.connection() as conn:
+            await conn.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = 'deadlock_detected'; END $$"
+            )

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 #: SQLSTATE classes that mean "the database went away or cannot be reached".
 _UNAVAILABLE_CLASSES = ("08", "57", "53")
+#: SQLSTATE classes of a transaction the server rolled back (deadlock, serialization).
+_ROLLED_BACK_CLASSES = ("40",)
 
 Params = Mapping[str, Any]
 
@@ -81,7 +83,9 @@ def translated_errors(dsn: str) -> Iterator[None]:
         dsn: the connection string, shown without its password in messages.
 
     Raises:
-        DatabaseUnavailable: the database cannot be reached (see :func:`is_unavailable`).
+        DatabaseUnavailable: the database cannot be reached (see :func:`is_unavailable`), or
+            it rolled the transaction back (SQLSTATE class 40: deadlock, serialization
+            failure): nothing was written and the call may be tried again.
         StoreError: any other database error, with its SQLSTATE.
     """
     try:
@@ -97,6 +101,13 @@ def translated_errors(dsn: str) -> Iterator[None]:
                 f"cannot reach PostgreSQL at {redact_dsn(dsn)}: {_first_line(exc)}"
             ) from exc
         sqlstate = getattr(exc, "sqlstate", None)
+        if sqlstate is not None and sqlstate[:2] in _ROLLED_BACK_CLASSES:
+            # A deadlock or serialization failure: nothing was written, and the same call can
+            # succeed later. Treated like an outage, never as a refusal that fails a task.
+            raise DatabaseUnavailable(
+                f"PostgreSQL rolled the transaction back ({sqlstate}), try again: "
+                f"{_first_line(exc)}"
+            ) from exc
         raise StoreError(f"database error {sqlstate or ''}: {_first_line(exc)}".strip()) from exc
 
 
