@@ -69,6 +69,17 @@ def _admin(dsn: str, statement: sql.Composable) -> None:
         conn.execute(statement)
 
 
+async def prepare_database(dsn: str) -> None:
+    """Migrate a database and add the tests' call-count table."""
+    db = await Database.connect(dsn)
+    try:
+        await migrate(db)
+        async with db.connection() as conn:
+            await conn.execute(CREATE_CALLS)
+    finally:
+        await db.close()
+
+
 @pytest.fixture(scope="session")
 def template_dsn(server_dsn: str) -> Iterator[str]:
     """A migrated template database, built once per session."""
@@ -76,17 +87,7 @@ def template_dsn(server_dsn: str) -> Iterator[str]:
     _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
     _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dsn = with_dbname(server_dsn, name)
-
-    async def build() -> None:
-        db = await Database.connect(dsn)
-        try:
-            await migrate(db)
-            async with db.connection() as conn:
-                await conn.execute(CREATE_CALLS)
-        finally:
-            await db.close()
-
-    anyio.run(build)
+    anyio.run(prepare_database, dsn)
     yield dsn
     _admin(
         server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -141,17 +142,7 @@ def private_server() -> Iterator[PrivateServer]:
     server = PrivateServer(tempfile.mkdtemp(prefix="toolkit-private-"))
     try:
         server.start()
-
-        async def build() -> None:
-            db = await Database.connect(server.dsn)
-            try:
-                await migrate(db)
-                async with db.connection() as conn:
-                    await conn.execute(CREATE_CALLS)
-            finally:
-                await db.close()
-
-        anyio.run(build)
+        anyio.run(prepare_database, server.dsn)
         yield server
     finally:
         server.stop()
