@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,6 @@ def call_counts(dsn: str) -> dict[str, int]:
 
 
 # --- helpers of the crash-matrix and acceptance tests -------------------------------------------
-
 
 
 def submit_tasks(dsn: str, text: str, inputs: Sequence[Any]) -> list[int]:
@@ -131,3 +130,15 @@ def worker_report(output: str) -> dict[str, float]:
     for name, value in re.findall(r"([a-z][a-z ]*?) (\d+(?:\.\d+)?)(?: ms| s)?(?:,|$)", counts):
         fields[name.strip()] = float(value)
     return fields
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], *, timeout: float = 30.0, what: str = "condition"
+) -> None:
+    """Await a store condition until it holds, failing the test past ``timeout`` seconds."""
+    try:
+        with anyio.fail_after(timeout):
+            while not await condition():
+                await anyio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from None

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import app
+from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.engine import Interpreter
 from toolkit.errors import NotReconcilable, TaskTerminal, UnknownTask
@@ -308,11 +309,15 @@ async def test_cancel_of_a_leased_task_reaches_its_handler_at_the_next_heartbeat
     shutdown = CancellationToken()
 
     async def cancel_when_slow_runs() -> None:
-        while len(await sql(store, "SELECT 1 FROM test_calls")) < 2:
-            await anyio.sleep(0.02)
+        async def slow_runs() -> bool:
+            return len(await sql(store, "SELECT 1 FROM test_calls")) >= 2
+
+        async def not_leased() -> bool:
+            return (await store.tasks.get(task_id)).state != "leased"
+
+        await eventually(slow_runs, what="the slow step")
         assert await store.tasks.cancel(task_id, "operator said so") == "requested"
-        while (await store.tasks.get(task_id)).state == "leased":
-            await anyio.sleep(0.02)
+        await eventually(not_leased, what="the cancel")
         shutdown.cancel()
 
     with anyio.fail_after(20):
@@ -353,13 +358,17 @@ async def test_a_task_waiting_on_a_retry_timer_holds_no_lease_and_blocks_nothing
 
     async def submit_after_the_retry_is_scheduled() -> None:
         nonlocal second
-        while (await store.tasks.get(first)).attempts < 1 or (
-            await store.tasks.get(first)
-        ).state != "queued":
-            await anyio.sleep(0.02)
+
+        async def retry_scheduled() -> bool:
+            task = await store.tasks.get(first)
+            return task.attempts >= 1 and task.state == "queued"
+
+        async def second_done() -> bool:
+            return (await store.tasks.get(second)).state == "succeeded"
+
+        await eventually(retry_scheduled, what="the retry timer")
         (second,) = await store.tasks.submit(definition(RETRY_LATER), [{"fail_times": 0}])
-        while (await store.tasks.get(second)).state != "succeeded":
-            await anyio.sleep(0.02)
+        await eventually(second_done, what="the second task")
         shutdown.cancel()
 
     with anyio.fail_after(20):  # far less than the 30 s retry timer

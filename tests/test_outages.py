@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 
 from tests.apps.counting import app, record_call
 from tests.conftest import PrivateServer
+from tests.processes import eventually
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit import supervisor as supervisor_module
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
@@ -496,8 +497,10 @@ async def test_a_stale_worker_never_commits_after_a_takeover(
     shutdown_a = CancellationToken()
 
     async def take_over_then_release_a() -> None:
-        while not (await store.tasks.get(task_id)).lease_owner == "A":
-            await anyio.sleep(0.01)
+        async def a_holds_it() -> bool:
+            return (await store.tasks.get(task_id)).lease_owner == "A"
+
+        await eventually(a_holds_it, what="worker A's lease")
         await terminate_worker_connections(store.db.dsn)
         await sql(
             store.db.dsn,
@@ -509,8 +512,11 @@ async def test_a_stale_worker_never_commits_after_a_takeover(
             report_b = await run_until_idle(Worker(store_b, slow, [d], worker_id="B"))
         assert report_b.recovered == 1 and report_b.succeeded == 1
         gate.set()  # A's handler returns now; A tries to commit under its lost lease
-        while not supervisor_a.report.cycles:
-            await anyio.sleep(0.01)
+
+        async def a_cycle_ended() -> bool:
+            return bool(supervisor_a.report.cycles)
+
+        await eventually(a_cycle_ended, what="worker A's cycle to end")
         shutdown_a.cancel()
 
     async with anyio.create_task_group() as tg:
@@ -549,8 +555,10 @@ async def test_server_restart_mid_run(
         worker = Worker(store, app, [definition(FIVE_SLOW_STEPS)])
 
         async def restart() -> None:
-            while not await sql(dsn, "SELECT 1 FROM test_calls LIMIT 1"):
-                await anyio.sleep(0.02)
+            async def running() -> bool:
+                return bool(await sql(dsn, "SELECT 1 FROM test_calls LIMIT 1"))
+
+            await eventually(running, what="a handler running")
             await anyio.to_thread.run_sync(private_server.stop)
             await anyio.sleep(1.0)
             await anyio.to_thread.run_sync(private_server.start)
@@ -613,8 +621,10 @@ async def test_an_outage_longer_than_the_lease_cancels_cycles_which_write_nothin
         )
 
         async def long_outage() -> None:
-            while len(await sql(dsn, "SELECT 1 FROM test_calls")) < 3:
-                await anyio.sleep(0.01)
+            async def three_running() -> bool:
+                return len(await sql(dsn, "SELECT 1 FROM test_calls")) >= 3
+
+            await eventually(three_running, what="three handlers running")
             await anyio.to_thread.run_sync(private_server.stop)
             await anyio.sleep(2.5)
             await anyio.to_thread.run_sync(private_server.start)
@@ -647,8 +657,11 @@ async def test_shutdown_during_an_outage_returns_promptly(private_server: Privat
             nonlocal stopped_at
             await anyio.sleep(0.3)
             await anyio.to_thread.run_sync(private_server.stop)
-            while not supervisor.report.database_outages:
-                await anyio.sleep(0.05)
+
+            async def outage_seen() -> bool:
+                return bool(supervisor.report.database_outages)
+
+            await eventually(outage_seen, what="the outage")
             stopped_at = time.monotonic()
             shutdown.cancel()
 

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import app
+from tests.processes import eventually
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit.errors import ConfigError, MissingHandlers, WorkerIdInUse
 from toolkit.registry import App
@@ -189,8 +190,10 @@ async def test_shutdown_waits_for_started_cycles_then_releases(store: Store) -> 
     config = SupervisorConfig(concurrency=2, grace=0.2, **FAST)
 
     async def stop_when_running() -> None:
-        while not await calls(store):
-            await anyio.sleep(0.02)
+        async def running() -> bool:
+            return bool(await calls(store))
+
+        await eventually(running, what="a handler running")
         shutdown.cancel()
 
     async with anyio.create_task_group() as tg:
@@ -269,8 +272,10 @@ steps:
     )
 
     async def expire_the_first_lease() -> None:
-        while not calls_seen:
-            await anyio.sleep(0.01)
+        async def called() -> bool:
+            return bool(calls_seen)
+
+        await eventually(called, what="the first call")
         async with store.db.connection() as conn:
             await conn.execute(
                 "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
