@@ -21,6 +21,7 @@ from tests.apps.scenarios import POISON_EXIT_CODE
 from tests.processes import (
     backdate_leases,
     call_counts,
+    eventually,
     query,
     submit_tasks,
     task_events,
@@ -384,27 +385,19 @@ async def test_task_waiting_on_a_retry_timer_holds_no_lease_and_blocks_nothing(
     )
     shutdown = CancellationToken()
 
-    async def until(condition: Any, timeout: float, what: str) -> None:
-        """Poll an async store condition; fail the test past ``timeout`` seconds."""
-        with anyio.move_on_after(timeout):
-            while not await condition():
-                await anyio.sleep(0.02)
-            return
-        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
     async def retry_scheduled() -> bool:
         return "retry_scheduled" in [e["kind"] for e in await store.tasks.events(first)]
 
     async with anyio.create_task_group() as tg:
         supervisor = WorkflowSupervisor(worker, config)
         tg.start_soon(supervisor.run, shutdown)
-        await until(retry_scheduled, 10, "the first attempt failed")
+        await eventually(retry_scheduled, timeout=10, what="the first attempt failed")
         (second,) = await store.tasks.submit(runnable, [{}])
 
         async def second_done() -> bool:
             return (await store.tasks.get(second)).state == "succeeded"
 
-        await until(second_done, 10, "the runnable task ran")
+        await eventually(second_done, timeout=10, what="the runnable task ran")
         waiting = await store.tasks.get(first)
         shutdown.cancel()
     assert (waiting.state, waiting.lease_owner, waiting.lease_expires_at) == ("queued", None, None)

@@ -655,7 +655,11 @@ async def test_shutdown_during_an_outage_returns_promptly(private_server: Privat
 
         async def stop_server_then_shut_down() -> None:
             nonlocal stopped_at
-            await anyio.sleep(0.3)
+
+            async def started() -> bool:  # the worker is registered and claiming
+                return bool(await store.workers.list())
+
+            await eventually(started, what="the worker to start")
             await anyio.to_thread.run_sync(private_server.stop)
 
             async def outage_seen() -> bool:

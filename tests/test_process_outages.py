@@ -25,6 +25,16 @@ def definitions_file(tmp_path: Path) -> Path:
     return path
 
 
+def worker_connections(dsn: str) -> int:
+    """Connections of the toolkit's worker to this test's database."""
+    rows = query(
+        dsn,
+        "SELECT count(*) FROM pg_stat_activity "
+        "WHERE application_name = 'runifold' AND datname = current_database()",
+    )
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
 def terminate_worker_connections(dsn: str) -> int:
     rows = query(
         dsn,
@@ -82,7 +92,7 @@ def test_terminated_connections_mid_run(dsn: str, definitions_file: Path) -> Non
         wait_for(lambda: bool(query(dsn, "SELECT 1 FROM test_calls")), what="handlers running")
         for _ in range(3):
             assert terminate_worker_connections(dsn) > 0
-            time.sleep(0.4)
+            wait_for(lambda: worker_connections(dsn) > 0, what="the worker to reconnect")
         wait_for(lambda: all_succeeded(dsn, ids), timeout=60, what="every task succeeded")
     finally:
         out, err = stop_worker(worker)
