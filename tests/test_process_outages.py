@@ -25,23 +25,20 @@ def definitions_file(tmp_path: Path) -> Path:
     return path
 
 
+_WORKER_BACKENDS = (
+    "FROM pg_stat_activity WHERE application_name = 'runifold' AND datname = current_database()"
+)
+
+
 def worker_connections(dsn: str) -> int:
     """Connections of the toolkit's worker to this test's database."""
-    rows = query(
-        dsn,
-        "SELECT count(*) FROM pg_stat_activity "
-        "WHERE application_name = 'runifold' AND datname = current_database()",
-    )
-    return int(rows[0][0])  # type: ignore[call-overload]
+    return int(query(dsn, "SELECT count(*) " + _WORKER_BACKENDS)[0][0])  # type: ignore[call-overload]
 
 
 def terminate_worker_connections(dsn: str) -> int:
-    rows = query(
-        dsn,
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-        "WHERE application_name = 'runifold' AND datname = current_database()",
-    )
-    return int(rows[0][0])  # type: ignore[call-overload]
+    """``pg_terminate_backend`` every one of them; returns how many."""
+    sql = "SELECT count(pg_terminate_backend(pid)) " + _WORKER_BACKENDS
+    return int(query(dsn, sql)[0][0])  # type: ignore[call-overload]
 
 
 def all_succeeded(dsn: str, ids: list[int]) -> bool:
