@@ -661,7 +661,6 @@ def main(argv: list[str] | None = None) -> int:
     config, args = parse_args(argv)
     # The harness's own pool reconnects through every fault; its notes would drown the run's.
     logging.getLogger("psycopg").setLevel(logging.CRITICAL)
-    note("chaos: parallel step left out (not available in the definition format yet)")
     home = None if args.dsn else tempfile.mkdtemp(prefix="chaos-pg-")
     try:
         with bench_server(args.dsn, home) as server_dsn, run_folder(args.keep) as folder:

@@ -75,10 +75,23 @@ steps:
     effect: chaos.repeatable
     idempotent: true
     args: {ms: "${ input.ms }"}
+    next: fanout
+  fanout:
+    parallel:
+      branches:
+        audit:
+          start: record
+          steps:
+            record: {effect: chaos.once, idempotent: false, args: {ms: "${ input.ms }"}}
+        index:
+          start: update
+          steps:
+            update: {effect: chaos.repeatable, idempotent: true, args: {ms: "${ input.ms }"}}
     next: done
   done:
     succeed:
-      output: {charge: "${ steps.charge }", ship: "${ steps.ship }", notify: "${ steps.notify }"}
+      output: {charge: "${ steps.charge }", ship: "${ steps.ship }", notify: "${ steps.notify }",
+               fanout: "${ steps.fanout }"}
 """
 
 #: The signal the harness sends to every task.

@@ -15,14 +15,19 @@ from jsonschema import Draft202012Validator
 
 from toolkit.definition import (
     TIMEOUT_ERROR,
+    Branch,
     CatchRule,
     ChoiceStep,
     EffectStep,
     FailStep,
+    MapStep,
+    ParallelStep,
+    Reservation,
     RetryPolicy,
     SucceedStep,
     WaitStep,
     WorkflowDefinition,
+    WorkflowStep,
     catch_target,
     definition_from_body,
     load_definition,
@@ -84,6 +89,13 @@ def faults_of(text: str, source: str = "<string>") -> tuple[DefinitionFault, ...
 def test_corpus_is_large_enough() -> None:
     assert len(INVALID) >= 25
     assert len(VALID) >= 5
+
+
+def test_corpus_covers_composition() -> None:
+    composite = ("parallel", "map", "workflow", "budget", "reserve")
+    valid = [p for p in VALID if any(word in p.read_text() for word in composite)]
+    invalid = [p for p in INVALID if any(word in p.read_text() for word in composite)]
+    assert len(valid) >= 3 and len(invalid) >= 12
 
 
 @pytest.mark.parametrize("path", INVALID, ids=lambda p: p.stem)
@@ -369,12 +381,14 @@ def test_model_of_waits() -> None:
 def test_schema_has_a_def_per_step_kind() -> None:
     schema = json.loads(schema_path().read_text(encoding="utf-8"))
     refs = [branch["$ref"] for branch in schema["$defs"]["step"]["oneOf"]]
-    kinds = ["effect", "choice", "succeed", "fail", "wait"]
+    kinds = ["effect", "choice", "succeed", "fail", "wait", "parallel", "map", "workflow"]
     assert refs == [f"#/$defs/{kind}Step" for kind in kinds]
     for kind in kinds:
         assert schema["$defs"][f"{kind}Step"]["required"][0] == kind
-    for kind in ("effect", "wait"):
+    for kind in ("effect", "wait", "parallel", "map", "workflow"):
         assert schema["$defs"][f"{kind}Step"]["properties"]["catch"] == {"$ref": "#/$defs/catch"}
+    in_branch = [branch["$ref"] for branch in schema["$defs"]["branchStep"]["oneOf"]]
+    assert in_branch == [f"#/$defs/{kind}Step" for kind in ("effect", "choice", "succeed", "fail")]
 
 
 WAIT_DOC = "name: x\nversion: 1\nstart: w\nsteps:\n  w: {wait: {until: %s}}\n"
@@ -451,6 +465,273 @@ steps:
     faults = faults_of(text.replace("next: b}", "next: a}"))
     assert [f.path for f in faults] == ["$.steps.a", "$.steps.b"]
     assert "can never finish" in faults[0].message and "unreachable" in faults[1].message
+
+
+# --- parallel, map, child workflows, budgets --------------------------------------------------
+
+
+def test_model_of_a_race() -> None:
+    d = load_definition(CORPUS / "valid" / "parallel-race.yaml")
+    assert d.budget == {"tokens": 10000.0, "usd": 2.5}
+    assert all(isinstance(amount, float) for amount in d.budget.values())
+    with pytest.raises(TypeError):
+        d.budget["tokens"] = 1  # type: ignore[index]
+    research = d.steps["research"]
+    assert isinstance(research, ParallelStep)
+    assert (research.id, research.mode, research.cancel_losers, research.next) == (
+        "research",
+        "first_success",
+        True,
+        "summarise",
+    )
+    assert research.reserve == Reservation({"tokens": 2000.0}, per_branch=False)
+    assert research.catch == (CatchRule(("*",), "fallback"),)
+    assert list(research.branches) == ["fast", "slow"]
+    fast, slow = research.branches["fast"], research.branches["slow"]
+    assert isinstance(fast, Branch) and fast.start == "ask" and list(fast.steps) == ["ask"]
+    ask = fast.steps["ask"]
+    assert isinstance(ask, EffectStep) and ask.next is None  # ends the branch
+    assert ask.args.render({"input": {"q": "why"}}) == {"q": "why"}
+    assert ask.args.path == "$.steps.research.parallel.branches.fast.steps.ask.args"
+    # The definition's effect defaults apply inside branches too.
+    assert ask.retry == RetryPolicy(max_attempts=2) and ask.timeout == 20.0
+    a, b = slow.steps["a"], slow.steps["b"]
+    assert isinstance(a, EffectStep) and (a.timeout, a.next) == (120.0, "b")
+    assert isinstance(b, SucceedStep) and b.output.render({"steps": {"a": 1}}) == 1
+    with pytest.raises(TypeError):
+        research.branches["new"] = fast  # type: ignore[index]
+    with pytest.raises(TypeError):
+        fast.steps["new"] = ask  # type: ignore[index]
+    fallback = d.steps["fallback"]
+    assert isinstance(fallback, ParallelStep)
+    assert (fallback.mode, fallback.cancel_losers, fallback.reserve, fallback.next) == (
+        "all",
+        False,
+        None,
+        None,
+    )
+    assert d.handlers() == frozenset({"llm.ask", "llm.ask_slow", "llm.summarise", "cache.lookup"})
+
+
+def test_model_of_parallel_all_with_catch_choice_and_fail_in_branches() -> None:
+    d = load_definition(CORPUS / "valid" / "parallel-all.yaml")
+    fan = d.steps["fan"]
+    assert isinstance(fan, ParallelStep) and fan.mode == "all"
+    assert fan.reserve == Reservation({"api.calls": 3.0}, per_branch=True)
+    stock, credit = fan.branches["stock"], fan.branches["credit"]
+    check = stock.steps["check"]
+    assert isinstance(check, EffectStep) and check.handler == "inventory.check"
+    assert check.catch == (CatchRule(("OutOfStock",), "none_left"),)
+    assert check.retry.non_retryable == ("OutOfStock",)
+    route = credit.steps["route"]
+    assert isinstance(route, ChoiceStep) and route.default == "refused"
+    assert route.choices[0].when.render({"steps": {"check": {"score": 700}}}) is True
+    refused = credit.steps["refused"]
+    assert isinstance(refused, FailStep) and refused.error == "CreditRefused"
+    assert d.handlers() == frozenset({"orders.check", "inventory.check", "credit.check"})
+
+
+def test_model_of_a_map() -> None:
+    d = load_definition(CORPUS / "valid" / "map-batch.yaml")
+    step = d.steps["per_file"]
+    assert isinstance(step, MapStep)
+    assert step.items.is_expression and step.items.path == "$.steps.per_file.map.items"
+    assert step.items.render({"input": {"files": ["a", "b"]}}) == ["a", "b"]
+    assert (step.max_concurrency, step.cancel_losers, step.next) == (4, False, None)
+    assert step.reserve == Reservation({"tokens": 100.0}, per_branch=True)
+    assert step.catch == (CatchRule(("*",), "failed"),)
+    assert step.branch.start == "fetch" and list(step.branch.steps) == ["fetch", "parse"]
+    fetch = step.branch.steps["fetch"]
+    assert isinstance(fetch, EffectStep) and fetch.timeout == 10.0
+    assert fetch.args.render({"context": {"item": "x.csv"}}) == "x.csv"
+    assert d.handlers() == frozenset({"files.fetch", "files.parse"})
+    assert d.budget == {}
+
+
+def test_map_defaults() -> None:
+    d = parse_definition(
+        "name: x\nversion: 1\nstart: m\nsteps:\n  m:\n    map:\n"
+        "      items: '${ input }'\n      branch: {start: a, steps: {a: {succeed: {}}}}\n"
+    )
+    step = d.steps["m"]
+    assert isinstance(step, MapStep)
+    assert (step.max_concurrency, step.cancel_losers, step.reserve, step.next, step.catch) == (
+        None,
+        False,
+        None,
+        None,
+        (),
+    )
+
+
+def test_model_of_child_workflows() -> None:
+    d = load_definition(CORPUS / "valid" / "child-workflow.yaml")
+    pay = d.steps["pay"]
+    assert isinstance(pay, WorkflowStep)
+    assert (pay.workflow, pay.version, pay.next) == ("payment", 2, "notify")
+    assert pay.input.render({"input": {"amount": 12.5}}) == {"amount": 12.5}
+    assert pay.catch == (CatchRule(("ChildCancelled", "payments.Declined"), "declined"),)
+    notify = d.steps["notify"]
+    assert notify == WorkflowStep("notify", "notify.customer", None, notify.input, None)
+    assert notify.input.is_constant and notify.input.render({}) is None
+    assert d.handlers() == frozenset()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "wait: {duration: 1s}",
+        "parallel: {branches: {}}",
+        "map: {items: '${ a }'}",
+        "workflow: {name: y}",
+    ],
+)
+def test_only_effect_choice_succeed_and_fail_are_allowed_in_a_branch(kind: str) -> None:
+    text = (
+        "name: x\nversion: 1\nstart: fan\nsteps:\n  fan:\n    parallel:\n      branches:\n"
+        "        one:\n          start: a\n          steps:\n"
+        f"            a: {{{kind}}}\n"
+    )
+    (fault,) = faults_of(text)
+    name = kind.split(":")[0]
+    assert fault.path == f"$.steps.fan.parallel.branches.one.steps.a.{name}"
+    assert fault.line == 11
+    assert f"a {name} step is not allowed inside a branch" in fault.message
+
+
+def test_checks_apply_inside_branches_as_at_the_top_level() -> None:
+    text = """\
+name: x
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      branch:
+        start: a
+        steps:
+          a:
+            effect: h
+            idempotent: true
+            args: "${ x. }"
+            retry: {initial: 5 m}
+            catch: [{errors: ["*"], next: b}, {errors: [E], next: b}]
+          b: {succeed: {output: "${ nope(a) }"}}
+          c: {choice: [{when: "${ a } ${ b }", next: a}], cacth: []}
+"""
+    faults = {(f.path, f.line) for f in faults_of(text)}
+    branch = "$.steps.each.map.branch.steps"
+    assert faults == {
+        (f"{branch}.a.args", 14),
+        (f"{branch}.a.retry.initial", 15),
+        (f"{branch}.a.catch[1]", 16),
+        (f"{branch}.b.succeed.output", 17),
+        (f"{branch}.c.choice[0].when", 18),
+        (f"{branch}.c.cacth", 18),
+        (f"{branch}.c", 18),  # unreachable: nothing goes to c
+    }
+
+
+def test_branch_step_ids_are_their_own_namespace() -> None:
+    text = """\
+name: x
+version: 1
+start: a
+steps:
+  a:
+    parallel:
+      branches:
+        left: {start: a, steps: {a: {effect: h, idempotent: true, next: b}, b: {succeed: {}}}}
+        right: {start: b, steps: {b: {effect: h, idempotent: true, next: a}, a: {fail: {error: E}}}}
+    next: b
+  b: {succeed: {}}
+"""
+    d = parse_definition(text)
+    step = d.steps["a"]
+    assert isinstance(step, ParallelStep)
+    assert [branch.start for branch in step.branches.values()] == ["a", "b"]
+    # A branch cannot go to a top-level step, nor a top-level step into a branch.
+    faults = faults_of(text.replace("next: b}, b: {succeed", "next: c}, b: {succeed"))
+    assert (faults[0].path, faults[0].message) == (
+        "$.steps.a.parallel.branches.left.steps.a.next",
+        "next step 'c' does not exist in branch 'left'",
+    )
+    faults = faults_of(text.replace("    next: b\n  b: {succeed: {}}\n", "    next: b\n"))
+    assert [f.path for f in faults] == ["$.steps.a.next"]
+
+
+@pytest.mark.parametrize("kind", ["parallel", "map", "workflow"])
+def test_composite_steps_without_next_end_the_workflow(kind: str) -> None:
+    body = {
+        "parallel": {"branches": {"b": {"start": "s", "steps": {"s": {"succeed": {}}}}}},
+        "map": {"items": "${ input }", "branch": {"start": "s", "steps": {"s": {"succeed": {}}}}},
+        "workflow": {"name": "child"},
+    }[kind]
+    doc = {"name": "x", "version": 1, "start": "a", "steps": {"a": {kind: body}}}
+    assert definition_from_body(doc).steps["a"].next is None  # type: ignore[union-attr]
+    looping = {**doc, "steps": {"a": {kind: body, "next": "a"}}}
+    with pytest.raises(DefinitionError, match="'a' can never finish"):
+        definition_from_body(looping)
+    caught = {
+        **doc,
+        "steps": {
+            "a": {kind: body, "next": "a", "catch": [{"errors": ["*"], "next": "z"}]},
+            "z": {"succeed": {}},
+        },
+    }
+    assert set(definition_from_body(caught).steps) == {"a", "z"}
+
+
+def test_reserve_and_budget_accept_any_resource_name() -> None:
+    text = """\
+name: x
+version: 1
+budget: {tokens: 1}
+start: fan
+steps:
+  fan:
+    parallel:
+      reserve: {total: {usd: 0.5, api.calls: 10, tokens: 5}}
+      branches: {only: {start: a, steps: {a: {succeed: {}}}}}
+"""
+    step = parse_definition(text).steps["fan"]
+    assert isinstance(step, ParallelStep) and step.reserve is not None
+    assert step.reserve.amounts == {"usd": 0.5, "api.calls": 10.0, "tokens": 5.0}
+    assert not step.reserve.per_branch
+
+
+@pytest.mark.parametrize(
+    ("reserve", "path", "fragment"),
+    [
+        ("{}", "$.steps.fan.parallel.reserve", "needs one of total, per_branch"),
+        ("{total: {}}", "$.steps.fan.parallel.reserve.total", "name at least one resource"),
+        (
+            "{per_branch: {tokens: -1}}",
+            "$.steps.fan.parallel.reserve.per_branch.tokens",
+            "-1 must be greater than 0",
+        ),
+        (
+            "{total: {'a b': 1}}",
+            "$.steps.fan.parallel.reserve.total['a b']",
+            "not a valid resource name",
+        ),
+        (
+            "{total: {tokens: '5'}}",
+            "$.steps.fan.parallel.reserve.total.tokens",
+            "expected number, got string",
+        ),
+        ("{totl: {tokens: 5}}", "$.steps.fan.parallel.reserve.totl", "did you mean 'total'?"),
+    ],
+)
+def test_reserve_faults(reserve: str, path: str, fragment: str) -> None:
+    text = (
+        "name: x\nversion: 1\nstart: fan\nsteps:\n  fan:\n    parallel:\n"
+        f"      reserve: {reserve}\n"
+        "      branches: {b: {start: a, steps: {a: {succeed: {}}}}}\n"
+    )
+    faults = faults_of(text)
+    assert any(f.path == path and fragment in f.message for f in faults), faults
 
 
 # --- input ------------------------------------------------------------------------------------
@@ -745,7 +1026,8 @@ KEYS = ["name", "version", "start", "steps", "input", "defaults", "effect", "ide
 KEYS += ["retry", "timeout", "next", "choice", "when", "default", "succeed", "output", "fail"]
 KEYS += ["error", "message", "max_attempts", "initial", "factor", "max", "jitter", "wait", "a"]
 KEYS += ["type", "properties", "required", "$ref", "items", "b", "non_retryable", "catch"]
-KEYS += ["errors", "duration", "until", "signal"]
+KEYS += ["errors", "duration", "until", "signal", "parallel", "map", "workflow", "branches"]
+KEYS += ["branch", "mode", "reserve", "total", "per_branch", "budget", "max_concurrency"]
 SCALARS = (
     st.none()
     | st.booleans()
@@ -835,7 +1117,69 @@ FAIL = st.fixed_dictionaries(
     }
 )
 JUNK = st.dictionaries(st.sampled_from(KEYS), JSON | TARGETS, max_size=4)
-STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, JUNK)
+AMOUNTS = st.dictionaries(
+    st.sampled_from(["tokens", "usd", "api.calls", "bad name"]),
+    st.sampled_from([1, 2.5, 1000, 0, -1, "3"]),
+    max_size=2,
+)
+RESERVE = st.fixed_dictionaries({}, optional={"total": AMOUNTS, "per_branch": AMOUNTS})
+BRANCH = st.fixed_dictionaries(
+    {
+        "start": TARGETS,
+        "steps": st.dictionaries(
+            st.sampled_from(["a", "b", "c", "bad id"]),
+            st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, JUNK),
+            max_size=3,
+        ),
+    }
+)
+PARALLEL = st.fixed_dictionaries(
+    {
+        "parallel": st.fixed_dictionaries(
+            {
+                "branches": st.dictionaries(
+                    st.sampled_from(["x", "y", "bad id"]), BRANCH, max_size=3
+                )
+            },
+            optional={
+                "mode": st.sampled_from(["all", "first_success", "any"]),
+                "cancel_losers": st.booleans(),
+                "reserve": RESERVE,
+            },
+        )
+    },
+    optional={"next": TARGETS, "catch": CATCH},
+)
+MAP = st.fixed_dictionaries(
+    {
+        "map": st.fixed_dictionaries(
+            {
+                "items": st.sampled_from(["${ input.items }", "input.items", "${ x.", "a ${ b }"]),
+                "branch": BRANCH | JUNK,
+            },
+            optional={
+                "max_concurrency": st.sampled_from([1, 4, 0, "2"]),
+                "cancel_losers": st.booleans(),
+                "reserve": RESERVE,
+            },
+        )
+    },
+    optional={"next": TARGETS, "catch": CATCH},
+)
+WORKFLOW = st.fixed_dictionaries(
+    {
+        "workflow": st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.sampled_from(["child", "child", "Bad"]),
+                "version": st.sampled_from([1, 0, "2"]),
+                "input": JSON | TEXTS,
+            },
+        )
+    },
+    optional={"next": TARGETS, "catch": CATCH},
+)
+STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, PARALLEL, MAP, WORKFLOW, JUNK)
 DOCUMENTS = st.fixed_dictionaries(
     {
         "name": st.sampled_from(["ok", "ok", "Bad"]),
@@ -848,6 +1192,7 @@ DOCUMENTS = st.fixed_dictionaries(
         | st.sampled_from([{"type": "object"}, {"properties": {"x": {"default": 1}}}]),
         "defaults": st.fixed_dictionaries({}, optional={"retry": RETRY, "timeout": DURATIONS}),
         "description": st.text(max_size=5),
+        "budget": AMOUNTS,
     },
 )
 YAMLISH = st.text(

@@ -12,6 +12,7 @@ import difflib
 import reprlib
 from collections import deque
 from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -26,8 +27,11 @@ from toolkit._yaml_source import Problem
 from toolkit.durations import parse_duration
 from toolkit.expressions import check_template, compile_template
 
-FUTURE_KINDS = ("parallel", "map", "workflow", "set")
+FUTURE_KINDS = ("set",)
 """Step kinds reserved for later format versions."""
+
+_ENDS_WITHOUT_NEXT = ("effect", "wait", "parallel", "map", "workflow")
+"""Step kinds that end the workflow (or the branch) when they have no ``next``."""
 
 _DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 _SUBSCHEMA = (
@@ -95,25 +99,78 @@ def schema_problems(
     return _translate(lead[0], kinds), [p for e in rest for p in _translate(e, kinds)]
 
 
-def _step_kinds(schema: Any) -> list[str]:
-    """Step kind keys, in ``$defs.step.oneOf`` order (each kind's def lists its key first)."""
+@dataclass(frozen=True)
+class _Family:
+    """The step kinds of one ``oneOf`` of the schema: any step, or a step inside a branch.
+
+    Attributes:
+        alternatives: The ``oneOf`` list itself (recognises the errors it causes).
+        kinds: The kind keys, in ``oneOf`` order.
+        defs: The kinds' definitions, in the same order.
+        in_branch: Whether these are the kinds allowed inside a branch.
+    """
+
+    alternatives: list[Any]
+    kinds: list[str]
+    defs: list[Any]
+    in_branch: bool
+
+    def describe(self) -> str:
+        """Name the allowed kinds, for a message."""
+        if self.in_branch:
+            return f"a branch step is one of {', '.join(self.kinds)}"
+        return f"v1 has {', '.join(self.kinds)}"
+
+
+@dataclass(frozen=True)
+class _Kinds:
+    """Every step kind of the schema, and the families of kinds allowed where."""
+
+    all: list[str]
+    families: list[_Family]
+
+    def family_of(self, alternatives: Any) -> _Family | None:
+        """The family whose ``oneOf`` is ``alternatives``, or None."""
+        return next((f for f in self.families if f.alternatives == alternatives), None)
+
+    def step_family(self, subschema: Any) -> _Family | None:
+        """The family of which ``subschema`` is a kind's definition, or None."""
+        return next(
+            (f for f in self.families if any(d is subschema or d == subschema for d in f.defs)),
+            None,
+        )
+
+
+def _step_kinds(schema: Any) -> _Kinds:
+    """Step kinds of ``$defs.step`` and ``$defs.branchStep``, in ``oneOf`` order.
+
+    Each kind's def lists its key first in ``required``.
+    """
     defs = schema["$defs"]
-    return [
-        defs[branch["$ref"].rsplit("/", 1)[1]]["required"][0] for branch in defs["step"]["oneOf"]
-    ]
+    families = []
+    for name in ("step", "branchStep"):
+        if name not in defs:
+            continue
+        alternatives = defs[name]["oneOf"]
+        kind_defs = [defs[branch["$ref"].rsplit("/", 1)[1]] for branch in alternatives]
+        kinds = [kind_def["required"][0] for kind_def in kind_defs]
+        families.append(_Family(alternatives, kinds, kind_defs, name == "branchStep"))
+    return _Kinds(families[0].kinds, families)
 
 
-def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
+def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
     """Turn one jsonschema error into problems an author can act on."""
     path: JsonPath = tuple(error.absolute_path)
     instance, keyword, subschema = error.instance, error.validator, error.schema
-    is_step = len(path) == 2 and path[0] == "steps"
     if keyword == "additionalProperties" and isinstance(instance, dict):
         allowed = list(subschema.get("properties", {})) if isinstance(subschema, dict) else []
+        family = kinds.step_family(subschema)
         problems = []
         for key in (k for k in instance if k not in allowed):
-            if is_step and key in FUTURE_KINDS:
-                message = f"step kind {key!r} is not supported yet (v1 has {', '.join(kinds)})"
+            if family is not None and key in FUTURE_KINDS:
+                message = f"step kind {key!r} is not supported yet ({family.describe()})"
+            elif family is not None and family.in_branch and key in kinds.all:
+                message = _not_in_branch(key, family)
             else:
                 message = f"unknown field {key!r}{suggest(key, allowed)}"
             problems.append(Problem((*path, key), message))
@@ -124,8 +181,9 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
             for name in subschema.get("required", [])
             if name not in instance
         ]
-    if keyword == "oneOf" and is_step and isinstance(instance, dict):
-        return _translate_step(error, path, instance, kinds)
+    family = kinds.family_of(error.validator_value) if keyword == "oneOf" else None
+    if family is not None and isinstance(instance, dict):
+        return _translate_step(error, path, instance, family, kinds)
     if keyword == "oneOf" and isinstance(instance, dict):
         keys = _exclusive_keys(error.validator_value)
         if keys:
@@ -155,8 +213,18 @@ def _translate(error: ValidationError, kinds: list[str]) -> list[Problem]:
         examples = subschema.get("examples")
         hint = f" (e.g. {', '.join(map(str, examples))})" if examples else ""
         return [Problem(path, f"{short(instance)} is not a valid {subschema['title']}{hint}")]
-    if keyword == "minProperties" and path == ("steps",):
+    if keyword == "minProperties" and path[-1:] == ("steps",):
         return [Problem(path, "define at least one step")]
+    if keyword == "minProperties" and path[-1:] == ("branches",):
+        return [Problem(path, "define at least one branch")]
+    if keyword == "minProperties" and path[-1:] in (("total",), ("per_branch",)):
+        return [Problem(path, "name at least one resource to reserve")]
+    if keyword == "exclusiveMinimum":
+        return [Problem(path, f"{short(instance)} must be greater than {error.validator_value}")]
+    if keyword == "enum" and isinstance(error.validator_value, list):
+        choices = [str(choice) for choice in error.validator_value]
+        hint = suggest(instance, choices) if isinstance(instance, str) else ""
+        return [Problem(path, f"{short(instance)} is not one of {', '.join(choices)}{hint}")]
     if keyword in ("oneOf", "anyOf") and error.context:
         deepest = best_match(error.context)
         if deepest is not None:
@@ -181,27 +249,41 @@ def _exclusive_keys(branches: Any) -> list[str]:
 
 
 def _translate_step(
-    error: ValidationError, path: JsonPath, step: dict[str, Any], kinds: list[str]
+    error: ValidationError,
+    path: JsonPath,
+    step: dict[str, Any],
+    family: _Family,
+    kinds: _Kinds,
 ) -> list[Problem]:
-    """Explain why a step matches no kind: by the kind key it has, not by every branch."""
-    present = [kind for kind in kinds if kind in step]
-    if len(present) == 1:
-        branch = kinds.index(present[0])
+    """Explain why a step matches no kind: by the kind key it has, not by every alternative."""
+    present = [kind for kind in kinds.all if kind in step]
+    if len(present) == 1 and present[0] in family.kinds:
+        alternative = family.kinds.index(present[0])
         problems = [
             problem
             for sub in error.context or []
-            if sub.relative_schema_path and sub.relative_schema_path[0] == branch
+            if sub.relative_schema_path and sub.relative_schema_path[0] == alternative
             for problem in _translate(sub, kinds)
         ]
         return problems or [Problem(path, f"invalid {present[0]} step")]
+    if len(present) == 1:
+        return [Problem((*path, present[0]), _not_in_branch(present[0], family))]
     if present:
         return [Problem(path, f"a step has exactly one kind, this one has {', '.join(present)}")]
     future = [kind for kind in FUTURE_KINDS if kind in step]
     if future:
-        message = f"step kind {future[0]!r} is not supported yet (v1 has {', '.join(kinds)})"
+        message = f"step kind {future[0]!r} is not supported yet ({family.describe()})"
         return [Problem((*path, future[0]), message)]
-    hint = next((suggest(key, kinds) for key in step if suggest(key, kinds)), "")
-    return [Problem(path, f"a step needs one of {', '.join(kinds)}{hint}")]
+    hint = next((suggest(key, family.kinds) for key in step if suggest(key, family.kinds)), "")
+    what = "a branch step" if family.in_branch else "a step"
+    return [Problem(path, f"{what} needs one of {', '.join(family.kinds)}{hint}")]
+
+
+def _not_in_branch(kind: str, family: _Family) -> str:
+    return (
+        f"a {kind} step is not allowed inside a branch ({family.describe()}): put it before or"
+        " after the parallel or map step, or in a child workflow"
+    )
 
 
 # --- semantic checks --------------------------------------------------------------------------
@@ -209,6 +291,9 @@ def _translate_step(
 
 def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     """Checks beyond the schema: graph, expressions, durations, input schema.
+
+    The graph checks and the step checks run at the top level and, the same way, in every
+    branch of a parallel or map step (each branch is a graph of its own).
 
     Args:
         doc: The document, possibly schema-invalid (read defensively).
@@ -219,19 +304,88 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     """
     if not isinstance(doc, dict):
         return []
-    steps = doc.get("steps")
-    steps = (
-        {k: v for k, v in steps.items() if isinstance(v, dict)} if isinstance(steps, dict) else {}
-    )
-    problems = _graph_problems(doc.get("start"), steps, flagged)
-    for step_id, step in steps.items():
-        problems += _step_problems(("steps", step_id), step)
+    problems = _graph_and_step_problems(doc.get("start"), (), doc.get("steps"), flagged, None)
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):
         problems += _duration_problems(("defaults",), defaults)
     if "input" in doc:
         problems += input_schema_problems(doc["input"])
     return problems
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """A branch whose graph is checked: how messages name it, and the steps outside it."""
+
+    name: str
+    outside: Collection[str]
+
+
+def _graph_and_step_problems(
+    start: Any,
+    holder: JsonPath,
+    raw_steps: Any,
+    flagged: Collection[JsonPath],
+    scope: _Scope | None,
+) -> list[Problem]:
+    """The graph and step checks of the steps at ``holder`` (the document, or a branch)."""
+    steps = (
+        {k: v for k, v in raw_steps.items() if isinstance(v, dict)}
+        if isinstance(raw_steps, dict)
+        else {}
+    )
+    problems = _graph_problems(start, holder, steps, flagged, scope)
+    for step_id, step in steps.items():
+        path = (*holder, "steps", step_id)
+        problems += _step_problems(path, step)
+        if scope is None:  # inside a branch, these kinds are schema faults already
+            problems += _composite_problems(path, step, flagged, list(steps))
+    return problems
+
+
+def _composite_problems(
+    path: JsonPath, step: dict[str, Any], flagged: Collection[JsonPath], outside: list[str]
+) -> list[Problem]:
+    """Check the branches of a parallel or map step, a map's items, a child's input."""
+    problems = []
+    parallel = step.get("parallel")
+    branches = parallel.get("branches") if isinstance(parallel, dict) else None
+    if isinstance(branches, dict):
+        for name, branch in branches.items():
+            if isinstance(branch, dict):
+                scope = _Scope(f"branch {name!r}", outside)
+                holder = (*path, "parallel", "branches", name)
+                problems += _graph_and_step_problems(
+                    branch.get("start"), holder, branch.get("steps"), flagged, scope
+                )
+    mapped = step.get("map")
+    if isinstance(mapped, dict):
+        items = mapped.get("items")
+        if isinstance(items, str):
+            problems += _single_expression_problems((*path, "map", "items"), items)
+        branch = mapped.get("branch")
+        if isinstance(branch, dict):
+            scope = _Scope("the map branch", outside)
+            problems += _graph_and_step_problems(
+                branch.get("start"), (*path, "map", "branch"), branch.get("steps"), flagged, scope
+            )
+    child = step.get("workflow")
+    if isinstance(child, dict) and "input" in child:
+        problems += template_problems((*path, "workflow", "input"), child["input"])
+    return problems
+
+
+def _single_expression_problems(path: JsonPath, text: str) -> list[Problem]:
+    """Problems of a field that must be exactly one ``${ ... }`` expression."""
+    found = template_problems(path, text)
+    if not found and not compile_template(text).is_expression:
+        found = [
+            Problem(
+                path,
+                f"{path[-1]!r} must be one '${{ ... }}' expression, not a text template: {text!r}",
+            )
+        ]
+    return found
 
 
 def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
@@ -253,17 +407,39 @@ def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
 
 
 def _graph_problems(
-    start: Any, steps: dict[str, dict[str, Any]], flagged: Collection[JsonPath]
+    start: Any,
+    holder: JsonPath,
+    steps: dict[str, dict[str, Any]],
+    flagged: Collection[JsonPath],
+    scope: _Scope | None,
 ) -> list[Problem]:
-    faulty = {str(p[1]) for p in flagged if len(p) >= 2 and p[0] == "steps"}
+    """Check that ``start`` and every target exist, every step is reachable and can finish.
+
+    Args:
+        start: The ``start`` of the graph (raw).
+        holder: Path of the object holding ``start`` and ``steps``: ``()`` for the document.
+        steps: The graph's steps by id (the well-formed ones).
+        flagged: Paths with a schema fault.
+        scope: The branch being checked, or None for the top level.
+    """
+    prefix = (*holder, "steps")
+    faulty = {
+        str(p[len(prefix)]) for p in flagged if len(p) > len(prefix) and p[: len(prefix)] == prefix
+    }
     blind = {
-        step_id for step_id in faulty & steps.keys() if _blind(steps[step_id], step_id, flagged)
+        step_id
+        for step_id in faulty & steps.keys()
+        if _blind(steps[step_id], (*prefix, step_id), flagged)
     }
     problems = []
     known = list(steps)
+    where = f" in {scope.name}" if scope else ""
     if isinstance(start, str) and steps and start not in steps:
         problems.append(
-            Problem(("start",), f"start step {start!r} does not exist{suggest(start, known)}")
+            Problem(
+                (*holder, "start"),
+                f"start step {start!r} does not exist{where}{suggest(start, known)}",
+            )
         )
     graph: dict[str, list[str]] = {}
     able: set[str] = set()  # steps assumed able to finish on their own
@@ -276,14 +452,17 @@ def _graph_problems(
                 graph[step_id].append(target)
             else:
                 able.add(step_id)
+                hint = suggest(target, known)
+                if not hint and scope and target in scope.outside:
+                    hint = ": a branch can only go to its own steps"
                 problems.append(
                     Problem(
-                        ("steps", step_id, *rel),
-                        f"next step {target!r} does not exist{suggest(target, known)}",
+                        (*prefix, step_id, *rel),
+                        f"next step {target!r} does not exist{where}{hint}",
                     )
                 )
         terminal = any(k in step for k in ("succeed", "fail")) or (
-            any(k in step for k in ("effect", "wait")) and "next" not in step
+            any(k in step for k in _ENDS_WITHOUT_NEXT) and "next" not in step
         )
         if terminal or step_id in faulty:
             able.add(step_id)
@@ -292,34 +471,42 @@ def _graph_problems(
     )
     for step_id in steps:
         if step_id not in reachable and not blind & reachable:
-            problems.append(
-                Problem(("steps", step_id), f"step {step_id!r} is unreachable from start {start!r}")
+            message = (
+                f"step {step_id!r} of {scope.name} is unreachable from its start {start!r}"
+                if scope
+                else f"step {step_id!r} is unreachable from start {start!r}"
             )
+            problems.append(Problem((*prefix, step_id), message))
     reverse: dict[str, list[str]] = {step_id: [] for step_id in steps}
     for source, targets in graph.items():
         for target in targets:
             reverse[target].append(source)
     finishing = _closure(able, reverse)
+    ends = (
+        "a succeed, a fail, or an effect without next"
+        if scope
+        else "a succeed, a fail, or an effect, wait, parallel, map or workflow step without next"
+    )
     for step_id in steps:
         if step_id in reachable and step_id not in finishing:
+            name = f"step {step_id!r} of {scope.name}" if scope else f"step {step_id!r}"
             problems.append(
                 Problem(
-                    ("steps", step_id),
-                    f"step {step_id!r} can never finish: every path from it loops without"
-                    " reaching a succeed, a fail, or an effect or wait without next",
+                    (*prefix, step_id),
+                    f"{name} can never finish: every path from it loops without reaching {ends}",
                 )
             )
     return problems
 
 
-def _blind(step: Mapping[str, Any], step_id: str, flagged: Collection[JsonPath]) -> bool:
-    """Tell whether schema faults of a step may hide where it goes next.
+def _blind(step: Mapping[str, Any], path: JsonPath, flagged: Collection[JsonPath]) -> bool:
+    """Tell whether schema faults of the step at ``path`` may hide where it goes next.
 
     That is: a fault on the step itself or on one of its fields while it has no ``next`` (the
     fault may be a misspelt ``next``), a fault in its choice rules or catch rules, or an unknown
     field that looks like a misspelt ``catch``.
     """
-    faults = [p[2:] for p in flagged if p[:2] == ("steps", step_id)]
+    faults = [p[len(path) :] for p in flagged if p[: len(path)] == path]
     if any(rel[:1] == ("catch",) for rel in faults):
         return True
     if any(len(rel) == 1 and suggest(str(rel[0]), ["catch"]) for rel in faults):
@@ -350,16 +537,7 @@ def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
     for i, rule in enumerate(rules if isinstance(rules, list) else []):
         when = rule.get("when") if isinstance(rule, dict) else None
         if isinstance(when, str):
-            found = template_problems((*path, "choice", i, "when"), when)
-            if not found and not compile_template(when).is_expression:
-                found = [
-                    Problem(
-                        (*path, "choice", i, "when"),
-                        f"'when' must be one '${{ ... }}' expression, not a text template:"
-                        f" {when!r}",
-                    )
-                ]
-            problems += found
+            problems += _single_expression_problems((*path, "choice", i, "when"), when)
     for kind, field in (("succeed", "output"), ("fail", "message")):
         body = step.get(kind)
         if isinstance(body, dict) and field in body:

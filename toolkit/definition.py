@@ -8,10 +8,11 @@ A definition is a YAML (or JSON) document in the format described by
 2. validates it against the JSON Schema;
 3. checks what the schema cannot express: ``start`` and every ``next`` /
    ``default`` / ``catch`` target exist, every step is reachable from
-   ``start`` and can reach a terminal step (``succeed``, ``fail``, or an
-   effect or wait without ``next``) along those edges, expressions compile,
-   durations parse, ``catch`` rules can match, and the ``input`` schema is a
-   valid draft 2020-12 schema whose ``default`` values fit it;
+   ``start`` and can reach a terminal step (``succeed``, ``fail``, or any
+   other non-choice step without ``next``) along those edges, the same
+   inside every branch of a ``parallel`` or ``map`` step, expressions
+   compile, durations parse, ``catch`` rules can match, and the ``input``
+   schema is a valid draft 2020-12 schema whose ``default`` values fit it;
 4. builds immutable `WorkflowDefinition` objects.
 
 Every fault of a file is collected and raised together as one
@@ -26,6 +27,7 @@ order, comments or YAML formatting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import importlib.resources
@@ -36,13 +38,13 @@ import random
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from toolkit import _definition_checks as checks
-from toolkit._paths import format_path
+from toolkit._paths import JsonPath, format_path
 from toolkit._yaml_source import Problem, YamlSource, load_yaml, to_json
 from toolkit.durations import parse_duration
 from toolkit.errors import DefinitionError, DefinitionFault, InputError
@@ -50,16 +52,22 @@ from toolkit.expressions import Template, compile_template
 
 __all__ = [
     "TIMEOUT_ERROR",
+    "Branch",
+    "BranchStep",
     "CatchRule",
     "ChoiceRule",
     "ChoiceStep",
     "EffectStep",
     "FailStep",
+    "MapStep",
+    "ParallelStep",
+    "Reservation",
     "RetryPolicy",
     "Step",
     "SucceedStep",
     "WaitStep",
     "WorkflowDefinition",
+    "WorkflowStep",
     "catch_target",
     "definition_from_body",
     "load_definition",
@@ -247,8 +255,120 @@ class WaitStep:
 TIMEOUT_ERROR = "Timeout"
 """Error name of a signal wait whose ``timeout`` expires (and of an effect attempt time-out)."""
 
-Step = EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep
-"""Any step of a format v1 definition."""
+BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep
+"""A step allowed inside a branch of a parallel or map step."""
+
+
+@dataclass(frozen=True)
+class Branch:
+    """A small graph run as one branch of a parallel or map step (DESIGN §2-3).
+
+    Attributes:
+        start: Id of the branch's first step.
+        steps: The branch's steps by id (their own namespace): effect, choice, succeed and
+            fail steps. The branch's output is the output of the step that ends it (a succeed
+            step's output, or the result of an effect without ``next``); a fail step fails
+            the branch.
+    """
+
+    start: str
+    steps: Mapping[str, BranchStep]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Budget a parallel or map step reserves before any branch starts.
+
+    Attributes:
+        amounts: Resource name to amount (> 0), e.g. ``{"tokens": 2000}``.
+        per_branch: The amounts are per branch (multiplied by the number of branches or
+            items, and each branch may spend only its own share) rather than for the step.
+    """
+
+    amounts: Mapping[str, float]
+    per_branch: bool
+
+
+@dataclass(frozen=True)
+class ParallelStep:
+    """Runs named branches concurrently inside the task's lease.
+
+    Attributes:
+        id: Step id.
+        mode: ``all``: every branch must succeed, the output is the map of branch outputs;
+            ``first_success``: the first branch to succeed wins and its output is the step's.
+        branches: The branches by name, in document order.
+        cancel_losers: Whether branches still running once the step's outcome is decided
+            (the losers of a race, the others after a failure) may be cancelled. False: they
+            run to their end and their results are recorded but ignored.
+        reserve: Budget to reserve before any branch starts, or None.
+        next: The following step; None means the workflow succeeds with this step's output.
+        catch: Where to go when the step fails.
+    """
+
+    id: str
+    mode: Literal["all", "first_success"]
+    branches: Mapping[str, Branch]
+    cancel_losers: bool
+    reserve: Reservation | None
+    next: str | None
+    catch: tuple[CatchRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class MapStep:
+    """Runs ``branch`` once per item of a list, at most ``max_concurrency`` at a time.
+
+    Attributes:
+        id: Step id.
+        items: Renders to the list of items (``context.item`` / ``context.index`` in the
+            branch).
+        max_concurrency: Most items running at once (≥ 1), or None for no bound.
+        branch: The graph run for each item.
+        cancel_losers: Whether items still running after one failed may be cancelled.
+        reserve: Budget to reserve before any item starts, or None.
+        next: The following step; None means the workflow succeeds with this step's output
+            (the list of item outputs, in item order).
+        catch: Where to go when the step fails.
+    """
+
+    id: str
+    items: Template
+    max_concurrency: int | None
+    branch: Branch
+    cancel_losers: bool
+    reserve: Reservation | None
+    next: str | None
+    catch: tuple[CatchRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkflowStep:
+    """Starts a child task and waits for it without holding a lease.
+
+    Attributes:
+        id: Step id.
+        workflow: Name of the child's definition.
+        version: Its version; None resolves the latest submittable version when the child
+            starts (and pins it).
+        input: Renders to the child's input.
+        next: The following step; None means the workflow succeeds with the child's result.
+        catch: Where to go when the child fails or is cancelled.
+    """
+
+    id: str
+    workflow: str
+    version: int | None
+    input: Template
+    next: str | None
+    catch: tuple[CatchRule, ...] = ()
+
+
+Step = (
+    EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep | ParallelStep | MapStep
+    | WorkflowStep
+)
+"""Any step of a definition."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +389,8 @@ class WorkflowDefinition:
         digest: SHA-256 hex digest of the canonical JSON of ``body``.
         source: The file the definition was loaded from, the ``source`` label given to
             `parse_definition`, or None.
+        budget: The task budget by resource (``{"tokens": 10000}``); a submit may override
+            it. Empty when the definition declares none.
     """
 
     name: str
@@ -280,6 +402,9 @@ class WorkflowDefinition:
     body: Mapping[str, Any]
     digest: str
     source: str | None = None
+    budget: Mapping[str, float] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
 
     @functools.cached_property
     def _input_validator(self) -> Draft202012Validator:
@@ -291,8 +416,18 @@ class WorkflowDefinition:
         return (self.name, self.version, self.digest)
 
     def handlers(self) -> frozenset[str]:
-        """Return the names of all effect handlers the definition calls."""
-        return frozenset(s.handler for s in self.steps.values() if isinstance(s, EffectStep))
+        """Return the names of all effect handlers the definition calls.
+
+        That includes the effects inside the branches of parallel and map steps (not those of
+        child workflows, which are definitions of their own).
+        """
+        steps: list[Step] = list(self.steps.values())
+        for step in self.steps.values():
+            if isinstance(step, ParallelStep):
+                steps += [s for branch in step.branches.values() for s in branch.steps.values()]
+            elif isinstance(step, MapStep):
+                steps += step.branch.steps.values()
+        return frozenset(s.handler for s in steps if isinstance(s, EffectStep))
 
     def validate_input(self, value: Any) -> Any:
         """Check task input against the input schema and fill in its defaults.
@@ -335,6 +470,12 @@ class WorkflowDefinition:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+    def _repr_markdown_(self) -> str:
+        """The graph as a Mermaid flowchart in Markdown (Jupyter and mkdocs render it)."""
+        from toolkit.diagram import markdown
+
+        return markdown(self)
 
 
 def _apply_defaults(schema: Any, value: Any) -> Any:
@@ -539,7 +680,10 @@ def _faults(
 def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
     """Build the model from a document that passed every check."""
     defaults = doc.get("defaults", {})
-    steps = {step_id: _build_step(step_id, raw, defaults) for step_id, raw in doc["steps"].items()}
+    steps = {
+        step_id: _build_step(("steps", step_id), raw, defaults)
+        for step_id, raw in doc["steps"].items()
+    }
     canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return WorkflowDefinition(
         name=doc["name"],
@@ -551,6 +695,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         body=doc,
         digest=hashlib.sha256(canonical.encode()).hexdigest(),
         source=source,
+        budget=_amounts(doc.get("budget", {})),
     )
 
 
@@ -561,19 +706,44 @@ def _input_schema(schema: Mapping[str, Any] | bool) -> Mapping[str, Any]:
     return schema
 
 
-def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> Step:
-    path = format_path(("steps", step_id))
-    if "effect" in raw:
-        timeout = raw.get("timeout", defaults.get("timeout"))
-        return EffectStep(
+def _build_step(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) -> Step:
+    """Build the step at ``where`` (its path; the last part is its id)."""
+    step_id, path = str(where[-1]), format_path(where)
+    if "parallel" in raw:
+        parallel = raw["parallel"]
+        return ParallelStep(
             id=step_id,
-            handler=raw["effect"],
-            idempotent=raw["idempotent"],
-            args=compile_template(raw.get("args"), path=f"{path}.args"),
-            retry=_retry_policy(
-                {**_DEFAULT_RETRY, **defaults.get("retry", {}), **raw.get("retry", {})}
+            mode=parallel.get("mode", "all"),
+            branches=types.MappingProxyType(
+                {
+                    name: _build_branch((*where, "parallel", "branches", name), branch, defaults)
+                    for name, branch in parallel["branches"].items()
+                }
             ),
-            timeout=None if timeout is None else parse_duration(timeout),
+            cancel_losers=bool(parallel.get("cancel_losers", False)),
+            reserve=_reservation(parallel.get("reserve")),
+            next=raw.get("next"),
+            catch=_catch_rules(raw),
+        )
+    if "map" in raw:
+        mapped = raw["map"]
+        return MapStep(
+            id=step_id,
+            items=compile_template(mapped["items"], path=f"{path}.map.items"),
+            max_concurrency=mapped.get("max_concurrency"),
+            branch=_build_branch((*where, "map", "branch"), mapped["branch"], defaults),
+            cancel_losers=bool(mapped.get("cancel_losers", False)),
+            reserve=_reservation(mapped.get("reserve")),
+            next=raw.get("next"),
+            catch=_catch_rules(raw),
+        )
+    if "workflow" in raw:
+        child = raw["workflow"]
+        return WorkflowStep(
+            id=step_id,
+            workflow=child["name"],
+            version=child.get("version"),
+            input=compile_template(child.get("input"), path=f"{path}.workflow.input"),
             next=raw.get("next"),
             catch=_catch_rules(raw),
         )
@@ -586,6 +756,28 @@ def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> 
             until=None if until is None else compile_template(until, path=f"{path}.wait.until"),
             signal=wait.get("signal"),
             timeout=parse_duration(wait["timeout"]) if "timeout" in wait else None,
+            next=raw.get("next"),
+            catch=_catch_rules(raw),
+        )
+    return _build_branch_step(where, raw, defaults)
+
+
+def _build_branch_step(
+    where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]
+) -> BranchStep:
+    """Build an effect, choice, succeed or fail step (the kinds a branch may hold)."""
+    step_id, path = str(where[-1]), format_path(where)
+    if "effect" in raw:
+        timeout = raw.get("timeout", defaults.get("timeout"))
+        return EffectStep(
+            id=step_id,
+            handler=raw["effect"],
+            idempotent=raw["idempotent"],
+            args=compile_template(raw.get("args"), path=f"{path}.args"),
+            retry=_retry_policy(
+                {**_DEFAULT_RETRY, **defaults.get("retry", {}), **raw.get("retry", {})}
+            ),
+            timeout=None if timeout is None else parse_duration(timeout),
             next=raw.get("next"),
             catch=_catch_rules(raw),
         )
@@ -606,6 +798,28 @@ def _build_step(step_id: str, raw: dict[str, Any], defaults: dict[str, Any]) -> 
     fail = raw["fail"]
     message = compile_template(fail.get("message", ""), path=f"{path}.fail.message")
     return FailStep(id=step_id, error=fail["error"], message=message)
+
+
+def _build_branch(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) -> Branch:
+    """Build the branch at ``where``; the definition's effect defaults apply inside it too."""
+    steps = {
+        step_id: _build_branch_step((*where, "steps", step_id), step, defaults)
+        for step_id, step in raw["steps"].items()
+    }
+    return Branch(start=raw["start"], steps=types.MappingProxyType(steps))
+
+
+def _reservation(raw: Mapping[str, Any] | None) -> Reservation | None:
+    if raw is None:
+        return None
+    per_branch = "per_branch" in raw
+    return Reservation(
+        amounts=_amounts(raw["per_branch" if per_branch else "total"]), per_branch=per_branch
+    )
+
+
+def _amounts(raw: Mapping[str, Any]) -> Mapping[str, float]:
+    return types.MappingProxyType({name: float(amount) for name, amount in raw.items()})
 
 
 def _catch_rules(raw: Mapping[str, Any]) -> tuple[CatchRule, ...]:

@@ -8,6 +8,7 @@ state), always by one fenced statement.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import enum
@@ -18,7 +19,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -26,25 +27,35 @@ import anyio
 import psycopg
 
 from toolkit import faults
-from toolkit.checkpoint import Checkpoint
+from toolkit.budgets import Budgets, ReservationOutcome
+from toolkit.catalog import DefinitionCatalog
+from toolkit.checkpoint import BranchFrame, Checkpoint, Frame
+from toolkit.children import Children
 from toolkit.definition import (
+    Branch,
     ChoiceStep,
     EffectStep,
     FailStep,
+    MapStep,
+    ParallelStep,
     SucceedStep,
     WaitStep,
     WorkflowDefinition,
+    WorkflowStep,
     catch_target,
 )
 from toolkit.errors import (
     DatabaseUnavailable,
+    DefinitionRetired,
     ExpressionError,
     HandlerNotFound,
+    InputError,
     LeaseLost,
     PayloadRefused,
     ResultNotJson,
     ResultTooLarge,
     StoreError,
+    UnknownDefinition,
 )
 from toolkit.expressions import is_truthy
 from toolkit.leases import (
@@ -58,7 +69,7 @@ from toolkit.leases import (
 )
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
-from toolkit.registry import App, EffectContext, Handler
+from toolkit.registry import App, EffectContext, Handler, SpendMeter
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +80,10 @@ MAX_ERROR_MESSAGE = 4000
 #: Backoff between two tries of a store call while the database is unreachable, seconds.
 STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
+#: Longest pause before a task deferred for budget looks again, seconds.
+BUDGET_RECHECK_MAX = 60.0
+#: Error names never retried: a budget does not grow by calling again.
+NEVER_RETRIED = frozenset({"BudgetExceeded"})
 
 ConnectionFactory = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 Error = dict[str, Any]
@@ -151,43 +166,110 @@ class _Cycle:
         self.evidence: list[EvidenceRecord] = []
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
+        self.budget_delta: dict[str, float] = {}
         self.cancelled_at_commit = False
         self.writes = 0
+        #: The branches of the parallel or map step in progress, by name (their JSON is
+        #: written under ``checkpoint.fanout.branches``).
+        self.frames: dict[str, BranchFrame] = {}
+        #: One write at a time: the branches of a parallel or map step commit concurrently.
+        self.lock = anyio.Lock()
 
     @property
     def dirty(self) -> bool:
-        return bool(self.evidence or self.events or self.signals)
+        return bool(self.evidence or self.events or self.signals or self.budget_delta)
 
-    def scope(self) -> dict[str, Any]:
+    def scope(self, frame: Frame | None = None, **context: Any) -> dict[str, Any]:
+        """The expression scope: at the task's level, or in a branch's ``frame``.
+
+        In a branch, ``steps`` holds the task's step outputs overlaid with the branch's, and
+        ``context`` adds the branch name (and ``item`` / ``index`` in a map).
+        """
+        frame = frame or self.checkpoint
+        steps = self.checkpoint.outputs
+        if frame is not self.checkpoint:
+            steps = {**steps, **frame.outputs}
         return {
             "input": self.task.input,
-            "steps": self.checkpoint.outputs,
+            "steps": steps,
             "context": {
                 "task_id": self.task.id,
                 "tenant": self.task.tenant,
                 "workflow": self.definition.name,
                 "version": self.definition.version,
-                "step": self.checkpoint.cursor,
+                "step": frame.cursor,
+                **context,
             },
         }
 
+    def next_write_id(self) -> str:
+        """A new write id under this lease (see `FencedWrite.write_id`)."""
+        self.writes += 1
+        return f"{self.task.token}:{self.writes}"
+
+    def checkpoint_json(self) -> dict[str, Any]:
+        """The checkpoint as JSON, branches in progress included.
+
+        While branches run concurrently, the JSON is a copy: a branch may change its frame
+        while the write waits for the database.
+        """
+        if not self.frames:
+            return self.checkpoint.to_json()
+        assert self.checkpoint.fanout is not None
+        self.checkpoint.fanout["branches"] = {
+            name: frame.to_json() for name, frame in self.frames.items()
+        }
+        return copy.deepcopy(self.checkpoint.to_json())
+
     def write(self, **fields: Any) -> FencedWrite:
         """A fenced write of the current checkpoint plus everything not yet written."""
-        self.writes += 1
         write = FencedWrite(
             task_id=self.task.id,
             token=self.task.token,
-            checkpoint=self.checkpoint.to_json(),
+            checkpoint=self.checkpoint_json(),
             evidence=tuple(self.evidence),
             events=tuple(self.events),
             signals=tuple(self.signals),
-            write_id=f"{self.task.token}:{self.writes}",
+            write_id=self.next_write_id(),
+            budget_delta=dict(self.budget_delta) or None,
             **fields,
         )
         self.evidence.clear()
         self.events.clear()
         self.signals.clear()
+        self.budget_delta.clear()
         return write
+
+    def charge(self, spend: dict[str, float]) -> None:
+        """Charge spend outside any reservation to the task's budget and its tenant's."""
+        for resource, amount in spend.items():
+            if resource in self.checkpoint.budget:
+                self.checkpoint.budget[resource]["spent"] += amount
+            self.budget_delta[resource] = self.budget_delta.get(resource, 0.0) + amount
+
+    def remaining(self) -> dict[str, float]:
+        """What the task may still spend outside reservations, by budgeted resource."""
+        return {
+            resource: entry["limit"] - entry["spent"] - entry["reserved"]
+            for resource, entry in self.checkpoint.budget.items()
+        }
+
+
+@dataclasses.dataclass
+class _Attempt:
+    """What one attempt at an effect came to.
+
+    ``kind`` is ``completed`` (with ``result``), ``failed`` (with ``error``; ``final`` when
+    no retry may follow whatever the policy) or ``reconcile`` (outcome unknown, not
+    idempotent: fail closed, with ``error`` when a timeout made it unknown).
+    """
+
+    kind: str
+    occurrence: str
+    attempt: int = 0
+    result: Any = None
+    error: Error | None = None
+    final: bool = False
 
 
 class Interpreter:
@@ -218,6 +300,9 @@ class Interpreter:
         self._connection = connection
         self._metrics = metrics
         self._apply = commit or functools.partial(leases.commit, worker_id)
+        self._budgets = Budgets(leases.database)
+        self._children = Children(leases.database)
+        self._catalog = DefinitionCatalog(leases.database)
 
     async def execute(
         self,
@@ -343,8 +428,14 @@ class Interpreter:
             pass  # the lease lapses on its own; the next claim resumes from the checkpoint
 
     async def _commit(self, cycle: _Cycle, **fields: Any) -> None:
-        write = cycle.write(**fields)
-        applied = await self._retrying(cycle.control, functools.partial(self._apply, write))
+        # Branches share the cycle: one write at a time, and a branch being cancelled (a
+        # race decided) finishes the write it has begun.
+        with anyio.CancelScope(shield=bool(cycle.frames)):
+            async with cycle.lock:
+                write = cycle.write(**fields)
+                applied = await self._retrying(
+                    cycle.control, functools.partial(self._apply, write)
+                )
         if applied != write.state:  # a cancel request found by the write itself
             cycle.cancelled_at_commit = True
         if self._metrics is not None and write.wait_reason is not None:
@@ -392,14 +483,16 @@ class Interpreter:
                 return await self._fail(cycle, {"name": step.error, "message": text})
             if isinstance(step, WaitStep):
                 outcome = await self._wait(cycle, step)
+            elif isinstance(step, ParallelStep | MapStep):
+                outcome = await self._fanout(cycle, step, control)
+            elif isinstance(step, WorkflowStep):
+                outcome = await self._child(cycle, step, control)
             else:
                 outcome = await self._effect(cycle, step, control)
             if outcome is not None:
                 return outcome
 
-    async def _advance(
-        self, cycle: _Cycle, step: EffectStep | WaitStep, output: Any
-    ) -> CycleOutcome | None:
+    async def _advance(self, cycle: _Cycle, step: _NextStep, output: Any) -> CycleOutcome | None:
         """Record a step's output and move on; a step without ``next`` ends the workflow."""
         cp = cycle.checkpoint
         cp.outputs[step.id] = output
@@ -409,7 +502,7 @@ class Interpreter:
         return None
 
     async def _step_failed(
-        self, cycle: _Cycle, step: EffectStep | WaitStep, error: Error
+        self, cycle: _Cycle, step: _NextStep, error: Error
     ) -> CycleOutcome | None:
         """A step failed for good: route to its ``catch`` target, else fail the task."""
         target = catch_target(step.catch, error["name"])
@@ -429,18 +522,9 @@ class Interpreter:
         step = cycle.definition.steps[cp.cursor]
         if not isinstance(step, EffectStep):
             return None
-        occurrence = cp.occurrence(step.id)
-        if cp.pending == occurrence:
-            return None  # the intent is recorded; _effect sends it to reconciliation
-        cp.attempts[occurrence] = cp.attempts.get(occurrence, 0) + 1
-        cycle.events.append(Event("attempt_lost", {"step": step.id, "occurrence": occurrence}))
-        if cp.attempts[occurrence] >= step.retry.max_attempts:
-            cp.attempts.pop(occurrence)
-            lost = step.retry.max_attempts
-            message = f"step {step.id!r}: {lost} attempts were lost to crashes or expired leases"
-            return await self._step_failed(
-                cycle, step, {"name": "AttemptsExhausted", "message": message, "attempts": lost}
-            )
+        error = _lost_attempt(cycle, cp, step)
+        if error is not None:
+            return await self._step_failed(cycle, step, error)
         await self._commit(cycle)
         return None
 
@@ -448,47 +532,94 @@ class Interpreter:
         self, cycle: _Cycle, step: EffectStep, control: CycleControl
     ) -> CycleOutcome | None:
         cp = cycle.checkpoint
+        done = await self._attempt(
+            cycle, cp, step, control, cycle.scope(), cycle.remaining(), cycle.charge
+        )
+        if done.kind == "completed":
+            return await self._advance(cycle, step, done.result)
+        if done.kind == "reconcile":
+            return await self._reconcile(cycle, step, done.occurrence, done.error)
+        assert done.error is not None
+        delay = _retry_delay(step, done)
+        if delay is None:
+            cp.attempts.pop(done.occurrence, None)
+            return await self._step_failed(cycle, step, {**done.error, "attempts": done.attempt})
+        self._retry_scheduled(cycle, step, done, delay)
+        await self._commit(cycle, state="queued", delay_seconds=delay)
+        return CycleOutcome.RETRY
+
+    def _retry_scheduled(
+        self, cycle: _Cycle, step: EffectStep, done: _Attempt, delay: float
+    ) -> None:
+        detail = {"step": step.id, "attempt": done.attempt, "delay_seconds": delay}
+        if done.occurrence != cycle.checkpoint.occurrence(step.id):
+            detail["occurrence"] = done.occurrence
+        cycle.events.append(Event("retry_scheduled", {**detail, "error": done.error}))
+        if self._metrics is not None:
+            self._metrics.retries.labels(cycle.definition.name).inc()
+
+    async def _attempt(
+        self,
+        cycle: _Cycle,
+        frame: Frame,
+        step: EffectStep,
+        control: CycleControl,
+        scope: dict[str, Any],
+        remaining: dict[str, float],
+        charge: Callable[[dict[str, float]], None],
+    ) -> _Attempt:
+        """One attempt at an effect in ``frame`` (the task's graph or a branch's).
+
+        Records the intent (not idempotent), calls the handler, appends the evidence with
+        what the call spent, and charges the spend (``charge``). ``remaining`` caps the spend
+        by resource. An intent found without outcome is applied from the operator's
+        resolution, or reported ``reconcile``.
+        """
+        cp = cycle.checkpoint
         task = cycle.task
-        occurrence = cp.occurrence(step.id)
+        occurrence = frame.occurrence(step.id)
         key = f"{task.id}:{occurrence}"
-        if cp.pending == occurrence:
+        if frame.pending == occurrence:
             resolution = cp.resolution
             if resolution is None or resolution.get("occurrence") != occurrence:
                 # Intent recorded, outcome unknown, not idempotent: fail closed (DESIGN §2).
-                return await self._reconcile(cycle, step, occurrence)
+                return _Attempt("reconcile", occurrence)
             cp.resolution = None
-            cp.pending = None
+            frame.pending = None
             if resolution["outcome"] == "completed":
-                cp.attempts.pop(occurrence, None)
-                return await self._advance(cycle, step, resolution["result"])
+                frame.attempts.pop(occurrence, None)
+                return _Attempt("completed", occurrence, result=resolution["result"])
             if resolution["outcome"] == "failed":
-                attempt = cp.attempts.get(occurrence, 1)
-                return await self._after_failure(
-                    cycle, step, occurrence, attempt, resolution["error"]
-                )
+                attempt = frame.attempts.get(occurrence, 1)
+                return _Attempt("failed", occurrence, attempt, error=resolution["error"])
             # "retry": call again below, with a new intent record and the same key.
         handler = self._app.handler(step.handler)
-        attempt = cp.attempts.get(occurrence, 0) + 1
-        args = step.args.render(cycle.scope())
+        attempt = frame.attempts.get(occurrence, 0) + 1
+        args = step.args.render(scope)
+        meter = SpendMeter(remaining)
 
         def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
+            spend = dict(meter.spent) or None
+            if spend is not None and kind != "started":
+                charge(spend)
             return EvidenceRecord(
                 occurrence=occurrence, step=step.id, handler=step.handler,
                 idempotent=step.idempotent, idempotency_key=key, record=kind,
                 attempt=attempt, result=result, error=error,
+                spend=None if kind == "started" else spend,
             )  # fmt: skip
 
         if faults.ARMED:
             faults.fault_point("before_intent", step.id)
         if not step.idempotent:
             # The intent carries the attempt; a takeover finds it pending and reconciles.
-            cp.attempts[occurrence] = attempt
+            frame.attempts[occurrence] = attempt
             cycle.evidence.append(record("started"))
-            cp.pending = occurrence
+            frame.pending = occurrence
         if cycle.dirty:
             await self._commit(cycle)
         # An idempotent attempt is not written before the call: a takeover counts it as lost.
-        cp.attempts[occurrence] = attempt
+        frame.attempts[occurrence] = attempt
         if faults.ARMED:
             faults.fault_point("after_intent", step.id)
 
@@ -503,6 +634,7 @@ class Interpreter:
             idempotency_key=key,
             _connection=self._connection,
             _stop=control.new_call(),
+            _spend=meter,
         )
         started = time.monotonic()
         outcome = "error"
@@ -513,21 +645,23 @@ class Interpreter:
             # The call happened; its result cannot be recorded. Not an attempt to repeat:
             # the step fails for good (its catch applies).
             error = error_data(exc)
-            cp.pending = None
-            cp.attempts.pop(occurrence, None)
+            frame.pending = None
             cycle.evidence.append(record("failed", error=error))
-            return await self._step_failed(cycle, step, {**error, "attempts": attempt})
+            return _Attempt("failed", occurrence, attempt, error=error, final=True)
         except _TimedOut:
             error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
             if not step.idempotent:
                 # The call may or may not have had its effect: uncertain, so reconcile.
-                return await self._reconcile(cycle, step, occurrence, error)
+                return _Attempt("reconcile", occurrence, attempt, error=error)
             cycle.evidence.append(record("failed", error=error))
-            return await self._after_failure(cycle, step, occurrence, attempt, error)
+            return _Attempt("failed", occurrence, attempt, error=error)
         except Exception as exc:  # a handler's error is data: it goes to the retry policy
             error = error_data(exc)
+            frame.pending = None
             cycle.evidence.append(record("failed", error=error))
-            return await self._after_failure(cycle, step, occurrence, attempt, error)
+            return _Attempt(
+                "failed", occurrence, attempt, error=error, final=error["name"] in NEVER_RETRIED
+            )
         finally:
             if self._metrics is not None:
                 self._metrics.step_duration.labels(cycle.definition.name, step.id, outcome).observe(
@@ -535,13 +669,13 @@ class Interpreter:
                 )
         if faults.ARMED:
             faults.fault_point("after_call", step.id)
-        cp.pending = None
-        cp.attempts.pop(occurrence, None)
+        frame.pending = None
+        frame.attempts.pop(occurrence, None)
         cycle.evidence.append(record("completed", result=result))
-        return await self._advance(cycle, step, result)
+        return _Attempt("completed", occurrence, attempt, result=result)
 
     async def _reconcile(
-        self, cycle: _Cycle, step: EffectStep, occurrence: str, error: Error | None = None
+        self, cycle: _Cycle, step: _NextStep, occurrence: str, error: Error | None = None
     ) -> CycleOutcome:
         cycle.checkpoint.pending = occurrence
         detail: dict[str, Any] = {"step": step.id, "occurrence": occurrence}
@@ -590,26 +724,236 @@ class Interpreter:
                 ) from exc  # fmt: skip
             raise ResultNotJson(f"{where} that cannot be stored as JSON: {exc}") from exc
 
-    async def _after_failure(
-        self, cycle: _Cycle, step: EffectStep, occurrence: str, attempt: int, error: Error
+    # --- parallel and map -------------------------------------------------------------------
+
+    async def _fanout(
+        self, cycle: _Cycle, step: ParallelStep | MapStep, control: CycleControl
     ) -> CycleOutcome | None:
+        """Run a parallel or map step: its branches concurrently inside this lease.
+
+        Each branch's progress is committed as it happens (its frame is in the checkpoint),
+        so a crash resumes every branch where it was and never re-runs a finished one. A race
+        winner is committed before anything else happens. Reservations are taken before any
+        branch starts and released when the step ends.
+        """
         cp = cycle.checkpoint
-        cp.pending = None
-        policy = step.retry
-        if attempt < policy.max_attempts and error["name"] not in policy.non_retryable:
-            delay = policy.delay(attempt)
-            cycle.events.append(
-                Event(
-                    "retry_scheduled",
-                    {"step": step.id, "attempt": attempt, "delay_seconds": delay, "error": error},
+        occurrence = cp.occurrence(step.id)
+        scope = cycle.scope()
+        items: list[Any] | None = None
+        if isinstance(step, MapStep):
+            rendered = step.items.render(scope)
+            if not isinstance(rendered, list):
+                raise ExpressionError(
+                    f"step {step.id!r}: map items must be a list, got {type(rendered).__name__}",
+                    step=step.id,
                 )
-            )
-            await self._commit(cycle, state="queued", delay_seconds=delay)
-            if self._metrics is not None:
-                self._metrics.retries.labels(cycle.definition.name).inc()
-            return CycleOutcome.RETRY
-        cp.attempts.pop(occurrence, None)
-        return await self._step_failed(cycle, step, {**error, "attempts": attempt})
+            items = rendered
+            names = [str(index) for index in range(len(items))]
+        else:
+            names = list(step.branches)
+        fan = cp.fanout
+        if fan is None or fan.get("occurrence") != occurrence:
+            fan = {"occurrence": occurrence, "branches": {}, "winner": None, "reserved": None,
+                   "spent": {}}  # fmt: skip
+            cp.fanout = fan
+            cycle.events.append(Event("fanout_started", {"step": step.id, "branches": len(names)}))
+        if step.reserve is not None and fan["reserved"] is None:
+            outcome = await self._reserve(cycle, step, fan, len(names))
+            if outcome is not None or cp.fanout is None:
+                return outcome
+        cycle.frames = {
+            name: BranchFrame.from_json(data) for name, data in fan["branches"].items()
+        }
+        run = _FanOut(self, cycle, step, fan, names, items, control)
+        try:
+            run.resume()
+            await run.run_branches()
+            return await self._end_fanout(run)
+        finally:
+            cycle.frames = {}
+
+    async def _end_fanout(self, run: _FanOut) -> CycleOutcome | None:
+        cycle, step, fan = run.cycle, run.step, run.fan
+        cp = cycle.checkpoint
+        frames = cycle.frames
+        for name, frame in frames.items():
+            if frame.status == "running":  # stopped by cancel_losers
+                frame.status = "cancelled"
+                cycle.events.append(
+                    Event("branch_cancelled", {"step": step.id, "branch": name,
+                                               "pending": frame.pending})
+                )  # fmt: skip
+        winner = fan.get("winner")
+        blocked = [frame for frame in frames.values() if frame.status == "blocked"]
+        output: Any = None
+        error: Error | None = None
+        if run.racing and winner is not None:
+            output = frames[winner].output
+        elif not run.racing and run.failure is not None:
+            name, branch_error = run.failure
+            error = {**branch_error, "branch": name}
+        elif blocked:  # undecided while an effect's outcome is unknown: reconcile first
+            pending = blocked[0].pending
+            assert pending is not None
+            return await self._reconcile(cycle, step, pending)
+        elif run.racing:
+            errors = {name: frame.error for name, frame in frames.items()}
+            error = {"name": "AllBranchesFailed", "errors": errors,
+                     "message": f"every branch of step {step.id!r} failed"}  # fmt: skip
+        else:
+            outputs = [frames[name].output for name in run.names]
+            mapped = isinstance(step, MapStep)
+            output = outputs if mapped else dict(zip(run.names, outputs, strict=True))
+        self._release(cycle, fan)
+        cp.fanout = None
+        cycle.frames = {}
+        detail: dict[str, Any] = {"step": step.id, "outcome": "failed" if error else "succeeded"}
+        if winner is not None:
+            detail["winner"] = winner
+        cycle.events.append(Event("fanout_ended", detail))
+        if error is not None:
+            return await self._step_failed(cycle, step, error)
+        self._check_result(output, step.id, "the branches")
+        return await self._advance(cycle, step, output)
+
+    async def _reserve(
+        self, cycle: _Cycle, step: ParallelStep | MapStep, fan: dict[str, Any], branches: int
+    ) -> CycleOutcome | None:
+        """Take the step's reservation from the task's and the tenant's budgets.
+
+        Returns:
+            None once reserved; WAITING when it does not fit now (the task waits, reason
+            ``budget``, and looks again later); else the outcome of failing the step with
+            ``BudgetExceeded`` (it can never fit).
+        """
+        assert step.reserve is not None
+        cp = cycle.checkpoint
+        factor = branches if step.reserve.per_branch else 1
+        amounts = {res: float(amount) * factor for res, amount in step.reserve.amounts.items()}
+        for resource, amount in amounts.items():
+            entry = cp.budget.get(resource)
+            if entry is not None and amount > entry["limit"] - entry["spent"] + 1e-9:
+                left = entry["limit"] - entry["spent"]
+                return await self._budget_refused(cycle, step, resource, amount, left, "task")
+        if cycle.dirty:
+            await self._commit(cycle)  # the reservation's own write carries no evidence
+        fan["reserved"] = amounts
+        for resource, amount in amounts.items():
+            if resource in cp.budget:
+                cp.budget[resource]["reserved"] += amount
+        deferrals = (cp.wait or {}).get("budget", 0)
+        cp.wait = None
+        reservation: tuple[ReservationOutcome, str | None]
+        async with cycle.lock:
+            reservation = await self._retrying(
+                cycle.control,
+                functools.partial(
+                    self._budgets.reserve, self._worker_id, cycle.task.id, cycle.task.token,
+                    cycle.task.tenant, amounts, cycle.checkpoint_json(), cycle.next_write_id(),
+                    {"step": step.id, "amounts": amounts},
+                ),
+            )  # fmt: skip
+        outcome, short = reservation
+        if outcome is ReservationOutcome.RESERVED:
+            return None
+        fan["reserved"] = None
+        for name, amount in amounts.items():
+            if name in cp.budget:
+                cp.budget[name]["reserved"] -= amount
+        assert short is not None
+        if outcome is ReservationOutcome.NEVER:
+            return await self._budget_refused(cycle, step, short, amounts[short], None, "tenant")
+        delay = min(BUDGET_RECHECK_MAX, 2.0 ** min(deferrals + 1, 6))
+        cp.wait = {"occurrence": fan["occurrence"], "budget": deferrals + 1}
+        cycle.events.append(
+            Event("budget_deferred", {"step": step.id, "resource": short,
+                                      "amount": amounts[short], "delay_seconds": delay})
+        )  # fmt: skip
+        await self._commit(cycle, state="waiting", wait_reason="budget", delay_seconds=delay)
+        return CycleOutcome.WAITING
+
+    async def _budget_refused(
+        self,
+        cycle: _Cycle,
+        step: ParallelStep | MapStep,
+        resource: str,
+        amount: float,
+        left: float | None,
+        whose: str,
+    ) -> CycleOutcome | None:
+        cycle.checkpoint.fanout = None
+        cycle.checkpoint.wait = None
+        where = f"{left:g} left in the task's budget" if left is not None else (
+            "more than the tenant's whole budget")
+        message = f"step {step.id!r} reserves {amount:g} {resource}: {where}"
+        error = {"name": "BudgetExceeded", "message": message, "resource": resource,
+                 "budget": whose}  # fmt: skip
+        return await self._step_failed(cycle, step, error)
+
+    @staticmethod
+    def _release(cycle: _Cycle, fan: dict[str, Any]) -> None:
+        """Return what the step reserved and did not spend; move its spend to the task's."""
+        reserved = fan.get("reserved") or {}
+        cp = cycle.checkpoint
+        for resource, amount in reserved.items():
+            used = fan["spent"].get(resource, 0.0)
+            if resource in cp.budget:
+                cp.budget[resource]["reserved"] -= amount
+                cp.budget[resource]["spent"] += used
+            unspent = amount - used
+            if unspent:
+                cycle.budget_delta[resource] = cycle.budget_delta.get(resource, 0.0) - unspent
+        fan["reserved"] = None
+
+    # --- child workflows --------------------------------------------------------------------
+
+    async def _child(
+        self, cycle: _Cycle, step: WorkflowStep, control: CycleControl
+    ) -> CycleOutcome | None:
+        """Start the step's child task once, then wait for it without a lease."""
+        cp = cycle.checkpoint
+        task = cycle.task
+        occurrence = cp.occurrence(step.id)
+        child = await self._retrying(
+            control, functools.partial(self._children.get, task.id, occurrence)
+        )
+        if child is None:
+            try:
+                definition = await self._retrying(
+                    control,
+                    functools.partial(self._catalog.submittable, step.workflow, step.version),
+                )
+                child_input = definition.validate_input(step.input.render(cycle.scope()))
+                check_payload(child_input, self._leases.payload_limits)
+            except (UnknownDefinition, DefinitionRetired, InputError, PayloadRefused) as exc:
+                return await self._step_failed(cycle, step, error_data(exc))
+            if cycle.dirty:
+                await self._commit(cycle)
+            child = await self._retrying(
+                control,
+                functools.partial(
+                    self._children.start, self._worker_id, task.id, task.token, occurrence,
+                    definition, child_input,
+                ),
+            )  # fmt: skip
+            cycle.events.append(
+                Event("child_started", {"step": step.id, "child_id": child.id,
+                                        "workflow": child.name, "version": child.version})
+            )  # fmt: skip
+        if child.ended:
+            cp.wait = None
+            if child.state == "succeeded":
+                return await self._advance(cycle, step, child.result)
+            error = dict(child.error or {})
+            if child.state == "cancelled":
+                error["name"] = "ChildCancelled"
+            error.setdefault("name", "ChildFailed")
+            error.setdefault("message", f"child task {child.id} {child.state}")
+            return await self._step_failed(cycle, step, {**error, "child_id": child.id})
+        cp.wait = {"occurrence": occurrence, "child": child.id}
+        cycle.events.append(Event("waiting", {"step": step.id, "child": child.id}))
+        await self._commit(cycle, state="waiting", wait_reason="child", run_at=NEVER)
+        return CycleOutcome.WAITING
 
     # --- waits --------------------------------------------------------------------------------
 
@@ -708,3 +1052,271 @@ def _timestamp(value: Any, step: str) -> str:
 
 class _TimedOut(Exception):
     """The step's timeout passed before the handler returned."""
+
+
+_NextStep = EffectStep | WaitStep | ParallelStep | MapStep | WorkflowStep
+"""A step with ``next`` and ``catch``."""
+
+
+def _retry_delay(step: EffectStep, done: _Attempt) -> float | None:
+    """Seconds before the next attempt after a failed one, or None: the step fails for good."""
+    assert done.error is not None
+    policy = step.retry
+    if done.final or done.attempt >= policy.max_attempts:
+        return None
+    if done.error["name"] in policy.non_retryable or done.error["name"] in NEVER_RETRIED:
+        return None
+    return policy.delay(done.attempt)
+
+
+def _lost_attempt(cycle: _Cycle, frame: Frame, step: EffectStep) -> Error | None:
+    """Count the attempt a takeover found lost at ``step`` of ``frame``.
+
+    Returns:
+        The error failing the step once the lost attempts reach ``max_attempts``, else None.
+        Nothing is counted when the intent is recorded: reconciliation decides then.
+    """
+    occurrence = frame.occurrence(step.id)
+    if frame.pending == occurrence:
+        return None
+    frame.attempts[occurrence] = frame.attempts.get(occurrence, 0) + 1
+    cycle.events.append(Event("attempt_lost", {"step": step.id, "occurrence": occurrence}))
+    if frame.attempts[occurrence] < step.retry.max_attempts:
+        return None
+    frame.attempts.pop(occurrence)
+    lost = step.retry.max_attempts
+    message = f"step {step.id!r}: {lost} attempts were lost to crashes or expired leases"
+    return {"name": "AttemptsExhausted", "message": message, "attempts": lost}
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception of a task group's that is not a cancellation, else the group."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            exc = _first_error(exc)
+        if not isinstance(exc, anyio.get_cancelled_exc_class() | BaseExceptionGroup):
+            return exc
+    return group
+
+
+class _FanOut:
+    """The branches of one parallel or map step occurrence, run inside one cycle."""
+
+    def __init__(
+        self,
+        interpreter: Interpreter,
+        cycle: _Cycle,
+        step: ParallelStep | MapStep,
+        fan: dict[str, Any],
+        names: list[str],
+        items: list[Any] | None,
+        control: CycleControl,
+    ) -> None:
+        self.interpreter = interpreter
+        self.cycle = cycle
+        self.step = step
+        self.fan = fan
+        self.names = names
+        self.items = items
+        self.control = control
+        #: (branch, error) of the first branch that failed (mode ``all`` and map).
+        self.failure: tuple[str, Error] | None = None
+        self.scope = anyio.CancelScope()
+        reserve = step.reserve
+        self.reserved: Mapping[str, float] = reserve.amounts if reserve is not None else {}
+        self.per_branch = reserve is not None and reserve.per_branch
+
+    def branch(self, name: str) -> Branch:
+        step = self.step
+        return step.branch if isinstance(step, MapStep) else step.branches[name]
+
+    def resume(self) -> None:
+        """Bring stored branches back: apply a takeover's lost attempts, unblock resolved ones."""
+        cycle = self.cycle
+        cp = cycle.checkpoint
+        if cp.pending is not None and cp.pending.startswith(f"{self.fan['occurrence']}/"):
+            cp.pending = None  # the blocked branch keeps its own pending occurrence
+        for name, frame in cycle.frames.items():
+            if frame.status == "blocked":
+                frame.status = "running"  # its effect finds the resolution, or blocks again
+            if frame.status != "running" or not cycle.task.recovered or frame.cursor is None:
+                continue
+            inner = self.branch(name).steps[frame.cursor]
+            if isinstance(inner, EffectStep):
+                error = _lost_attempt(cycle, frame, inner)
+                if error is not None:
+                    self.step_failed(name, frame, inner, error)
+
+    @property
+    def decided(self) -> bool:
+        """Whether the step's outcome is known (a race won, or a branch failed)."""
+        return self.fan.get("winner") is not None or self.failure is not None
+
+    async def run_branches(self) -> None:
+        step = self.step
+        limit = step.max_concurrency if isinstance(step, MapStep) else None
+        slots = anyio.Semaphore(limit) if limit else None
+        for name, frame in self.cycle.frames.items():
+            if frame.status == "failed" and self.failure is None and not self.racing:
+                self.failure = (name, frame.error or {})
+        try:
+            with self.scope:
+                async with anyio.create_task_group() as group:
+                    for name in self.names:
+                        group.start_soon(self.run_one, name, slots)
+        except BaseExceptionGroup as group_error:
+            raise _first_error(group_error) from None
+
+    @property
+    def racing(self) -> bool:
+        return isinstance(self.step, ParallelStep) and self.step.mode == "first_success"
+
+    async def run_one(self, name: str, slots: anyio.Semaphore | None) -> None:
+        if slots is None:
+            await self.run_branch(name)
+            return
+        async with slots:
+            await self.run_branch(name)
+
+    async def run_branch(self, name: str) -> None:
+        cycle = self.cycle
+        frame = cycle.frames.get(name)
+        if frame is None:
+            if self.failure is not None:
+                return  # a map item not started once the step has failed: never started
+            frame = BranchFrame.start(self.branch(name).start, f"{self.fan['occurrence']}/{name}/")
+            cycle.frames[name] = frame
+        if frame.status != "running":
+            return
+        await self.steps(name, frame)
+        await self.interpreter._commit(cycle)  # the branch's end is durable as it happens
+        await self.ended(name, frame)
+
+    async def ended(self, name: str, frame: BranchFrame) -> None:
+        """Decide what a branch's end means for the step."""
+        step = self.step
+        if self.racing and frame.status == "succeeded" and self.fan.get("winner") is None:
+            self.fan["winner"] = name
+            self.cycle.events.append(Event("race_won", {"step": step.id, "branch": name}))
+            await self.interpreter._commit(self.cycle)  # the winner is durable before all else
+            if step.cancel_losers:
+                self.scope.cancel()
+        elif not self.racing and frame.status == "failed" and self.failure is None:
+            self.failure = (name, frame.error or {})
+            if step.cancel_losers:
+                self.scope.cancel()
+
+    def context(self, name: str) -> dict[str, Any]:
+        if self.items is None:
+            return {"branch": name}
+        index = int(name)
+        return {"branch": name, "index": index, "item": self.items[index]}
+
+    def remaining(self, frame: BranchFrame) -> dict[str, float]:
+        """What an effect of ``frame`` may spend: its reservation's rest, else the task's."""
+        remaining = self.cycle.remaining()
+        for resource, amount in self.reserved.items():
+            if self.per_branch:
+                remaining[resource] = amount - frame.spent.get(resource, 0.0)
+            else:
+                total = self.fan["reserved"][resource]
+                remaining[resource] = total - self.fan["spent"].get(resource, 0.0)
+        return remaining
+
+    def charge(self, frame: BranchFrame, spend: dict[str, float]) -> None:
+        """Charge a branch's spend: to the reservation when it covers the resource."""
+        outside = {}
+        for resource, amount in spend.items():
+            frame.spent[resource] = frame.spent.get(resource, 0.0) + amount
+            if resource in self.reserved:
+                spent = self.fan["spent"]
+                spent[resource] = spent.get(resource, 0.0) + amount
+            else:
+                outside[resource] = amount
+        if outside:
+            self.cycle.charge(outside)
+
+    def step_failed(self, name: str, frame: BranchFrame, inner: Any, error: Error) -> None:
+        """An inner step failed for good: its catch (within the branch), else the branch fails."""
+        target = catch_target(getattr(inner, "catch", ()), error["name"])
+        if target is None:
+            frame.status = "failed"
+            frame.error = {**error, "step": inner.id}
+            frame.cursor = None
+            self.cycle.events.append(
+                Event("branch_failed", {"step": self.step.id, "branch": name, "error": frame.error})
+            )
+            return
+        frame.outputs[inner.id] = {"error": error}
+        self.cycle.events.append(
+            Event("caught", {"step": inner.id, "branch": name, "error": error, "next": target})
+        )
+        self.enter(frame, target)
+
+    def enter(self, frame: BranchFrame, target: str | None) -> None:
+        frame.enter(target)
+        self.cycle.checkpoint.steps_run += 1
+
+    def succeed(self, name: str, frame: BranchFrame, output: Any) -> None:
+        frame.status = "succeeded"
+        frame.output = output
+        frame.cursor = None
+        self.cycle.events.append(Event("branch_succeeded", {"step": self.step.id, "branch": name}))
+
+    async def steps(self, name: str, frame: BranchFrame) -> None:
+        """Run the branch's steps until it ends or blocks on reconciliation."""
+        interpreter, cycle = self.interpreter, self.cycle
+        steps = self.branch(name).steps
+        while frame.status == "running" and frame.cursor is not None:
+            inner = steps[frame.cursor]
+            scope = cycle.scope(frame, **self.context(name))
+            if isinstance(inner, ChoiceStep):
+                target = next(
+                    (rule.next for rule in inner.choices if is_truthy(rule.when.render(scope))),
+                    inner.default,
+                )
+                if target is None:
+                    message = f"no choice of step {inner.id!r} matched"
+                    self.step_failed(name, frame, inner, {"name": "NoChoiceMatched",
+                                                          "message": message})  # fmt: skip
+                else:
+                    self.enter(frame, target)
+                continue
+            if isinstance(inner, SucceedStep):
+                output = inner.output.render(scope)
+                interpreter._check_result(output, inner.id, "the output")
+                self.succeed(name, frame, output)
+                continue
+            if isinstance(inner, FailStep):
+                message = inner.message.render(scope)
+                text = message if isinstance(message, str) else json.dumps(message)
+                self.step_failed(name, frame, inner, {"name": inner.error, "message": text})
+                continue
+            done = await interpreter._attempt(
+                cycle, frame, inner, self.control, scope, self.remaining(frame),
+                functools.partial(self.charge, frame),
+            )  # fmt: skip
+            if done.kind == "completed":
+                frame.outputs[inner.id] = done.result
+                if inner.next is None:
+                    self.succeed(name, frame, done.result)
+                else:
+                    self.enter(frame, inner.next)
+            elif done.kind == "reconcile":
+                frame.status = "blocked"
+                frame.pending = done.occurrence
+                detail: dict[str, Any] = {"step": inner.id, "occurrence": done.occurrence}
+                if done.error is not None:
+                    detail["error"] = done.error
+                cycle.events.append(Event("reconciliation_required", detail))
+                return
+            else:
+                assert done.error is not None
+                delay = _retry_delay(inner, done)
+                if delay is None:
+                    frame.attempts.pop(done.occurrence, None)
+                    self.step_failed(name, frame, inner, {**done.error, "attempts": done.attempt})
+                    continue
+                interpreter._retry_scheduled(cycle, inner, done, delay)
+                await interpreter._commit(cycle)
+                await anyio.sleep(delay)  # inside a branch, a retry keeps the lease

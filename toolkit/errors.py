@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "BudgetExceeded",
     "ConfigError",
     "DatabaseUnavailable",
     "DefinitionConflict",
@@ -33,10 +34,12 @@ __all__ = [
     "ExpressionError",
     "ExpressionSyntaxError",
     "HandlerNotFound",
+    "HistoryError",
     "InputError",
     "LeaseLost",
     "MissingHandlers",
     "NoChoiceMatched",
+    "NotExported",
     "NotReconcilable",
     "PayloadRefused",
     "ResultNotJson",
@@ -48,6 +51,7 @@ __all__ = [
     "ToolkitError",
     "UnknownDefinition",
     "UnknownTask",
+    "UnknownTenant",
     "WorkerIdInUse",
 ]
 
@@ -240,6 +244,10 @@ class UnknownTask(ToolkitError):
     """No task has this id."""
 
 
+class UnknownTenant(ToolkitError):
+    """No tenant of this name is registered (it never submitted and was never set)."""
+
+
 class WorkerIdInUse(ToolkitError):
     """Another live worker process holds this worker id."""
 
@@ -268,12 +276,46 @@ class EffectCancelled(ToolkitError):
     """The effect call was cancelled (task cancelled, lease lost or worker stopping)."""
 
 
+class BudgetExceeded(ToolkitError):
+    """A spend or a reservation does not fit in what remains of a budget.
+
+    Raised by ``ctx.spend`` inside a handler (the step fails with this error, not retried)
+    and recorded as the error of a step whose reservation can never fit.
+
+    Attributes:
+        resource: the resource, e.g. ``"tokens"``.
+        wanted: the amount asked for.
+        remaining: what remained.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        resource: str | None = None,
+        wanted: float | None = None,
+        remaining: float | None = None,
+    ) -> None:
+        self.resource = resource
+        self.wanted = wanted
+        self.remaining = remaining
+        super().__init__(message)
+
+
 class DefinitionRetired(ToolkitError):
     """This definition version is retired: it takes no new submissions."""
 
 
 class DefinitionInUse(ToolkitError):
     """Live tasks reference this definition version; it cannot be deleted yet."""
+
+
+class HistoryError(ToolkitError):
+    """The history export folder is missing, unreadable or of another export schema."""
+
+
+class NotExported(ToolkitError):
+    """Terminal tasks past the age limit are not exported yet; prune refused them."""
 
 
 class SubmitConflict(ToolkitError):

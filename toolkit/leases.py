@@ -13,11 +13,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import anyio
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError, ToolkitError
 from toolkit.payload import PayloadLimits
+from toolkit.queries import query
 
 #: The ``run_at`` of a wait with no deadline: later than any real time, yet a value Python's
 #: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
@@ -69,6 +71,7 @@ class EvidenceRecord:
     attempt: int
     result: Any = None
     error: Any = None
+    spend: Mapping[str, float] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,8 @@ class FencedWrite:
             stored in the checkpoint as ``write``. Sending the same write again (after a
             dropped connection left its outcome unknown) then applies it at most once: a write
             already applied is reported applied, nothing appended twice. None: no such check.
+        budget_delta: amounts to add to the task's tenant budget use, by resource (spend
+            outside a reservation; a released reservation is negative). None: nothing.
 
     A signal wait (``waiting``, reason ``signal``) is made due at once by the write itself
     when a signal of that name is already stored and not consumed by this write.
@@ -119,6 +124,7 @@ class FencedWrite:
     events: Sequence[Event] = ()
     signals: Sequence[tuple[int, str]] = ()
     write_id: str | None = None
+    budget_delta: Mapping[str, float] | None = None
 
 
 class Leases:
@@ -126,6 +132,14 @@ class Leases:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        # Whether tenants with a max_active exist, as the last claim saw it: while they do,
+        # a claim locks them first (see :meth:`claim`). Starts True: the first claim finds out.
+        self._limits = True
+
+    @property
+    def database(self) -> Database:
+        """The database these leases live in."""
+        return self._db
 
     @property
     def payload_limits(self) -> PayloadLimits:
@@ -135,10 +149,18 @@ class Leases:
     async def claim(
         self, worker_id: str, digests: Sequence[str], limit: int, lease_seconds: float
     ) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due tasks of the given definitions in one statement.
+        """Claim up to ``limit`` due tasks of the given definitions, fairly across tenants.
 
-        Due means queued with ``run_at`` reached, or leased with an expired lease
-        (recoverable). Each claim raises the task's fencing token by one.
+        Due means queued or waiting with ``run_at`` reached, or leased with an expired lease
+        (recoverable). Each claim raises the task's fencing token by one. Tenant admission
+        (docs/tenants.md): paused tenants are skipped; the batch goes to the tenants with the
+        fewest leased tasks per unit of weight; a tenant never holds more unexpired leases
+        than its ``max_active``, however many workers claim at once.
+
+        While no tenant has a ``max_active``, a claim is one statement. Otherwise it is a
+        short transaction: lock the limited tenants no other claimer holds (the others are
+        skipped this round), then claim, counting their leases in a snapshot taken after the
+        locks.
 
         Args:
             worker_id: the claiming worker's id.
@@ -154,15 +176,26 @@ class Leases:
         """
         if limit <= 0 or not digests:
             return []
-        rows = await self._db.fetch_all(
-            "claim_tasks",
-            {
-                "worker_id": worker_id,
-                "digests": list(digests),
-                "limit": limit,
-                "lease_seconds": lease_seconds,
-            },
-        )
+        params = {
+            "worker_id": worker_id,
+            "digests": list(digests),
+            "limit": limit,
+            "lease_seconds": lease_seconds,
+            "locked": [],
+        }
+        if not self._limits:
+            rows = await self._db.fetch_all("claim_tasks", params)
+            # Nothing claimed tells nothing: take the locking path until a claim says.
+            self._limits = not rows or bool(rows[0]["limits"])
+        else:
+            async with self._db.transaction() as conn:
+                cursor = conn.cursor(row_factory=dict_row)
+                await cursor.execute(query("lock_limited_tenants"))
+                params["locked"] = [row["tenant"] for row in await cursor.fetchall()]
+                await cursor.execute(query("claim_tasks"), params)
+                rows = await cursor.fetchall()
+            if rows and not params["locked"]:
+                self._limits = bool(rows[0]["limits"])
         return [
             ClaimedTask(
                 id=row["id"],
@@ -307,12 +340,14 @@ def _write_json(write: FencedWrite) -> dict[str, Any]:
                 "attempt": r.attempt,
                 "result": r.result,
                 "error": r.error,
+                "spend": r.spend,
             }
             for r in write.evidence
         ],
         "events": [{"kind": e.kind, "detail": e.detail} for e in write.events],
         "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
         "write_id": write.write_id,
+        "budget_delta": write.budget_delta,
     }
 
 

@@ -9,17 +9,55 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 import psycopg
 
-from toolkit.definition import EffectStep, WorkflowDefinition
-from toolkit.errors import EffectCancelled, HandlerNotFound, MissingHandlers
+from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, WorkflowDefinition
+from toolkit.errors import BudgetExceeded, EffectCancelled, HandlerNotFound, MissingHandlers
 
 HandlerFunc = Callable[..., Any]
 F = TypeVar("F", bound=HandlerFunc)
+
+
+class SpendMeter:
+    """What one effect call spends, against what remained for it when it started.
+
+    Args:
+        remaining: resource to the amount the call may use (absent: no limit).
+    """
+
+    def __init__(self, remaining: Mapping[str, float]) -> None:
+        self.remaining = dict(remaining)
+        self.spent: dict[str, float] = {}
+        self._lock = threading.Lock()  # a sync handler reports from its worker thread
+
+    def add(self, amounts: Mapping[str, float]) -> None:
+        """Record ``amounts``; raise once one is over what remains (see `EffectContext.spend`).
+
+        Raises:
+            BudgetExceeded: over what remained for the call.
+            ValueError: a negative or non-numeric amount.
+        """
+        for resource, amount in amounts.items():
+            if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+                raise ValueError(f"spend of {resource!r} must be a number >= 0, got {amount!r}")
+        over = None
+        with self._lock:
+            for resource, amount in amounts.items():
+                total = self.spent.get(resource, 0.0) + float(amount)
+                self.spent[resource] = total
+                limit = self.remaining.get(resource)
+                if limit is not None and total > limit + 1e-9 and over is None:
+                    over = (resource, total, limit)
+        if over is not None:
+            resource, total, limit = over
+            raise BudgetExceeded(
+                f"spending {total:g} {resource} exceeds the {limit:g} that remained of the budget",
+                resource=resource, wanted=total, remaining=limit,
+            )  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +89,26 @@ class EffectContext:
         dataclasses.field(repr=False)
     )
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _spend: SpendMeter | None = dataclasses.field(default=None, repr=False)
+
+    def spend(self, **amounts: float) -> None:
+        """Report what this call used of budgeted resources, e.g. ``ctx.spend(tokens=812)``.
+
+        The amounts are recorded with the effect's evidence (fenced: a stale worker's spend
+        never counts) and charged to the task's budget (or the reservation of the parallel
+        or map step the call runs in) and the tenant's. Call it once the resource is used:
+        it is recorded even when it raises.
+
+        Args:
+            amounts: resource name to amount used (≥ 0), in the resource's own unit.
+
+        Raises:
+            BudgetExceeded: the amount takes the call over what remained for it; the step
+                fails with this error (it is not retried).
+            ValueError: an amount is negative or not a number.
+        """
+        if self._spend is not None:  # None: a context built outside the engine
+            self._spend.add(amounts)
 
     @property
     def cancelled(self) -> bool:
@@ -161,12 +219,30 @@ class App:
         """
         lines = []
         for definition in definitions:
-            for step in definition.steps.values():
-                if isinstance(step, EffectStep) and step.handler not in self._handlers:
-                    where = definition.source or f"{definition.name} v{definition.version}"
+            where = definition.source or f"{definition.name} v{definition.version}"
+            for path, step in _effect_steps(definition):
+                if step.handler not in self._handlers:
                     lines.append(
-                        f"{where}: $.steps.{step.id}.effect: no handler {step.handler!r} "
+                        f"{where}: {path}.effect: no handler {step.handler!r} "
                         f"is registered in app {self.name!r}"
                     )
         if lines:
             raise MissingHandlers("\n".join(lines))
+
+
+def _effect_steps(definition: WorkflowDefinition) -> Iterator[tuple[str, EffectStep]]:
+    """Every effect step of a definition, branches included, with its JSON path."""
+    for step in definition.steps.values():
+        if isinstance(step, EffectStep):
+            yield f"$.steps.{step.id}", step
+        branches: Mapping[str, Branch] = {}
+        if isinstance(step, ParallelStep):
+            branches = step.branches
+            where = f"$.steps.{step.id}.parallel.branches"
+        elif isinstance(step, MapStep):
+            branches = {"branch": step.branch}
+            where = f"$.steps.{step.id}.map"
+        for name, branch in branches.items():
+            for inner in branch.steps.values():
+                if isinstance(inner, EffectStep):
+                    yield f"{where}.{name}.steps.{inner.id}", inner

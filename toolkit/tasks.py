@@ -5,7 +5,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
@@ -68,6 +68,29 @@ class Tasks:
             ) from exc
         return definition.validate_input(value)
 
+    async def _initial_checkpoint(
+        self, definition: WorkflowDefinition, tenant: str, budget: Mapping[str, float] | None
+    ) -> dict[str, Any]:
+        """The checkpoint of a new task, with its budget: the definition's, overridden."""
+        limits = {**definition.budget, **(budget or {})}
+        if budget:
+            for resource, amount in budget.items():
+                if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+                    raise InputError(
+                        f"budget {resource!r} must be a number >= 0, got {amount!r}",
+                        path=f"$.budget.{resource}",
+                    )
+            rows = await self._db.fetch_all("tenant_budget_amounts", {"tenant": tenant})
+            for row in rows:
+                wanted = budget.get(row["resource"])
+                if wanted is not None and wanted > row["amount"]:
+                    raise InputError(
+                        f"budget {row['resource']!r} of {wanted:g} is over tenant "
+                        f"{tenant!r}'s budget of {row['amount']:g}",
+                        path=f"$.budget.{row['resource']}",
+                    )
+        return Checkpoint.initial(definition.start, limits).to_json()
+
     def _checked(self, value: Any, what: str) -> Any:
         """A signal payload or reconciled result checked against the payload limits."""
         try:
@@ -82,6 +105,7 @@ class Tasks:
         inputs: Sequence[Any],
         *,
         tenant: str = "default",
+        budget: Mapping[str, float] | None = None,
     ) -> list[int]:
         """Queue one task per input, validated against the definition's input schema.
 
@@ -94,17 +118,21 @@ class Tasks:
             definition: a deployed definition; the tasks are pinned to its digest.
             inputs: task inputs (JSON values).
             tenant: the tenant the tasks belong to.
+            budget: overrides of the definition's ``budget``, by resource (amounts ≥ 0);
+                each must fit in the tenant's budget for the resource, when it has one.
 
         Returns:
             The new task ids, in input order.
 
         Raises:
             InputError: an input is over the payload limits, is not storable JSON, or fails
-                the input schema; ``path`` locates the fault (nothing written).
+                the input schema; ``path`` locates the fault (nothing written). Also for a
+                budget override over the tenant's budget.
         """
         validated = [self._checked_input(definition, value) for value in inputs]
         if not validated:
             return []
+        initial = await self._initial_checkpoint(definition, tenant, budget)
         rows = await self._db.fetch_all(
             "submit_tasks",
             {
@@ -113,13 +141,19 @@ class Tasks:
                 "version": definition.version,
                 "digest": definition.digest,
                 "inputs": Jsonb(validated),
-                "checkpoint": Jsonb(Checkpoint.initial(definition.start).to_json()),
+                "checkpoint": Jsonb(initial),
             },
         )
         return [row["id"] for row in rows]
 
     async def submit_keyed(
-        self, definition: WorkflowDefinition, value: Any, *, key: str, tenant: str = "default"
+        self,
+        definition: WorkflowDefinition,
+        value: Any,
+        *,
+        key: str,
+        tenant: str = "default",
+        budget: Mapping[str, float] | None = None,
     ) -> tuple[int, bool]:
         """Queue one task unless the tenant already has a task with idempotency key ``key``.
 
@@ -128,6 +162,7 @@ class Tasks:
             value: the task input, validated against the input schema.
             key: the idempotency key, unique per tenant.
             tenant: the tenant.
+            budget: overrides of the definition's budget (see `submit`).
 
         Returns:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
@@ -143,7 +178,7 @@ class Tasks:
             "version": definition.version,
             "digest": definition.digest,
             "input": Jsonb(self._checked_input(definition, value)),
-            "checkpoint": Jsonb(Checkpoint.initial(definition.start).to_json()),
+            "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
             "key": key,
         }
         row = await self._db.fetch_one("submit_keyed_task", params)
@@ -244,7 +279,7 @@ class Tasks:
         return int(row["signal_id"])
 
     async def cancel(self, task_id: int, reason: str = "cancelled by request") -> str:
-        """Cancel a task.
+        """Cancel a task, and its live child tasks (and theirs).
 
         A queued or waiting task (or one whose lease expired) is cancelled at once; a leased
         one gets a cancel request that its worker learns of at its next heartbeat, which
@@ -260,6 +295,13 @@ class Tasks:
         row = await self._db.fetch_one("request_cancel", {"task_id": task_id, "reason": reason})
         if row is None or row["previous_state"] is None:
             raise UnknownTask(f"no task {task_id}")
+        if row["cancelled"] or row["requested"]:
+            # Its live children (and theirs) go with it.
+            for child in await self._db.fetch_all("live_children", {"task_id": task_id}):
+                await self._db.fetch_one(
+                    "request_cancel",
+                    {"task_id": child["id"], "reason": f"parent task {task_id} cancelled"},
+                )
         if row["cancelled"]:
             return "cancelled"
         if row["requested"]:
@@ -294,7 +336,10 @@ class Tasks:
             self._checked(result, f"result of step {step!r}")
         task = await self.get(task_id)
         pending = task.checkpoint.get("pending")
-        if task.wait_reason != "reconciliation" or not str(pending).startswith(f"{step}#"):
+        # ``step`` names the step of the pending occurrence: at the task's level (``charge``
+        # for ``charge#1``) or in a branch (``charge`` or ``fan`` for ``fan#1/a/charge#1``).
+        names = {str(pending).split("#", 1)[0], str(pending).rsplit("/", 1)[-1].split("#")[0]}
+        if task.wait_reason != "reconciliation" or step not in names:
             waiting_on = f" (it waits on {pending})" if task.wait_reason == "reconciliation" else ""
             raise NotReconcilable(
                 f"task {task_id} is {task.state}"

@@ -65,6 +65,35 @@ async def not_json(ctx: EffectContext) -> Any:
     return {"when": object()}
 
 
+@app.effect("count.spend")
+async def spend(ctx: EffectContext, tokens: float = 0, value: Any = None) -> dict[str, Any]:
+    await record_call(ctx)
+    ctx.spend(tokens=tokens)
+    return {"value": value, "tokens": tokens}
+
+
+#: Calls of ``count.concurrent`` in progress now, and the most seen at once (in-process).
+CONCURRENCY = {"now": 0, "most": 0}
+
+
+@app.effect("count.concurrent")
+async def concurrent(ctx: EffectContext, seconds: float = 0.05, value: Any = None) -> Any:
+    await record_call(ctx)
+    CONCURRENCY["now"] += 1
+    CONCURRENCY["most"] = max(CONCURRENCY["most"], CONCURRENCY["now"])
+    try:
+        await anyio.sleep(seconds)
+    finally:
+        CONCURRENCY["now"] -= 1
+    return value
+
+
+@app.effect("count.fail")
+async def fail(ctx: EffectContext, error: str = "Broken") -> None:
+    await record_call(ctx)
+    raise _named(error)(f"{ctx.step} fails on purpose")
+
+
 @app.effect("count.crash")
 async def crash(ctx: EffectContext) -> None:
     await record_call(ctx)

@@ -1,14 +1,15 @@
 """The example application: the handlers of the definitions in ``definitions/``.
 
-``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON report)
-and ``order-saga`` (reserve, review large orders, charge, ship). Run it with
+``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON report),
+``order-saga`` (reserve, review large orders, charge, ship) and the composition examples (a
+model-call race, a batch map, a parent order with a child payment). Run it with
 ``toolkit run --app toolkit.examples`` or ``toolkit demo``. The order saga writes the
 application tables created by :func:`ensure_example_tables`.
 """
 
 from __future__ import annotations
 
-from toolkit.examples import ingest, orders
+from toolkit.examples import composition, ingest, orders
 from toolkit.examples.orders import ensure_example_tables
 from toolkit.registry import App
 
@@ -26,3 +27,9 @@ app.add("inventory.reserve", orders.reserve_handler)
 app.add("orders.review", orders.review_handler)
 app.add("payments.charge", orders.charge_handler)
 app.add("shipping.ship", orders.ship_handler)
+
+app.add("composition.ask", composition.ask_handler)
+app.add("composition.ask_slow", composition.ask_slow_handler)
+app.add("composition.summarise", composition.summarise_handler)
+app.add("composition.process_item", composition.process_item_handler)
+app.add("composition.charge", composition.charge_handler)

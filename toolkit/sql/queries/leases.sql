@@ -1,20 +1,65 @@
+-- name: lock_limited_tenants
+-- The first statement of a claim when tenants have a max_active (docs/tenants.md): lock
+-- every such tenant that no other claimer holds. The claim that follows in the same
+-- transaction (a fresh snapshot, taken after these locks) counts their leases and takes at
+-- most max_active minus that; a tenant another claimer holds is skipped this round. NO KEY
+-- UPDATE: claimers exclude each other, budget rows (FOR KEY SHARE of their tenant) do not.
+SELECT tenant
+FROM toolkit_tenants
+WHERE max_active IS NOT NULL AND NOT paused
+ORDER BY tenant
+FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: claim_tasks
 -- Claims up to %(limit)s due tasks of the given definitions: queued or waiting ones whose
--- run_at has come, and leased ones whose lease expired (recoverable). The index orders
--- tasks by when they are due (a leased task by its lease expiry), so one index range finds
--- every claimable task and never steps over live leases. The fencing token rises by one on
--- every claim (DESIGN §2); the lease expiry is database time.
+-- run_at has come, and leased ones whose lease expired (recoverable), fairly across tenants
+-- (docs/tenants.md). For each tenant that is not paused, a lateral subquery reads that
+-- tenant's due tasks off the claim index in due order (a leased task by its lease expiry,
+-- so one index range finds every claimable task and never steps over live leases), locked
+-- with SKIP LOCKED, up to the batch or to the tenant's free slots. A tenant with a
+-- max_active is read only when it is in %(locked)s (this transaction holds its row, see
+-- lock_limited_tenants); its free slots are max_active minus its unexpired leases (an
+-- expired lease holds no slot). The batch then goes to the tenants with the fewest
+-- unexpired leases per unit of weight, counting the tasks of this batch as they are picked
+-- (a weighted fair share of the leased slots), ties by due time; a tenant's leases are only
+-- counted when it has a limit or shares the queue with other tenants. The fencing token
+-- rises by one on every claim (DESIGN §2); the lease expiry is database time. Every row
+-- tells whether tenants with a max_active exist (limits), so that a claimer knows whether
+-- it needs the locking path.
 WITH candidates AS (
-    SELECT id, state AS previous_state, lease_owner AS previous_owner,
-           CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
-    FROM toolkit_tasks
-    WHERE state IN ('queued', 'leased', 'waiting')
-      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-          <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
-      AND definition_digest = ANY(%(digests)s::text[])
-    ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
+    SELECT c.*
+    FROM (
+        SELECT tn.tenant, tn.weight, tn.max_active,
+               CASE WHEN tn.max_active IS NULL
+                         AND (SELECT count(*) < 2 FROM toolkit_tenants WHERE NOT paused)
+                    THEN 0
+                    ELSE (SELECT count(*) FROM toolkit_tasks a
+                          WHERE a.state = 'leased' AND a.tenant = tn.tenant
+                            AND a.lease_expires_at > (SELECT clock_timestamp())) END AS active
+        FROM toolkit_tenants tn
+        WHERE NOT tn.paused
+          AND (tn.max_active IS NULL OR tn.tenant = ANY(%(locked)s::text[]))
+    ) tn
+    CROSS JOIN LATERAL (
+        SELECT due.*, tn.weight, tn.active,
+               row_number() OVER (ORDER BY due.due_at, due.id) AS rank
+        FROM (
+            SELECT id, state AS previous_state, lease_owner AS previous_owner,
+                   CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
+            FROM toolkit_tasks
+            WHERE tenant = tn.tenant
+              AND state IN ('queued', 'leased', 'waiting')
+              AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                  <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
+              AND definition_digest = ANY(%(digests)s::text[])
+            ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
+            -- least() ignores the NULL of a tenant without a limit
+            LIMIT greatest(least(%(limit)s::bigint, tn.max_active - tn.active), 0)
+            FOR UPDATE SKIP LOCKED
+        ) due
+    ) c
+    ORDER BY (c.active + c.rank - 1)::float8 / c.weight, c.due_at, c.id
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE toolkit_tasks t
     SET state = 'leased',
@@ -39,7 +84,9 @@ WITH candidates AS (
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, previous_state = 'leased' AS recovered, queue_delay
+       cancel_requested, previous_state = 'leased' AS recovered, queue_delay,
+       EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
+           AS limits
 FROM claimed
 ORDER BY id;
 
@@ -83,6 +130,10 @@ RETURNING t.id, t.cancel_requested;
 -- A write with a write_id is stored with it (checkpoint ->> 'write'); sent again after its
 -- outcome was lost with a connection, it is found applied and applied again never. A signal
 -- wait is due at once when a signal of its name is stored and not consumed by this write.
+-- A wait for a child (reason child) is due at once when a child ended while the task held
+-- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
+-- (a different row: a parent written by this statement is not touched twice). A write's
+-- budget_delta ({resource: amount}) is added to its tenant's budget use.
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -90,7 +141,7 @@ WITH w AS (
     FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
         task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
-        evidence jsonb, events jsonb, signals jsonb, write_id text)
+        evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -106,6 +157,11 @@ WITH w AS (
       AND t.id NOT IN (SELECT id FROM replayed)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
+), ending_children AS (
+    SELECT c.parent_id
+    FROM toolkit_tasks c
+    JOIN w ON c.id = w.task_id
+    WHERE c.parent_id IS NOT NULL AND w.state IN ('succeeded', 'failed', 'cancelled')
 ), guard AS (
     UPDATE toolkit_tasks t
     SET checkpoint = CASE WHEN w.write_id IS NULL THEN w.checkpoint
@@ -123,6 +179,9 @@ WITH w AS (
                            SELECT 1 FROM jsonb_to_recordset(w.signals) AS c(id bigint)
                            WHERE c.id = s.id))
                 THEN clock_timestamp()
+            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'child'
+                 AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
+                THEN clock_timestamp()
             WHEN w.run_at IS NOT NULL THEN w.run_at
             WHEN w.delay_seconds IS NOT NULL
                 THEN clock_timestamp() + w.delay_seconds * interval '1 second'
@@ -138,21 +197,46 @@ WITH w AS (
                      ELSE w.error END,
         finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
                            THEN clock_timestamp() END,
+        child_wake = false,
         updated_at = clock_timestamp()
     FROM w, locked l
     WHERE t.id = w.task_id AND l.id = w.task_id
-    RETURNING t.id, t.state, w.token, l.cancelling
+    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id
 ), evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-         fencing_token, worker_id, result, error)
+         fencing_token, worker_id, result, error, spend)
     SELECT g.id, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
-           r.record, r.attempt, g.token, %(worker_id)s, r.result, r.error
+           r.record, r.attempt, g.token, %(worker_id)s, r.result, r.error, r.spend
     FROM guard g
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(
         occurrence text, step text, handler text, idempotent boolean,
-        idempotency_key text, record text, attempt integer, result jsonb, error jsonb)
+        idempotency_key text, record text, attempt integer, result jsonb, error jsonb,
+        spend jsonb)
+), budget_use AS (
+    UPDATE toolkit_tenant_budgets b
+    SET used = b.used + d.delta
+    FROM (
+        SELECT g.tenant, k.key AS resource, sum(k.value::numeric) AS delta
+        FROM guard g
+        JOIN w ON w.task_id = g.id
+        CROSS JOIN LATERAL jsonb_each_text(w.budget_delta) AS k
+        GROUP BY g.tenant, k.key
+        ORDER BY g.tenant, k.key
+    ) d
+    WHERE b.tenant = d.tenant AND b.resource = d.resource
+), woken_parents AS (
+    UPDATE toolkit_tasks p
+    SET child_wake = true,
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason = 'child'
+                      THEN clock_timestamp() ELSE p.run_at END
+    FROM guard g
+    WHERE p.id = g.parent_id
+      AND g.state IN ('succeeded', 'failed', 'cancelled')
+      AND p.state IN ('leased', 'waiting')
+      AND p.id NOT IN (SELECT task_id FROM w)
+    RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail

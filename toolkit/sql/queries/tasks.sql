@@ -1,6 +1,9 @@
 -- name: submit_tasks
--- Inserts one task per input and wakes idle workers (payload: nothing but ids).
-WITH submitted AS (
+-- Inserts one task per input and wakes idle workers (payload: nothing but ids). The tenant
+-- is registered (toolkit_tenants, default settings) if it is new: the claim reads tenants.
+WITH tenant AS (
+    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
+), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s
@@ -17,7 +20,10 @@ ORDER BY id;
 
 -- name: submit_keyed_task
 -- Inserts one task unless (tenant, idempotency key) exists; returns the new or existing row.
-WITH submitted AS (
+-- Registers the tenant if it is new, as submit_tasks does.
+WITH tenant AS (
+    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
+), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          idempotency_key)
@@ -65,7 +71,7 @@ ORDER BY state;
 
 -- name: task_evidence
 SELECT id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-       fencing_token, worker_id, result, error, recorded_at
+       fencing_token, worker_id, result, error, spend, recorded_at
 FROM toolkit_effect_evidence
 WHERE task_id = %(task_id)s
 ORDER BY id;
@@ -86,29 +92,43 @@ GROUP BY record;
 -- queued (due or not), leased, or waiting and due, which `toolkit run --until-idle` waits
 -- for (a timer or signal wait not yet due does not count). next_due: seconds until the
 -- earliest future run_at of a queued or waiting task (a retry or a timer), so the worker
--- wakes for it instead of polling. Both read the claim index by its key; the time bound is
--- a sub-select so that the planner uses it as an index bound, not as a filter over every
--- waiting task.
+-- wakes for it instead of polling. Tasks of paused tenants count for neither (no worker
+-- may claim them). The waiting and future parts read the claim index tenant by tenant
+-- (one short range each); the time bound is a sub-select so that the planner uses it as an
+-- index bound, not as a filter over every waiting task.
 SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
            WHERE state IN ('queued', 'leased')
              AND definition_digest = ANY(%(digests)s::text[])
+             AND tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused))
        )
        OR EXISTS (
-           SELECT 1 FROM toolkit_tasks
-           WHERE state IN ('queued', 'leased', 'waiting') AND state = 'waiting'
-             AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                 <= (SELECT clock_timestamp())
-             AND definition_digest = ANY(%(digests)s::text[])
+           SELECT 1
+           FROM toolkit_tenants tn
+           CROSS JOIN LATERAL (
+               SELECT 1 FROM toolkit_tasks
+               WHERE tenant = tn.tenant
+                 AND state IN ('queued', 'leased', 'waiting') AND state = 'waiting'
+                 AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                     <= (SELECT clock_timestamp())
+                 AND definition_digest = ANY(%(digests)s::text[])
+               LIMIT 1
+           ) due
+           WHERE NOT tn.paused
        ) AS pending,
-       (SELECT extract(epoch FROM run_at - clock_timestamp())::float8
-        FROM toolkit_tasks
-        WHERE state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
-          AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-              > (SELECT clock_timestamp())
-          AND definition_digest = ANY(%(digests)s::text[])
-        ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-        LIMIT 1) AS next_due;
+       (SELECT extract(epoch FROM min(later.run_at) - clock_timestamp())::float8
+        FROM toolkit_tenants tn
+        CROSS JOIN LATERAL (
+            SELECT run_at FROM toolkit_tasks
+            WHERE tenant = tn.tenant
+              AND state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
+              AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                  > (SELECT clock_timestamp())
+              AND definition_digest = ANY(%(digests)s::text[])
+            ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+            LIMIT 1
+        ) later
+        WHERE NOT tn.paused) AS next_due;
 
 -- name: send_signal
 -- Stores a signal for a live task and wakes it when it already waits for that name.
@@ -168,6 +188,17 @@ WITH target AS (
     WHERE t.id = target.id
       AND target.state = 'leased' AND target.lease_expires_at > clock_timestamp()
     RETURNING t.id
+), woken_parent AS (
+    -- A child cancelled here wakes its parent, as a child ending under a lease does.
+    UPDATE toolkit_tasks p
+    SET child_wake = true,
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason = 'child'
+                      THEN clock_timestamp() ELSE p.run_at END
+    FROM toolkit_tasks c
+    WHERE c.id IN (SELECT id FROM now_cancelled)
+      AND p.id = c.parent_id
+      AND p.state IN ('leased', 'waiting')
+    RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)
     SELECT id, 'cancelled', jsonb_build_object('reason', %(reason)s::text) FROM now_cancelled

@@ -1,0 +1,525 @@
+"""Parallel branches, map, races, budgets and child workflows, in-process against PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.apps import counting
+from tests.apps.counting import app
+from tests.workflows import definition
+from toolkit.budgets import Budgets, ReservationOutcome
+from toolkit.store import Store
+from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.worker import Worker
+
+pytestmark = pytest.mark.anyio
+
+FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
+
+
+async def deploy_submit(
+    store: Store, text: str, inputs: list[Any], **submit: Any
+) -> list[int]:
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return await store.tasks.submit(d, inputs, **submit)
+
+
+async def drain(store: Store, *texts: str, **config: Any) -> Any:
+    worker = Worker(store, app, [definition(text) for text in texts])
+    return await WorkflowSupervisor(
+        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
+    ).run()
+
+
+async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
+        return await cursor.fetchall() if cursor.description else []
+
+
+async def calls(store: Store) -> dict[str, int]:
+    return {key: n for key, n in await sql(store, "SELECT idempotency_key, calls FROM test_calls")}
+
+
+async def kinds(store: Store, task_id: int) -> list[str]:
+    return [event["kind"] for event in await store.tasks.events(task_id)]
+
+
+# --- parallel, mode all -----------------------------------------------------------------------
+
+PARALLEL = """
+name: parallel-all
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        left:
+          start: a
+          steps:
+            a: {effect: count.work, idempotent: true, args: {value: "${ input.x }"}, next: b}
+            b: {effect: count.work, idempotent: false, args: {value: "${ steps.a.value }"}}
+        right:
+          start: c
+          steps:
+            c: {effect: count.work, idempotent: true, args: {value: "${ context.branch }"}}
+    next: done
+  done: {succeed: {output: "${ steps.fan }"}}
+"""
+
+
+async def test_parallel_all_outputs_the_map_of_branch_outputs(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, PARALLEL, [{"x": 7}])
+    report = await drain(store, PARALLEL)
+    task = await store.tasks.get(task_id)
+    assert report.succeeded == 1, task.error
+    assert task.result["left"]["value"] == 7
+    assert task.result["right"]["value"] == "right"
+    assert await calls(store) == {
+        f"{task_id}:fan#1/left/a#1": 1,
+        f"{task_id}:fan#1/left/b#1": 1,
+        f"{task_id}:fan#1/right/c#1": 1,
+    }
+    events = await kinds(store, task_id)
+    assert events.count("branch_succeeded") == 2
+    assert "fanout_started" in events and "fanout_ended" in events
+    assert task.checkpoint.get("fanout") is None  # the step ended: no branch state left
+
+
+FAILING = """
+name: parallel-failing
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        good:
+          start: a
+          steps:
+            a: {effect: count.work, idempotent: true}
+        bad:
+          start: b
+          steps:
+            b: {effect: count.fail, idempotent: true, args: {error: OutOfStock},
+                retry: {max_attempts: 1}}
+    next: done
+    catch: [{errors: [OutOfStock], next: handled}]
+  done: {succeed: {output: ok}}
+  handled: {succeed: {output: "${ steps.fan.error }"}}
+"""
+
+
+async def test_a_failing_branch_fails_the_step_through_its_catch(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, FAILING, [{}])
+    await drain(store, FAILING)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded"
+    assert task.result["name"] == "OutOfStock"
+    assert task.result["branch"] == "bad"
+    assert task.result["step"] == "b"
+
+
+INNER_CATCH = """
+name: branch-catch
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        only:
+          start: b
+          steps:
+            b: {effect: count.fail, idempotent: true, retry: {max_attempts: 1},
+                catch: [{errors: ["*"], next: recover}]}
+            recover: {succeed: {output: "${ steps.b.error.name }"}}
+"""
+
+
+async def test_a_catch_inside_a_branch_keeps_the_branch_going(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, INNER_CATCH, [{}])
+    await drain(store, INNER_CATCH)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.result) == ("succeeded", {"only": "Broken"})
+
+
+# --- first_success ----------------------------------------------------------------------------
+
+RACE = """
+name: race
+version: 1
+start: race
+steps:
+  race:
+    parallel:
+      mode: first_success
+      cancel_losers: true
+      branches:
+        slow:
+          start: s
+          steps:
+            s: {effect: count.work, idempotent: true, args: {seconds: 60, value: slow}}
+        fast:
+          start: f
+          steps:
+            f: {effect: count.work, idempotent: true, args: {value: fast}}
+        broken:
+          start: x
+          steps:
+            x: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}
+"""
+
+
+async def test_first_success_wins_and_cancels_the_losers(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, RACE, [{}])
+    with anyio.fail_after(30):  # the slow branch would take 60 s if it were not cancelled
+        await drain(store, RACE)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", task.error
+    assert task.result["value"] == "fast"
+    events = await store.tasks.events(task_id)
+    won = [e for e in events if e["kind"] == "race_won"]
+    assert [e["detail"]["branch"] for e in won] == ["fast"]
+    cancelled = [e["detail"]["branch"] for e in events if e["kind"] == "branch_cancelled"]
+    assert cancelled == ["slow"]
+    ended = next(e for e in events if e["kind"] == "fanout_ended")
+    assert ended["detail"]["winner"] == "fast"
+
+
+ALL_FAIL = """
+name: race-lost
+version: 1
+start: race
+steps:
+  race:
+    parallel:
+      mode: first_success
+      branches:
+        a:
+          start: x
+          steps: {x: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}}
+        b:
+          start: y
+          steps: {y: {fail: {error: Nope, message: no}}}
+"""
+
+
+async def test_a_race_nobody_wins_fails_with_every_branch_error(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, ALL_FAIL, [{}])
+    await drain(store, ALL_FAIL)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed"
+    assert task.error["name"] == "AllBranchesFailed"
+    assert task.error["errors"]["a"]["name"] == "Broken"
+    assert task.error["errors"]["b"]["name"] == "Nope"
+
+
+# --- map --------------------------------------------------------------------------------------
+
+MAP = """
+name: map-items
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      max_concurrency: 2
+      branch:
+        start: work
+        steps:
+          work:
+            effect: count.concurrent
+            idempotent: true
+            args: {value: "${ [context.index, context.item] }"}
+"""
+
+
+async def test_map_bounds_concurrency_and_keeps_item_order(store: Store) -> None:
+    counting.CONCURRENCY.update(now=0, most=0)
+    items = ["a", "b", "c", "d", "e", "f"]
+    (task_id,) = await deploy_submit(store, MAP, [{"items": items}])
+    await drain(store, MAP, concurrency=8)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", task.error
+    assert task.result == [[i, item] for i, item in enumerate(items)]
+    assert counting.CONCURRENCY["most"] == 2
+    assert len(await calls(store)) == 6
+
+
+async def test_map_over_nothing_outputs_an_empty_list(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, MAP, [{"items": []}])
+    await drain(store, MAP)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.result) == ("succeeded", [])
+
+
+# --- budgets ----------------------------------------------------------------------------------
+
+SPEND = """
+name: spend
+version: 1
+budget: {tokens: 100}
+start: first
+steps:
+  first: {effect: count.spend, idempotent: true, args: {tokens: 60}, next: second}
+  second: {effect: count.spend, idempotent: true, args: {tokens: 60}}
+"""
+
+
+async def test_an_effect_spending_past_the_budget_fails_with_a_budget_error(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, SPEND, [{}])
+    await drain(store, SPEND)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed"
+    assert task.error["name"] == "BudgetExceeded" and task.error["step"] == "second"
+    assert len(await calls(store)) == 2  # not retried: a budget does not grow
+    assert task.checkpoint["budget"]["tokens"]["spent"] == 120
+    spend = [e["spend"] for e in await store.tasks.evidence(task_id)]
+    assert spend == [{"tokens": 60}, {"tokens": 60}]
+
+
+async def test_a_submit_overrides_the_budget(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, SPEND, [{}], budget={"tokens": 500})
+    await drain(store, SPEND)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded"
+    assert task.checkpoint["budget"]["tokens"] == {"limit": 500, "spent": 120, "reserved": 0}
+
+
+RESERVE = """
+name: reserve
+version: 1
+start: fan
+steps:
+  fan:
+    map:
+      items: "${ input.items }"
+      reserve: {per_branch: {tokens: 50}}
+      branch:
+        start: call
+        steps:
+          call: {effect: count.spend, idempotent: true, args: {tokens: "${ context.item }"}}
+"""
+
+
+async def set_tenant_budget(store: Store, tenant: str, amount: float, used: float = 0) -> None:
+    await sql(
+        store,
+        "INSERT INTO toolkit_tenants (tenant) VALUES (%s) ON CONFLICT DO NOTHING",
+        tenant,
+    )
+    await sql(
+        store,
+        "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount, used) "
+        "VALUES (%s, 'tokens', %s, %s) ON CONFLICT (tenant, resource) "
+        "DO UPDATE SET amount = excluded.amount, used = excluded.used",
+        tenant, amount, used,
+    )  # fmt: skip
+
+
+async def tenant_used(store: Store, tenant: str) -> float:
+    rows = await sql(
+        store,
+        "SELECT used::float8 FROM toolkit_tenant_budgets WHERE tenant = %s AND resource = 'tokens'",
+        tenant,
+    )
+    return rows[0][0]
+
+
+async def test_a_reservation_is_taken_then_the_unspent_part_released(store: Store) -> None:
+    await set_tenant_budget(store, "acme", 1000)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [10, 20, 30]}], tenant="acme")
+    await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", task.error
+    assert await tenant_used(store, "acme") == 60  # reserved 150, spent 60, 90 returned
+    reserved = [e for e in await store.tasks.events(task_id) if e["kind"] == "budget_reserved"]
+    assert reserved[0]["detail"]["amounts"] == {"tokens": 150}
+
+
+async def test_a_branch_spending_past_its_share_fails(store: Store) -> None:
+    await set_tenant_budget(store, "acme", 1000)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [10, 80]}], tenant="acme")
+    await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed"
+    assert task.error["name"] == "BudgetExceeded" and task.error["branch"] == "1"
+    assert await tenant_used(store, "acme") == 90  # both spends count; the rest returned
+
+
+async def test_a_reservation_that_does_not_fit_now_defers_the_task(store: Store) -> None:
+    await set_tenant_budget(store, "acme", 200, used=150)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [1, 2]}], tenant="acme")
+    report = await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert report.waiting == 1
+    assert (task.state, task.wait_reason) == ("waiting", "budget")
+    assert await calls(store) == {}  # no branch started
+    await set_tenant_budget(store, "acme", 200, used=0)  # budget freed elsewhere
+    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
+    await drain(store, RESERVE)
+    assert (await store.tasks.get(task_id)).state == "succeeded"
+    assert await tenant_used(store, "acme") == 3
+
+
+async def test_a_reservation_that_can_never_fit_fails_the_step(store: Store) -> None:
+    await set_tenant_budget(store, "acme", 60)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [1, 2]}], tenant="acme")
+    await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed" and task.error["name"] == "BudgetExceeded"
+    assert await calls(store) == {}
+
+
+async def test_concurrent_reservations_never_over_commit_a_tenant_budget(store: Store) -> None:
+    """40 leased tasks race to reserve 100 each from a budget of 1,000: exactly 10 get it."""
+    await set_tenant_budget(store, "acme", 1000)
+    d = definition(RESERVE)
+    await store.definitions.deploy(d)
+    await store.tasks.submit(d, [{"items": [1]}] * 40, tenant="acme")
+    claimed = await store.leases.claim("racer", [d.digest], 40, 60)
+    assert len(claimed) == 40
+    budgets = Budgets(store.db)
+    outcomes: list[ReservationOutcome] = []
+
+    async def reserve(task: Any) -> None:
+        outcome, _ = await budgets.reserve(
+            "racer", task.id, task.token, "acme", {"tokens": 100},
+            {**task.checkpoint, "reserved": True}, f"{task.token}:1", {},
+        )  # fmt: skip
+        outcomes.append(outcome)
+
+    async with anyio.create_task_group() as group:
+        for task in claimed:
+            group.start_soon(reserve, task)
+    assert outcomes.count(ReservationOutcome.RESERVED) == 10
+    assert outcomes.count(ReservationOutcome.LATER) == 30
+    assert await tenant_used(store, "acme") == 1000
+
+
+# --- child workflows --------------------------------------------------------------------------
+
+CHILD = """
+name: child
+version: 1
+input: {type: object, required: [n], properties: {n: {type: integer}, fail: {default: false}}}
+start: route
+steps:
+  route:
+    choice: [{when: "${ input.fail }", next: broken}]
+    default: work
+  work: {effect: count.work, idempotent: true, args: {value: "${ input.n }"}}
+  broken: {fail: {error: ChildBroke, message: "child ${ input.n } broke"}}
+"""
+
+PARENT = """
+name: parent
+version: 1
+start: call
+steps:
+  call:
+    workflow: {name: child, input: {n: "${ input.n }", fail: "${ input.fail }"}}
+    next: done
+    catch: [{errors: [ChildBroke], next: rescued}]
+  done: {succeed: {output: "${ steps.call.value }"}}
+  rescued: {succeed: {output: "${ steps.call.error }"}}
+"""
+
+
+async def test_a_child_workflow_runs_and_its_output_becomes_the_steps(store: Store) -> None:
+    await store.definitions.deploy(definition(CHILD))
+    inputs = [{"n": 3, "fail": False}, {"n": 4, "fail": True}]
+    (ok, bad) = await deploy_submit(store, PARENT, inputs)
+    await drain(store, PARENT, CHILD)
+    parent = await store.tasks.get(ok)
+    assert (parent.state, parent.result) == ("succeeded", 3)
+    rescued = await store.tasks.get(bad)
+    assert rescued.state == "succeeded"
+    assert rescued.result["name"] == "ChildBroke"
+    assert rescued.result["message"] == "child 4 broke"
+    children = await sql(
+        store, "SELECT parent_id, parent_occurrence, state FROM toolkit_tasks "
+        "WHERE parent_id IS NOT NULL ORDER BY parent_id",
+    )  # fmt: skip
+    assert children == [(ok, "call#1", "succeeded"), (bad, "call#1", "failed")]
+    assert "child_started" in await kinds(store, ok)
+
+
+async def test_a_parent_waits_for_its_child_without_a_lease(store: Store) -> None:
+    await store.definitions.deploy(definition(CHILD))
+    (parent_id,) = await deploy_submit(store, PARENT, [{"n": 1, "fail": False}])
+    await drain(store, PARENT)  # this worker does not run the child's definition
+    parent = await store.tasks.get(parent_id)
+    assert (parent.state, parent.wait_reason, parent.lease_owner) == ("waiting", "child", None)
+    await drain(store, CHILD)  # the child ends and wakes its parent
+    parent = await store.tasks.get(parent_id)
+    assert parent.state == "waiting"
+    due = await sql(
+        store, "SELECT run_at <= clock_timestamp() FROM toolkit_tasks WHERE id = %s", parent_id
+    )
+    assert due == [(True,)]
+    await drain(store, PARENT)
+    assert (await store.tasks.get(parent_id)).result == 1
+
+
+async def test_a_child_is_started_once_per_step_occurrence(store: Store) -> None:
+    """A parent that loses its write after starting its child finds the same child again."""
+    await store.definitions.deploy(definition(CHILD))
+    (parent_id,) = await deploy_submit(store, PARENT, [{"n": 1, "fail": False}])
+    await drain(store, PARENT)
+    # Row surgery: the parent is back where it was before its wait was written.
+    await sql(
+        store,
+        "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp()"
+        " WHERE id = %s",
+        parent_id,
+    )
+    await drain(store, PARENT)
+    rows = await sql(store, "SELECT count(*) FROM toolkit_tasks WHERE parent_id = %s", parent_id)
+    assert rows == [(1,)]
+
+
+async def test_cancelling_a_parent_cancels_its_live_children(store: Store) -> None:
+    await store.definitions.deploy(definition(CHILD))
+    (parent_id,) = await deploy_submit(store, PARENT, [{"n": 1, "fail": False}])
+    await drain(store, PARENT)
+    assert await store.tasks.cancel(parent_id) == "cancelled"
+    rows = await sql(store, "SELECT state FROM toolkit_tasks WHERE parent_id = %s", parent_id)
+    assert rows == [("cancelled",)]
+
+
+async def test_a_cancelled_child_fails_its_parents_step(store: Store) -> None:
+    await store.definitions.deploy(definition(CHILD))
+    (parent_id,) = await deploy_submit(store, PARENT, [{"n": 1, "fail": False}])
+    await drain(store, PARENT)
+    (child_id,) = [
+        row[0] for row in await sql(store, "SELECT id FROM toolkit_tasks WHERE parent_id = %s",
+                                    parent_id)
+    ]  # fmt: skip
+    await store.tasks.cancel(child_id)
+    await drain(store, PARENT)
+    parent = await store.tasks.get(parent_id)
+    assert parent.state == "failed" and parent.error["name"] == "ChildCancelled"
+
+
+UNKNOWN_CHILD = """
+name: orphan
+version: 1
+start: call
+steps:
+  call: {workflow: {name: nowhere}}
+"""
+
+
+async def test_a_child_of_an_unknown_definition_fails_the_step(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, UNKNOWN_CHILD, [{}])
+    await drain(store, UNKNOWN_CHILD)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed" and task.error["name"] == "UnknownDefinition"

@@ -1,0 +1,111 @@
+"""Budget reservations in the store: taken atomically from a task's tenant (DESIGN §2-3).
+
+A parallel or map step that declares ``reserve`` takes its reservation before any branch
+starts. The task's own budget lives in its checkpoint (only the lease holder changes it);
+the tenant's lives in ``toolkit_tenant_budgets`` (``used`` counts spent plus reserved) and is
+shared by every task of the tenant, so a reservation locks the tenant's rows, checks and
+takes them, and writes the checkpoint recording it, in one transaction fenced by the lease:
+concurrent reservations by many workers never over-commit a budget, and a reservation is
+never taken without the checkpoint that will release it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from toolkit.database import Database
+from toolkit.errors import LeaseLost
+from toolkit.queries import query
+
+
+class ReservationOutcome(enum.StrEnum):
+    """What became of a reservation."""
+
+    RESERVED = "reserved"
+    #: It does not fit now: try again later (another task may release budget).
+    LATER = "later"
+    #: It can never fit: the tenant's whole budget for a resource is smaller.
+    NEVER = "never"
+
+
+class Budgets:
+    """Tenant budget reservations of one store."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def reserve(
+        self,
+        worker_id: str,
+        task_id: int,
+        token: int,
+        tenant: str,
+        amounts: Mapping[str, float],
+        checkpoint: Mapping[str, Any],
+        write_id: str,
+        detail: Mapping[str, Any],
+    ) -> tuple[ReservationOutcome, str | None]:
+        """Take ``amounts`` from the tenant's budgets and store ``checkpoint``, or neither.
+
+        Resources the tenant has no budget row for are not limited at the tenant level.
+
+        Args:
+            worker_id: the lease holder.
+            task_id: the task reserving.
+            token: the fencing token of the lease.
+            tenant: the task's tenant.
+            amounts: resource to amount (≥ 0).
+            checkpoint: the checkpoint recording the reservation (stored only if it is
+                taken), JSON.
+            write_id: the write's id (see `toolkit.leases.FencedWrite`): sent again after a
+                lost connection, a reservation already taken is reported taken.
+            detail: the detail of the ``budget_reserved`` event.
+
+        Returns:
+            The outcome, and for LATER / NEVER the resource that does not fit.
+
+        Raises:
+            LeaseLost: the lease is no longer held; nothing was taken.
+            DatabaseUnavailable: the database cannot be reached (then nothing was taken, or
+                it was with this ``write_id``: call again).
+        """
+        async with self._db.transaction() as conn:
+            cursor = await conn.execute(
+                query("lock_leased_task"),
+                {"task_id": task_id, "token": token, "worker_id": worker_id},
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                raise LeaseLost(f"task {task_id}: lease lost before its budget reservation")
+            if row[1] == write_id:
+                return ReservationOutcome.RESERVED, None
+            cursor = await conn.execute(
+                query("lock_tenant_budgets"),
+                {"tenant": tenant, "resources": sorted(amounts)},
+            )
+            for resource, amount, used in await cursor.fetchall():
+                wanted = float(amounts[resource])
+                if wanted > amount + 1e-9:
+                    return ReservationOutcome.NEVER, resource
+                if wanted > amount - used + 1e-9:
+                    return ReservationOutcome.LATER, resource
+            await conn.execute(
+                query("take_tenant_budgets"),
+                {"tenant": tenant, "amounts": Jsonb(dict(amounts))},
+            )
+            await conn.execute(
+                query("write_reservation"),
+                {
+                    "task_id": task_id,
+                    "token": token,
+                    "worker_id": worker_id,
+                    "checkpoint": Jsonb(checkpoint),
+                    "write_id": write_id,
+                    "detail": Jsonb(detail),
+                },
+            )
+        return ReservationOutcome.RESERVED, None

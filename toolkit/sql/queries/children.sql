@@ -1,0 +1,47 @@
+-- name: start_child
+-- Starts the child task of a parent's step occurrence, once: a second call for the same
+-- (parent, occurrence), after a crash of the parent, finds the child already there. Fenced:
+-- nothing happens unless (worker, token) holds the parent's unexpired lease.
+WITH parent AS (
+    SELECT id, tenant FROM toolkit_tasks
+    WHERE id = %(parent_id)s
+      AND lease_token = %(token)s
+      AND lease_owner = %(worker_id)s
+      AND state = 'leased'
+      AND lease_expires_at > clock_timestamp()
+    FOR NO KEY UPDATE
+), inserted AS (
+    INSERT INTO toolkit_tasks
+        (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
+         parent_id, parent_occurrence)
+    SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, %(input)s::jsonb,
+           %(checkpoint)s::jsonb, parent.id, %(occurrence)s
+    FROM parent
+    ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
+    RETURNING id
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT id, 'submitted',
+           jsonb_build_object('parent_id', %(parent_id)s::bigint, 'occurrence', %(occurrence)s::text)
+    FROM inserted
+)
+SELECT (SELECT id FROM parent) AS parent_id,
+       (SELECT id FROM inserted) AS inserted_id,
+       pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+
+-- name: get_child
+-- The child task a parent's step occurrence started, if any.
+SELECT id, definition_name, definition_version, state, result, error
+FROM toolkit_tasks
+WHERE parent_id = %(parent_id)s AND parent_occurrence = %(occurrence)s;
+
+-- name: live_children
+-- Every live descendant of a task (children, their children ...), for cancelling a parent.
+WITH RECURSIVE tree AS (
+    SELECT id FROM toolkit_tasks
+    WHERE parent_id = %(task_id)s AND state IN ('queued', 'leased', 'waiting')
+    UNION
+    SELECT c.id FROM toolkit_tasks c JOIN tree ON c.parent_id = tree.id
+    WHERE c.state IN ('queued', 'leased', 'waiting')
+)
+SELECT id FROM tree ORDER BY id;
