@@ -166,6 +166,7 @@ def probe_statements(
         "digests": list(digests),
         "limit": CLAIM_BATCH,
         "lease_seconds": LEASE_SECONDS,
+        "locked": [],  # no limited tenant locked: the claim's one-statement path
     }
     claim_ms: list[float] = []
     idle_ms: list[float] = []

@@ -210,6 +210,7 @@ class Worker:
             "digests": [self.digest],
             "limit": self.batch,
             "lease_seconds": LEASE_SECONDS,
+            "locked": [],  # the engine's claim: no limited tenant locked (the one-statement path)
         }
 
 

@@ -9,6 +9,10 @@ settled on a generic plan). Nothing is executed.
 
 The idle path is guarded too: a claim that finds nothing due and the idle worker's
 ``idle_state`` read index ranges, never every waiting timer.
+
+The claim is fair across tenants (docs/tenants.md): per tenant, a lateral subquery reads that
+tenant's due tasks off ``toolkit_tasks_tenant_due`` in due order. The plans are read with the
+tasks spread over a few tenants, one of them limited (``max_active``) and locked by the claim.
 """
 
 from __future__ import annotations
@@ -36,13 +40,14 @@ CLAIM_TYPES = {
     "digests": "text[]",
     "limit": "bigint",
     "lease_seconds": "float8",
+    "locked": "text[]",
 }
 
 _INSERT = """
 INSERT INTO toolkit_tasks
     (definition_name, definition_version, definition_digest, input, checkpoint, state,
      wait_reason, run_at, lease_owner, lease_token, lease_expires_at, attempts, result, error,
-     finished_at)
+     finished_at, tenant)
 SELECT %(name)s, %(version)s, %(digest)s, jsonb_build_object('n', i), %(checkpoint)s, state,
        CASE WHEN state = 'waiting' THEN 'timer' END,
        CASE state
@@ -57,7 +62,8 @@ SELECT %(name)s, %(version)s, %(digest)s, jsonb_build_object('n', i), %(checkpoi
        CASE WHEN state IN ('failed', 'cancelled')
             THEN jsonb_build_object('name', 'Boom', 'message', 'failed') END,
        CASE WHEN state IN ('succeeded', 'failed', 'cancelled')
-            THEN now() - interval '1 day' + i * interval '10 milliseconds' END
+            THEN now() - interval '1 day' + i * interval '10 milliseconds' END,
+       (ARRAY['default', 'acme', 'globex', 'limited'])[1 + i %% 4]
 FROM (SELECT i, CASE WHEN i %% 10 = 0 THEN 'failed' WHEN i %% 10 = 1 THEN 'cancelled'
                      ELSE 'succeeded' END AS state
       FROM generate_series(1, %(terminal)s) i
@@ -80,7 +86,13 @@ async def _mixed(store: Store) -> WorkflowDefinition:
     }  # fmt: skip
     async with store.db.connection() as conn:
         await conn.execute(_INSERT, params)
+        # Tasks inserted by hand: register their tenants as a submit would.
+        await conn.execute(
+            "INSERT INTO toolkit_tenants (tenant, max_active) SELECT DISTINCT tenant,"
+            " CASE WHEN tenant = 'limited' THEN 5 END FROM toolkit_tasks"
+        )
         await conn.execute("VACUUM (ANALYZE) toolkit_tasks")
+        await conn.execute("VACUUM (ANALYZE) toolkit_tenants")
         cursor = await conn.execute("SELECT state, count(*) FROM toolkit_tasks GROUP BY state")
         states = dict(await cursor.fetchall())
     assert states == {
@@ -91,7 +103,10 @@ async def _mixed(store: Store) -> WorkflowDefinition:
 
 
 def _claim_params(d: WorkflowDefinition) -> dict[str, Any]:
-    return {"worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0}
+    return {
+        "worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0,
+        "locked": ["limited"],
+    }  # fmt: skip
 
 
 async def _custom_plan(store: Store, name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -154,16 +169,33 @@ def _task_scans(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
 
 
 def _candidates(plan: dict[str, Any]) -> dict[str, Any]:
+    """The per-tenant read of due tasks: the ``LockRows`` under the lateral ``Limit``."""
     (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE candidates"]
-    return cte
+    (locked,) = [node for node in _nodes(cte) if node["Node Type"] == "LockRows"]
+    return locked
 
 
 def _assert_claims_through_the_index(plan: dict[str, Any]) -> None:
-    assert ("Seq Scan", None) not in _task_scans(plan)
-    # The candidates are read in due order straight off the claim index (a Limit over a
-    # LockRows over an ordered Index Scan): no bitmap scan, no sort of the live tasks.
-    assert _task_scans(_candidates(plan)) == [("Index Scan", "toolkit_tasks_claimable")]
+    # No scan of the whole table anywhere: not for the due tasks, nor to count the leases
+    # of a limited tenant or of the tenants in the batch (those read one tenant's leases).
+    scans = _task_scans(plan)
+    assert ("Seq Scan", None) not in scans
+    assert set(scans) <= {
+        ("Index Scan", "toolkit_tasks_tenant_due"),  # due tasks, per tenant
+        ("Index Only Scan", "toolkit_tasks_tenant_leased"),  # leases, per tenant
+        ("Index Scan", "toolkit_tasks_tenant_leased"),
+        ("Index Scan", "toolkit_tasks_pkey"),  # the update of the picked tasks
+    }, scans
+    for node in _nodes(plan):
+        if node.get("Index Name") == "toolkit_tasks_tenant_leased":
+            assert "tenant" in node["Index Cond"] and "lease_expires_at" in node["Index Cond"]
+    # Each tenant's due tasks are read in due order straight off the claim index (a Limit
+    # over a LockRows over an ordered Index Scan): no bitmap scan, no sort of the live tasks.
+    assert _task_scans(_candidates(plan)) == [("Index Scan", "toolkit_tasks_tenant_due")]
     assert not [node for node in _nodes(_candidates(plan)) if node["Node Type"] == "Sort"]
+    # The per-tenant read is driven by the tenants (a nested loop with the tenant as key).
+    (scan,) = [n for n in _nodes(_candidates(plan)) if n.get("Relation Name") == "toolkit_tasks"]
+    assert "tenant" in scan["Index Cond"]
 
 
 async def test_claim_uses_the_claim_index(store: Store) -> None:
@@ -181,7 +213,7 @@ async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
     (scan,) = [
         node
         for node in _nodes(_candidates(await _custom_plan(store, "claim_tasks", _claim_params(d))))
-        if node.get("Index Name") == "toolkit_tasks_claimable"
+        if node.get("Index Name") == "toolkit_tasks_tenant_due"
     ]
     assert "Index Cond" in scan
 

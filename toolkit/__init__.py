@@ -32,6 +32,7 @@ from toolkit.errors import (
     ToolkitError,
     UnknownDefinition,
     UnknownTask,
+    UnknownTenant,
     WorkerIdInUse,
 )
 from toolkit.registry import App, EffectContext
@@ -72,6 +73,7 @@ __all__ = [
     "ToolkitError",
     "UnknownDefinition",
     "UnknownTask",
+    "UnknownTenant",
     "Worker",
     "WorkerIdInUse",
     "WorkflowDefinition",

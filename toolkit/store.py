@@ -1,7 +1,8 @@
 """The store: PostgreSQL, the only code that writes task state (DESIGN §2).
 
 :class:`Store` is a small façade over one :class:`~toolkit.database.Database`, split by
-aggregate: the definition catalog, tasks, leases and fenced writes, worker membership.
+aggregate: the definition catalog, tasks, leases and fenced writes, worker membership,
+tenant admission.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from toolkit.leases import Leases
 from toolkit.membership import Membership
 from toolkit.migrations import migrate, schema_status
 from toolkit.tasks import Tasks
+from toolkit.tenants import Tenants
 
 
 class Store:
@@ -28,6 +30,7 @@ class Store:
         tasks: submission and reads.
         leases: claim, heartbeat, fenced writes.
         workers: worker registration.
+        tenants: tenant admission settings and budget amounts.
     """
 
     def __init__(self, db: Database) -> None:
@@ -36,6 +39,7 @@ class Store:
         self.tasks = Tasks(db)
         self.leases = Leases(db)
         self.workers = Membership(db)
+        self.tenants = Tenants(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:
