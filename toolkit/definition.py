@@ -52,19 +52,24 @@ from toolkit.expressions import Template, compile_template
 
 __all__ = [
     "TIMEOUT_ERROR",
+    "DEFAULT_MAX_STEPS",
     "Branch",
     "BranchStep",
+    "Callback",
     "CatchRule",
     "ChoiceRule",
     "ChoiceStep",
+    "Compensation",
     "EffectStep",
     "FailStep",
     "MapStep",
     "ParallelStep",
     "Reservation",
     "RetryPolicy",
+    "SetStep",
     "Step",
     "SucceedStep",
+    "WaitEvent",
     "WaitStep",
     "WorkflowDefinition",
     "WorkflowStep",
@@ -97,6 +102,11 @@ class RetryPolicy:
         max: Upper bound of any delay, in seconds.
         jitter: Whether delays are randomised (between 50% and 100% of the computed delay).
         non_retryable: Error names that fail the step at once, whatever the attempt count.
+        errors: Error names this policy applies to (``"*"``: any), for a step whose ``retry``
+            is a list of policies: the first policy naming an error decides; an error no
+            policy names is not retried.
+        unlimited: Retry without limit (``max_attempts: unlimited``); ``max_attempts`` is then
+            the largest int and only lost attempts still count.
     """
 
     max_attempts: int = 3
@@ -105,6 +115,14 @@ class RetryPolicy:
     max: float = 60.0
     jitter: bool = True
     non_retryable: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ("*",)
+    unlimited: bool = False
+
+    def applies_to(self, error_name: str) -> bool:
+        """Whether this policy covers the error named ``error_name``."""
+        return ("*" in self.errors or error_name in self.errors) and (
+            error_name not in self.non_retryable
+        )
 
     def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
         """Return the delay, in seconds, before retrying after failed attempt number ``attempt``.
@@ -183,6 +201,51 @@ class EffectStep:
     timeout: float | None
     next: str | None
     catch: tuple[CatchRule, ...] = ()
+    retry_rules: tuple[RetryPolicy, ...] = ()
+    callback: Callback | None = None
+    compensate: Compensation | None = None
+    limits: tuple[str, ...] = ()
+
+    def retry_policy(self, error_name: str) -> RetryPolicy | None:
+        """The policy that retries the error named ``error_name``, or None (not retried).
+
+        With a list of policies (``retry_rules``) the first that applies decides; else the
+        single ``retry`` policy, unless the error is in its ``non_retryable``.
+        """
+        rules = self.retry_rules or (self.retry,)
+        return next((rule for rule in rules if rule.applies_to(error_name)), None)
+
+
+@dataclass(frozen=True)
+class Callback:
+    """An effect completed from outside: ``callback: {timeout}``.
+
+    The handler gets a callback token (``ctx.callback_token``) to hand to an external
+    system; the step completes when ``toolkit complete TOKEN`` (or `Tasks.complete`) is
+    called with a result or an error.
+
+    Attributes:
+        timeout: Seconds to wait for the completion after the handler returns, or None for
+            no limit; past it the attempt fails with ``Timeout``.
+    """
+
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """What undoes a completed effect when the task fails later: ``compensate: {effect, args}``.
+
+    Attributes:
+        handler: Registered handler name of the compensating effect.
+        args: Its arguments, rendered when the step completes (``steps.<id>`` is its output).
+        idempotent: Whether the compensation may be called again after a crash (default
+            true); a non-idempotent one fails closed like any effect.
+    """
+
+    handler: str
+    args: Template
+    idempotent: bool = True
 
 
 @dataclass(frozen=True)
@@ -224,6 +287,7 @@ class FailStep:
     id: str
     error: str
     message: Template
+    compensate: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,12 +314,56 @@ class WaitStep:
     timeout: float | None
     next: str | None
     catch: tuple[CatchRule, ...] = ()
+    any: tuple[WaitEvent, ...] = ()
+    schema: Mapping[str, Any] | None = None
 
+
+@dataclass(frozen=True)
+class WaitEvent:
+    """One event of ``wait: {any: [...]}``: a signal, a duration or a moment, and where to go.
+
+    Exactly one of ``signal``, ``duration`` and ``until`` is set.
+
+    Attributes:
+        signal: Signal name.
+        duration: Seconds to wait (> 0).
+        until: Renders to an ISO-8601 timestamp with a UTC offset.
+        next: The step to go to when this event comes first.
+        schema: JSON Schema of the signal's payload (signal events only), or None.
+    """
+
+    signal: str | None
+    duration: float | None
+    until: Template | None
+    next: str
+    schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class SetStep:
+    """Computes and names values without calling a handler: ``set: {NAME: value, ...}``.
+
+    The step's output is the object of rendered values (``steps.<id>.NAME``); it needs no
+    write of its own.
+
+    Attributes:
+        id: Step id.
+        values: Renders to the object of named values.
+        next: The following step; None means the workflow succeeds with the values.
+    """
+
+    id: str
+    values: Template
+    next: str | None
+
+
+DEFAULT_MAX_STEPS = 10_000
+"""Steps a task may run by default before it fails with ``MaxStepsExceeded``."""
 
 TIMEOUT_ERROR = "Timeout"
 """Error name of a signal wait whose ``timeout`` expires (and of an effect attempt time-out)."""
 
-BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep
+BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep | SetStep
 """A step allowed inside a branch of a parallel or map step."""
 
 
@@ -366,7 +474,7 @@ class WorkflowStep:
 
 Step = (
     EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep | ParallelStep | MapStep
-    | WorkflowStep
+    | WorkflowStep | SetStep
 )
 """Any step of a definition."""
 
@@ -391,6 +499,12 @@ class WorkflowDefinition:
             `parse_definition`, or None.
         budget: The task budget by resource (``{"tokens": 10000}``); a submit may override
             it. Empty when the definition declares none.
+        timeout: The workflow deadline, seconds from submission (a submit may override it),
+            or None for none: at the deadline the task fails with ``Timeout`` (or goes to
+            ``on_timeout``) whether it runs, waits or is queued.
+        on_timeout: Step to go to at the deadline instead of failing, or None.
+        max_steps: Most steps a task may run (loops included) before it fails with
+            ``MaxStepsExceeded``; default `DEFAULT_MAX_STEPS`.
     """
 
     name: str
@@ -405,6 +519,9 @@ class WorkflowDefinition:
     budget: Mapping[str, float] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
     )
+    timeout: float | None = None
+    on_timeout: str | None = None
+    max_steps: int = DEFAULT_MAX_STEPS
 
     @functools.cached_property
     def _input_validator(self) -> Draft202012Validator:
