@@ -51,8 +51,8 @@ from toolkit.errors import DefinitionError, DefinitionFault, InputError
 from toolkit.expressions import Template, compile_template
 
 __all__ = [
-    "TIMEOUT_ERROR",
     "DEFAULT_MAX_STEPS",
+    "TIMEOUT_ERROR",
     "Branch",
     "BranchStep",
     "Callback",
