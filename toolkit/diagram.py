@@ -1,0 +1,272 @@
+"""Draw a workflow definition as a Mermaid flowchart (notebooks, docs, ``_repr_markdown_``).
+
+The drawing shows every step with its kind: effects with their handler, whether they are
+idempotent (a non-idempotent effect is outlined in red: after a crash it goes to
+reconciliation) and their retry limit; choices as diamonds with their conditions on the
+edges; waits (signal, timer) as hexagons; parallel and map steps as boxes around their
+branches; child workflows; and the ends. Dashed edges are ``catch`` rules.
+
+This module reads the step objects by their class name and attributes only, so it draws
+step kinds it does not know as a plain node labelled with the kind, and it sits below
+:mod:`toolkit.definition` in the layers (the definition's ``_repr_markdown_`` calls it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+_KINDS = {
+    "EffectStep": "effect",
+    "ChoiceStep": "choice",
+    "SucceedStep": "succeed",
+    "FailStep": "fail",
+    "WaitStep": "wait",
+    "ParallelStep": "parallel",
+    "MapStep": "map",
+    "WorkflowStep": "workflow",
+}
+
+_CLASSES = (
+    "classDef effect fill:#e8f0fe,stroke:#4a6fa5",
+    "classDef unsafe fill:#fdecea,stroke:#c62828,stroke-width:2px",
+    "classDef choice fill:#fff8e1,stroke:#b8860b",
+    "classDef wait fill:#f3e5f5,stroke:#7b1fa2",
+    "classDef ok fill:#e8f5e9,stroke:#2e7d32",
+    "classDef bad fill:#fbe9e7,stroke:#bf360c",
+    "classDef other fill:#eeeeee,stroke:#616161",
+)
+
+
+class Graph(Protocol):
+    """What a drawing needs of a definition (a `toolkit.WorkflowDefinition` has it)."""
+
+    @property
+    def name(self) -> str:
+        """Workflow name."""
+
+    @property
+    def version(self) -> int:
+        """Workflow version."""
+
+    @property
+    def start(self) -> str:
+        """Id of the first step."""
+
+    @property
+    def steps(self) -> Mapping[str, Any]:
+        """Steps by id."""
+
+
+def step_kind(step: object) -> str:
+    """The kind of a step as written in YAML (``effect``, ``choice`` ...).
+
+    A step class this module does not know gives its class name in lower case, without
+    ``Step``.
+    """
+    name = type(step).__name__
+    return _KINDS.get(name, name.removesuffix("Step").lower() or name)
+
+
+def _text(value: object, limit: int = 48) -> str:
+    """Label text safe inside a quoted Mermaid label."""
+    text = str(value)
+    if text.startswith("${") and text.endswith("}"):
+        text = text[2:-1].strip()
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return (
+        text.replace("&", "#38;")
+        .replace('"', "#quot;")
+        .replace("<", "#60;")
+        .replace(">", "#62;")
+        .replace("`", "'")
+    )
+
+
+def _source(template: object) -> object:
+    return getattr(template, "source", template)
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if value >= size and value % size == 0:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}s"
+
+
+class _Drawing:
+    """Mermaid text of one graph (and its branch subgraphs)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+        self.end_used = False
+        self.fail_used = False
+
+    def node_id(self) -> str:
+        self.count += 1
+        return f"n{self.count}"
+
+    def graph(
+        self, steps: Mapping[str, Any], start: str, indent: str, entry: str, *, top: bool
+    ) -> None:
+        """Draw ``steps``; ``entry`` is the node that points at the start step.
+
+        Only the task's own graph (``top``) draws the edges of steps without ``next`` to the
+        end.
+        """
+        ids = {step_id: self.node_id() for step_id in steps}
+        for step_id, step in steps.items():
+            self.node(ids[step_id], step_id, step, indent)
+        if start in ids:
+            self.lines.append(f"{indent}{entry} --> {ids[start]}")
+        for step_id, step in steps.items():
+            for target, label, dashed in _edges(step):
+                if target is None:
+                    if not top:
+                        continue  # the branch ends there
+                    self.end_used = True
+                    node: str | None = "wf_end"
+                else:
+                    node = ids.get(target)
+                    if node is None:
+                        continue  # an unknown target; validation reports it
+                arrow = "-.->" if dashed else "-->"
+                text = f'|"{_text(label, 40)}"|' if label else ""
+                self.lines.append(f"{indent}{ids[step_id]} {arrow}{text} {node}")
+
+    def node(self, node: str, step_id: str, step: Any, indent: str) -> None:
+        kind = step_kind(step)
+        title = f"<b>{_text(step_id)}</b>"
+        if kind == "effect":
+            idempotent = bool(getattr(step, "idempotent", False))
+            retry = getattr(getattr(step, "retry", None), "max_attempts", None)
+            parts = [title, f"effect {_text(getattr(step, 'handler', '?'))}"]
+            parts.append("idempotent" if idempotent else "NOT idempotent: reconcile")
+            if retry and retry > 1:
+                parts.append(f"retry x{retry}")
+            timeout = getattr(step, "timeout", None)
+            if timeout:
+                parts.append(f"timeout {_seconds(timeout)}")
+            label = "<br/>".join(parts)
+            css = "effect" if idempotent else "unsafe"
+            self.lines.append(f'{indent}{node}["{label}"]:::{css}')
+        elif kind == "choice":
+            self.lines.append(f'{indent}{node}{{"{title}"}}:::choice')
+        elif kind == "succeed":
+            self.lines.append(f'{indent}{node}(["{title}<br/>succeed"]):::ok')
+        elif kind == "fail":
+            error = _text(getattr(step, "error", "?"))
+            self.lines.append(f'{indent}{node}(["{title}<br/>fail {error}"]):::bad')
+        elif kind == "wait":
+            self.lines.append(f'{indent}{node}{{{{"{title}<br/>{_wait_text(step)}"}}}}:::wait')
+        elif kind == "workflow":
+            version = getattr(step, "version", None)
+            child = _text(getattr(step, "workflow", "?")) + (f" v{version}" if version else "")
+            self.lines.append(f'{indent}{node}[["{title}<br/>child workflow {child}"]]:::other')
+        elif kind in ("parallel", "map"):
+            self.fanout(node, step_id, step, kind, indent)
+        else:
+            self.lines.append(f'{indent}{node}["{title}<br/>{_text(kind)}"]:::other')
+
+    def fanout(self, node: str, step_id: str, step: Any, kind: str, indent: str) -> None:
+        if kind == "parallel":
+            mode = getattr(step, "mode", "all")
+            detail = f"parallel, {'first success' if mode == 'first_success' else 'all'}"
+            branches: Mapping[str, Any] = getattr(step, "branches", {}) or {}
+        else:
+            bound = getattr(step, "max_concurrency", None)
+            detail = f"map over {_text(_source(getattr(step, 'items', '?')), 30)}"
+            detail += f", ≤ {bound} at once" if bound else ""
+            branch = getattr(step, "branch", None)
+            branches = {"each item": branch} if branch is not None else {}
+        reserve = getattr(step, "reserve", None)
+        amounts = getattr(reserve, "amounts", None)
+        if amounts:
+            detail += "<br/>reserves " + ", ".join(f"{k} {v:g}" for k, v in amounts.items())
+        self.lines.append(f'{indent}subgraph {node}["{_text(step_id)}: {detail}"]')
+        for name, branch in branches.items():
+            inner = self.node_id()
+            self.lines.append(f'{indent}  {inner}(("{_text(name, 20)}"))')
+            steps = getattr(branch, "steps", {}) or {}
+            start = getattr(branch, "start", "")
+            self.graph(steps, start, indent + "  ", inner, top=False)
+        self.lines.append(f"{indent}end")
+
+
+def _wait_text(step: Any) -> str:
+    signal = getattr(step, "signal", None)
+    if signal:
+        timeout = getattr(step, "timeout", None)
+        return f"wait signal {_text(signal)}" + (
+            f", timeout {_seconds(timeout)}" if timeout else ""
+        )
+    duration = getattr(step, "duration", None)
+    if duration:
+        return f"wait {_seconds(duration)}"
+    until = getattr(step, "until", None)
+    if until is not None:
+        return f"wait until {_text(_source(until), 30)}"
+    return "wait"
+
+
+def _edges(step: Any) -> Iterator[tuple[str | None, str, bool]]:
+    """``(target, label, dashed)`` of each edge out of a step; target None is the end."""
+    kind = step_kind(step)
+    if kind == "choice":
+        for rule in getattr(step, "choices", ()):
+            yield rule.next, str(_source(rule.when)), False
+        default = getattr(step, "default", None)
+        if default is not None:
+            yield default, "default", False
+    elif kind not in ("succeed", "fail"):
+        if hasattr(step, "next"):
+            yield step.next, "", False
+    for rule in getattr(step, "catch", ()) or ():
+        errors = getattr(rule, "errors", ()) or ("*",)
+        yield rule.next, "catch " + ", ".join(errors), True
+
+
+def mermaid(definition: Graph) -> str:
+    """The Mermaid flowchart of a definition.
+
+    Args:
+        definition: a `toolkit.WorkflowDefinition` (or anything with ``name``, ``version``,
+            ``start`` and ``steps``).
+
+    Returns:
+        Mermaid source (``flowchart TD ...``), without a code fence.
+    """
+    drawing = _Drawing()
+    drawing.lines.append("flowchart TD")
+    drawing.lines.append(f'  wf_start(("{_text(definition.name)} v{definition.version}"))')
+    drawing.graph(definition.steps, definition.start, "  ", "wf_start", top=True)
+    if drawing.end_used:
+        drawing.lines.append('  wf_end(("succeeded"))')
+    drawing.lines.extend(f"  {line}" for line in _CLASSES)
+    return "\n".join(drawing.lines)
+
+
+def markdown(definition: Graph) -> str:
+    """A definition as Markdown: a title line and its Mermaid flowchart in a code fence.
+
+    JupyterLab (4.1 or later) and mkdocs-material render the fence as a picture.
+
+    Args:
+        definition: a `toolkit.WorkflowDefinition`.
+
+    Returns:
+        Markdown text.
+    """
+    digest = getattr(definition, "digest", "")
+    kinds: dict[str, int] = {}
+    for step in definition.steps.values():
+        kinds[step_kind(step)] = kinds.get(step_kind(step), 0) + 1
+    summary = ", ".join(f"{count} {kind}" for kind, count in kinds.items())
+    title = f"**{definition.name}** v{definition.version}"
+    if digest:
+        title += f" · digest `{digest[:12]}`"
+    return f"{title} · {summary}\n\n```mermaid\n{mermaid(definition)}\n```\n"
