@@ -11,6 +11,8 @@ from toolkit.definition import (
 )
 from toolkit.embedded import start_embedded, stop_embedded
 from toolkit.errors import (
+    BudgetExceeded,
+    CallbackRefused,
     ConfigError,
     DatabaseUnavailable,
     DefinitionConflict,
@@ -24,6 +26,7 @@ from toolkit.errors import (
     InputError,
     LeaseLost,
     MissingHandlers,
+    MissingLimits,
     NotExported,
     NotReconcilable,
     PayloadRefused,
@@ -33,6 +36,7 @@ from toolkit.errors import (
     TaskTerminal,
     ToolkitError,
     UnknownDefinition,
+    UnknownLimit,
     UnknownTask,
     UnknownTenant,
     WorkerIdInUse,
@@ -49,6 +53,8 @@ from toolkit.worker import Worker
 
 __all__ = [
     "App",
+    "BudgetExceeded",
+    "CallbackRefused",
     "CancellationToken",
     "ConfigError",
     "DatabaseUnavailable",
@@ -64,6 +70,7 @@ __all__ = [
     "InputError",
     "LeaseLost",
     "MissingHandlers",
+    "MissingLimits",
     "NotExported",
     "NotReconcilable",
     "PayloadRefused",
@@ -76,6 +83,7 @@ __all__ = [
     "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
+    "UnknownLimit",
     "UnknownTask",
     "UnknownTenant",
     "Worker",

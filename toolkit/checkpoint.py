@@ -125,6 +125,13 @@ class Checkpoint(Frame):
             BranchFrame JSON}, "winner", "reserved", "spent"}``; None when there is none.
         budget: the task's budget by resource: ``{"tokens": {"limit", "spent",
             "reserved"}}`` (amounts in the resource's unit).
+        started_at: when the task first ran (ISO-8601), recorded once: ``context.started_at``.
+        compensable: the compensations of completed effects, oldest first: ``{"step",
+            "occurrence", "handler", "args", "idempotent"}`` (args already rendered).
+        compensating: the compensation in progress once the task failed: ``{"error",
+            "outcomes", "frame"}``; None while the task has not failed.
+        callbacks: the callbacks of effect occurrences in progress, by occurrence:
+            ``{"token", "attempt", "called"}`` (``called``: the handler has returned).
     """
 
     steps_run: int = 0
@@ -132,6 +139,10 @@ class Checkpoint(Frame):
     resolution: dict[str, Any] | None = None
     fanout: dict[str, Any] | None = None
     budget: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    started_at: str | None = None
+    compensable: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    compensating: dict[str, Any] | None = None
+    callbacks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def initial(cls, start: str, budget: Mapping[str, float] | None = None) -> Checkpoint:
@@ -167,6 +178,10 @@ class Checkpoint(Frame):
             resolution=data.get("resolution"),
             fanout=data.get("fanout"),
             budget=dict(data.get("budget") or {}),
+            started_at=data.get("started_at"),
+            compensable=list(data.get("compensable") or []),
+            compensating=data.get("compensating"),
+            callbacks=dict(data.get("callbacks") or {}),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -186,6 +201,10 @@ class Checkpoint(Frame):
             data["fanout"] = self.fanout
         if self.budget:
             data["budget"] = self.budget
+        for key in ("started_at", "compensable", "compensating", "callbacks"):
+            value = getattr(self, key)
+            if value:
+                data[key] = value
         return data
 
     def enter(self, step: str | None) -> None:

@@ -89,6 +89,7 @@ class Children:
                 "checkpoint": Jsonb(
                     Checkpoint.initial(definition.start, definition.budget).to_json()
                 ),
+                "timeout": definition.timeout,
             },
         )
         if row is None or row["parent_id"] is None:
@@ -112,6 +113,12 @@ class Children:
             result=row["result"],
             error=row["error"],
         )
+
+    async def cancel(self, child_id: int, reason: str) -> None:
+        """Cancel a child task (at once, or by request while it is leased)."""
+        await self._db.fetch_one("request_cancel", {"task_id": child_id, "reason": reason})
+        for row in await self._db.fetch_all("live_children", {"task_id": child_id}):
+            await self._db.fetch_one("request_cancel", {"task_id": row["id"], "reason": reason})
 
     async def live_descendants(self, task_id: int) -> list[int]:
         """Ids of every live child of ``task_id``, their children, and so on."""

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -24,6 +25,7 @@ import click
 from toolkit.database import Database
 from toolkit.definition import load_definitions
 from toolkit.doctor import diagnose
+from toolkit.durations import parse_duration
 from toolkit.embedded import start_embedded, stop_embedded
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.log_format import JsonFormatter, TextFormatter
@@ -33,6 +35,7 @@ from toolkit.payload import DEFAULT_MAX_BYTES
 from toolkit.registry import App
 from toolkit.store import Store
 from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.tenants import TenantRecord
 from toolkit.worker import Worker
 
 P = ParamSpec("P")
@@ -284,6 +287,19 @@ def definitions_delete(settings: Settings, name: str, version: int) -> None:
     "--key",
     help="Idempotency key: a second submit with the same tenant and key returns the same task.",
 )
+@click.option(
+    "--budget",
+    "budgets",
+    multiple=True,
+    metavar="RESOURCE=AMOUNT",
+    help="Override the definition's budget for a resource (repeatable).",
+)
+@click.option(
+    "--timeout",
+    "timeout_text",
+    metavar="DURATION",
+    help="Override the definition's workflow timeout, e.g. 30m or 2d.",
+)
 @click.pass_obj
 def submit(
     settings: Settings,
@@ -293,10 +309,27 @@ def submit(
     input_file: Any,
     tenant: str,
     key: str | None,
+    budgets: Sequence[str],
+    timeout_text: str | None,
 ) -> None:
     """Submit a task of definition NAME (default: its latest version); prints the task id."""
     if input_json is not None and input_file is not None:
         raise ConfigError("give --input or --input-file, not both")
+    budget: dict[str, float] = {}
+    for text in budgets:
+        resource, _, amount = text.partition("=")
+        try:
+            budget[resource.strip()] = float(amount)
+        except ValueError:
+            raise ConfigError(
+                f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000"
+            ) from None
+    timeout = None
+    if timeout_text is not None:
+        try:
+            timeout = parse_duration(timeout_text)
+        except ValueError as exc:
+            raise ConfigError(f"--timeout {timeout_text}: {exc}") from None
     source = "--input-file" if input_file is not None else "--input"
     text = input_file.read() if input_file is not None else (input_json or "{}")
     try:
@@ -309,10 +342,12 @@ def submit(
             definition = await store.definitions.submittable(name, version)
             if key is not None:
                 task_id, _ = await store.tasks.submit_keyed(
-                    definition, value, key=key, tenant=tenant
+                    definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout
                 )
                 return task_id
-            (task_id,) = await store.tasks.submit(definition, [value], tenant=tenant)
+            (task_id,) = await store.tasks.submit(
+                definition, [value], tenant=tenant, budget=budget, timeout=timeout
+            )
             return task_id
 
     click.echo(_run_async(main))
@@ -403,8 +438,12 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
     click.echo(f"  cursor:     {task['checkpoint'].get('cursor')}")
     wait = task["checkpoint"].get("wait")
     if task["state"] == "waiting" and wait:
-        what = f"signal {wait['signal']!r}" if "signal" in wait else "timer"
-        click.echo(f"  waits for:  {what} at {wait['occurrence']}, due {task['run_at']}")
+        due = f"at {wait['occurrence']}, due {task['run_at']}"
+        click.echo(f"  waits for:  {_wait_text(wait)} {due}")
+    for line in _budget_lines(task["checkpoint"]):
+        click.echo(line)
+    for line in _fanout_lines(task["checkpoint"].get("fanout")):
+        click.echo(line)
     if task["cancel_requested"] and task["state"] == "leased":
         click.echo(f"  cancel:     requested ({task['cancel_requested'].get('reason')})")
     if task["result"] is not None:
@@ -440,6 +479,56 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         )
 
 
+def _wait_text(wait: dict[str, Any]) -> str:
+    if "signal" in wait:
+        return f"signal {wait['signal']!r}"
+    if "child" in wait:
+        return f"child task {wait['child']}"
+    if "budget" in wait:
+        return f"budget (deferral {wait['budget']})"
+    if "callback" in wait:
+        return "a callback"
+    if "signals" in wait:
+        return "the first of signals " + ", ".join(map(repr, wait["signals"]))
+    return "timer"
+
+
+def _budget_lines(checkpoint: dict[str, Any]) -> list[str]:
+    """The task's budget: limit, spent and reserved per resource."""
+    return [
+        f"  budget:     {resource}: spent {entry['spent']:g} of {entry['limit']:g}"
+        + (f", {entry['reserved']:g} reserved" if entry["reserved"] else "")
+        for resource, entry in sorted((checkpoint.get("budget") or {}).items())
+    ]
+
+
+def _fanout_lines(fanout: dict[str, Any] | None) -> list[str]:
+    """The parallel or map step in progress: reservation, winner, each branch's progress."""
+    if not fanout:
+        return []
+    lines = [f"  branches:   of {fanout['occurrence']}"]
+    if fanout.get("reserved"):
+        spent = fanout.get("spent") or {}
+        lines.append(
+            "    reserved  "
+            + ", ".join(
+                f"{resource} {amount:g} (spent {spent.get(resource, 0):g})"
+                for resource, amount in sorted(fanout["reserved"].items())
+            )
+        )
+    if fanout.get("winner"):
+        lines.append(f"    winner    {fanout['winner']}")
+    for name, branch in fanout.get("branches", {}).items():
+        where = f"at {branch['cursor']}" if branch["cursor"] else ""
+        if branch.get("pending"):
+            where += f", uncertain {branch['pending']}"
+        spent = ", ".join(f"{r} {a:g}" for r, a in sorted((branch.get("spent") or {}).items()))
+        lines.append(
+            f"    {name:<9} {branch['status']:<9} {where}" + (f" spent {spent}" if spent else "")
+        )
+    return lines
+
+
 def _json_option(text: str | None, option: str) -> Any:
     if text is None:
         return None
@@ -463,6 +552,33 @@ def send_signal(settings: Settings, task_id: int, name: str, payload: str | None
             return await store.tasks.signal(task_id, name, value)
 
     click.echo(f"signal {_run_async(main)} sent to task {task_id}")
+
+
+@cli.command()
+@click.argument("token")
+@click.option("--result", "result_json", help="The step's result as JSON (it succeeded).")
+@click.option("--error", help="An error name (it failed: the step's retry and catch apply).")
+@click.option("--message", help="The error's message (with --error).")
+@click.pass_obj
+def complete(
+    settings: Settings,
+    token: str,
+    result_json: str | None,
+    error: str | None,
+    message: str | None,
+) -> None:
+    """Complete the callback TOKEN of a step with `callback` (once)."""
+    if (result_json is None) == (error is None):
+        raise ConfigError("give --result or --error (one of them)")
+    if message is not None and error is None:
+        raise ConfigError("--message goes with --error")
+    value = _json_option(result_json, "--result")
+
+    async def main() -> int:
+        async with await settings.open_store() as store:
+            return await store.tasks.complete(token, result=value, error=error, message=message)
+
+    click.echo(f"callback completed; task {_run_async(main)} resumes")
 
 
 @cli.command()
@@ -690,6 +806,266 @@ def workers(settings: Settings, as_json: bool) -> None:
             f"{r.worker_id:<32} {state:<8} {r.host[:16]:<16} {r.pid:>7} {r.concurrency:>4}  "
             f"{r.heartbeat_at:%Y-%m-%d %H:%M:%S}"
         )
+
+
+# --- tenants ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def tenants() -> None:
+    """Tenant admission: weights, active limits, pause, budgets."""
+
+
+@tenants.command("set")
+@click.argument("tenant")
+@click.option(
+    "--max-active",
+    type=click.IntRange(min=1),
+    help="Most leased tasks of the tenant at once, over every worker.",
+)
+@click.option("--no-max-active", is_flag=True, help="Remove the tenant's limit.")
+@click.option(
+    "--weight",
+    type=click.IntRange(min=1),
+    help="The tenant's share of the leased slots against other busy tenants (new: 1).",
+)
+@click.option(
+    "--paused/--resumed",
+    default=None,
+    help="Stop claiming the tenant's tasks (leased ones run on), or claim them again.",
+)
+@click.option(
+    "--budget",
+    "budgets",
+    multiple=True,
+    metavar="RESOURCE=AMOUNT",
+    help="Set the amount of a budget (repeatable); what was used stays.",
+)
+@click.option(
+    "--clear-budget",
+    "cleared",
+    multiple=True,
+    metavar="RESOURCE",
+    help="Remove a budget (repeatable).",
+)
+@click.pass_obj
+def tenants_set(
+    settings: Settings,
+    tenant: str,
+    max_active: int | None,
+    no_max_active: bool,
+    weight: int | None,
+    paused: bool | None,
+    budgets: Sequence[str],
+    cleared: Sequence[str],
+) -> None:
+    """Create or change TENANT's settings; what is not given stays.
+
+    A new tenant starts with weight 1, no limit, not paused. Workers apply the change at
+    their next claim; tasks already leased keep their leases.
+    """
+    if max_active is not None and no_max_active:
+        raise ConfigError("give --max-active or --no-max-active, not both")
+    amounts: dict[str, str | None] = {}
+    for text in budgets:
+        resource, sep, amount = text.partition("=")
+        if not sep or not resource.strip() or not amount.strip():
+            raise ConfigError(f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000")
+        amounts[resource.strip()] = amount.strip()
+    for resource in cleared:
+        if resource in amounts:
+            raise ConfigError(f"budget {resource!r}: given to --budget and --clear-budget")
+        amounts[resource] = None
+    changes: dict[str, Any] = {}
+    if max_active is not None or no_max_active:
+        changes["max_active"] = max_active
+    if weight is not None:
+        changes["weight"] = weight
+    if paused is not None:
+        changes["paused"] = paused
+
+    async def main() -> TenantRecord:
+        async with await settings.open_store() as store:
+            return await store.tenants.set(tenant, budgets=amounts, **changes)
+
+    record = _run_async(main)
+    limit = "no limit" if record.max_active is None else f"max active {record.max_active}"
+    click.echo(
+        f"tenant {record.tenant}: {limit}, weight {record.weight}"
+        f"{', paused' if record.paused else ''}; budgets: {_budgets_text(record)}"
+    )
+
+
+@tenants.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def tenants_list(settings: Settings, as_json: bool) -> None:
+    """Each tenant: settings, live task counts, budgets (used of amount)."""
+
+    async def main() -> list[TenantRecord]:
+        async with await settings.open_store() as store:
+            return await store.tenants.list()
+
+    records = _run_async(main)
+    if as_json:
+        rows = [
+            {
+                **dataclasses.asdict(r),
+                "budgets": {
+                    name: {"amount": _number(b.amount), "used": _number(b.used)}
+                    for name, b in r.budgets.items()
+                },
+            }
+            for r in records
+        ]
+        click.echo(_dump(rows))
+        return
+    click.echo(
+        f"{'TENANT':<20} {'WEIGHT':>6} {'MAX':>5} {'PAUSED':<6} {'QUEUED':>7} {'LEASED':>6} "
+        f"{'WAITING':>7}  BUDGETS (used/amount)"
+    )
+    for r in records:
+        click.echo(
+            f"{r.tenant:<20} {r.weight:>6} {'-' if r.max_active is None else r.max_active:>5} "
+            f"{'yes' if r.paused else 'no':<6} {r.queued:>7} {r.leased:>6} {r.waiting:>7}  "
+            f"{_budgets_text(r)}"
+        )
+
+
+def _number(value: Decimal) -> int | float:
+    return int(value) if value == value.to_integral_value() else float(value)
+
+
+def _budgets_text(record: TenantRecord) -> str:
+    return (
+        ", ".join(
+            f"{name} {_number(b.used)}/{_number(b.amount)}" for name, b in record.budgets.items()
+        )
+        or "-"
+    )
+
+
+# --- history: export, stats, prune ------------------------------------------------------------
+
+
+def _since_option(text: str | None) -> Any:
+    """``--since``: an ISO 8601 date or time; without an offset it is UTC."""
+    import datetime
+
+    if text is None:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ConfigError(
+            f"--since {text!r}: expected an ISO 8601 date or time, e.g. 2025-06-01 or "
+            "2025-06-01T12:00:00+02:00"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
+
+
+def _duration_option(text: str, option: str) -> float:
+    from toolkit.durations import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+@cli.command("export")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--since",
+    metavar="TIMESTAMP",
+    help="Export rows stamped at or after this ISO 8601 time (UTC without an offset). "
+    "Default: where the folder's last export ended, or everything.",
+)
+@click.pass_obj
+def export_cmd(settings: Settings, out_dir: Path, since: str | None) -> None:
+    """Export task, event, effect evidence and checkpoint history to Parquet in OUT_DIR.
+
+    Each run adds one file per table and a manifest entry; earlier files stay.
+    """
+    from toolkit.export import export_history
+
+    start = _since_option(since)
+
+    async def main() -> Any:
+        async with await settings.open_store() as store:
+            return await export_history(store.db, out_dir, since=start)
+
+    run = _run_async(main)
+    window = "the start" if run.since is None else f"{run.since:%Y-%m-%d %H:%M:%S}"
+    click.echo(
+        f"exported run {run.number} to {out_dir}: rows from {window} "
+        f"to {run.until:%Y-%m-%d %H:%M:%S} UTC"
+    )
+    for table, count in run.rows.items():
+        click.echo(f"  {table:<12} {count:>8}")
+
+
+@cli.command()
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--bucket", default="1h", show_default=True, help="Time bucket of the per-time tables."
+)
+def stats(out_dir: Path, bucket: str) -> None:
+    """Print history statistics from the export in OUT_DIR (no database needed).
+
+    Queue delay, step execution time, lease losses, retries, failures, time waiting,
+    budget spend and throughput, as tables.
+    """
+    from toolkit import history
+
+    width = _duration_option(bucket, "--bucket")
+    with history.open(out_dir) as h:
+        click.echo(h.report(width), nl=False)
+
+
+@cli.command()
+@click.option(
+    "--older-than",
+    required=True,
+    metavar="DURATION",
+    help="Age of a terminal task since it finished, e.g. 30d or 12h.",
+)
+@click.option(
+    "--exported-to",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Export folder that must hold each task's whole history.",
+)
+@click.option("--force", is_flag=True, help="Delete old terminal tasks even if not exported.")
+@click.option("--batch-size", default=500, show_default=True, help="Tasks per delete statement.")
+@click.pass_obj
+def prune(
+    settings: Settings,
+    older_than: str,
+    exported_to: Path | None,
+    force: bool,
+    batch_size: int,
+) -> None:
+    """Delete terminal tasks and their history once exported, in small batches.
+
+    Refuses (deleting nothing) while an old terminal task is not in the export, unless
+    --force.
+    """
+    from toolkit.retention import prune as prune_tasks
+
+    seconds = _duration_option(older_than, "--older-than")
+
+    async def main() -> Any:
+        async with await settings.open_store() as store:
+            return await prune_tasks(
+                store.db, older_than=seconds, exported_to=exported_to, force=force,
+                batch_size=batch_size,
+            )  # fmt: skip
+
+    report = _run_async(main)
+    click.echo(
+        f"pruned {report.tasks} tasks ({report.events} events, {report.evidence} evidence "
+        f"records, {report.signals} signals) in {report.batches} batches"
+    )
 
 
 # --- demo and database ------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import psycopg
 
 from toolkit import faults
 from toolkit.budgets import Budgets, ReservationOutcome
+from toolkit.callbacks import Callbacks, new_token
 from toolkit.catalog import DefinitionCatalog
 from toolkit.checkpoint import BranchFrame, Checkpoint, Frame
 from toolkit.children import Children
@@ -38,6 +39,8 @@ from toolkit.definition import (
     FailStep,
     MapStep,
     ParallelStep,
+    RetryPolicy,
+    SetStep,
     SucceedStep,
     WaitStep,
     WorkflowDefinition,
@@ -57,7 +60,7 @@ from toolkit.errors import (
     StoreError,
     UnknownDefinition,
 )
-from toolkit.expressions import is_truthy
+from toolkit.expressions import compile_template, is_truthy
 from toolkit.leases import (
     NEVER,
     ClaimedTask,
@@ -67,6 +70,7 @@ from toolkit.leases import (
     Leases,
     TaskState,
 )
+from toolkit.limits import LimitDeferral, Limits
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
 from toolkit.registry import App, EffectContext, Handler, SpendMeter
@@ -80,8 +84,13 @@ MAX_ERROR_MESSAGE = 4000
 #: Backoff between two tries of a store call while the database is unreachable, seconds.
 STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
+#: Pause between two looks at a callback awaited inside a branch (which keeps its lease), s.
+CALLBACK_POLL = 0.5
 #: Longest pause before a task deferred for budget looks again, seconds.
 BUDGET_RECHECK_MAX = 60.0
+#: Longest pause of a branch whose effect waits for a downstream limit before it looks
+#: again, seconds (a branch keeps the task's lease, so no released slot can wake it).
+LIMIT_BRANCH_RECHECK = 1.0
 #: Error names never retried: a budget does not grow by calling again.
 NEVER_RETRIED = frozenset({"BudgetExceeded"})
 
@@ -121,6 +130,8 @@ class CycleControl:
 
     cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
+    #: Event-loop time of the workflow deadline (the supervisor cancels the cycle then).
+    deadline: float = math.inf
     call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     lease_deadline: float = -math.inf
 
@@ -174,6 +185,10 @@ class _Cycle:
         self.frames: dict[str, BranchFrame] = {}
         #: One write at a time: the branches of a parallel or map step commit concurrently.
         self.lock = anyio.Lock()
+        #: The compensation in progress (written under ``checkpoint.compensating.frame``).
+        self.compensation: BranchFrame | None = None
+        #: The workflow deadline was met by going to ``on_timeout``: writes clear it.
+        self.clear_deadline = False
 
     @property
     def dirty(self) -> bool:
@@ -198,6 +213,7 @@ class _Cycle:
                 "workflow": self.definition.name,
                 "version": self.definition.version,
                 "step": frame.cursor,
+                "started_at": self.checkpoint.started_at,
                 **context,
             },
         }
@@ -213,6 +229,9 @@ class _Cycle:
         While branches run concurrently, the JSON is a copy: a branch may change its frame
         while the write waits for the database.
         """
+        if self.compensation is not None:
+            assert self.checkpoint.compensating is not None
+            self.checkpoint.compensating["frame"] = self.compensation.to_json()
         if not self.frames:
             return self.checkpoint.to_json()
         assert self.checkpoint.fanout is not None
@@ -232,6 +251,7 @@ class _Cycle:
             signals=tuple(self.signals),
             write_id=self.next_write_id(),
             budget_delta=dict(self.budget_delta) or None,
+            clear_deadline=self.clear_deadline,
             **fields,
         )
         self.evidence.clear()
@@ -261,7 +281,8 @@ class _Attempt:
 
     ``kind`` is ``completed`` (with ``result``), ``failed`` (with ``error``; ``final`` when
     no retry may follow whatever the policy) or ``reconcile`` (outcome unknown, not
-    idempotent: fail closed, with ``error`` when a timeout made it unknown).
+    idempotent: fail closed, with ``error`` when a timeout made it unknown). ``deferred``: a
+    downstream limit was full, nothing was called (``result`` is the ``LimitDeferral``).
     """
 
     kind: str
@@ -301,6 +322,8 @@ class Interpreter:
         self._metrics = metrics
         self._apply = commit or functools.partial(leases.commit, worker_id)
         self._budgets = Budgets(leases.database)
+        self._limits = Limits(leases.database)
+        self._callbacks = Callbacks(leases.database)
         self._children = Children(leases.database)
         self._catalog = DefinitionCatalog(leases.database)
 
@@ -422,7 +445,10 @@ class Interpreter:
             if control.cancel_requested is not None:
                 await self._cancel(cycle, control.cancel_requested)
             else:
-                cycle.events.append(Event("released", {"reason": "worker stopping"}))
+                # At the workflow deadline the next claim (at once) applies it.
+                past = anyio.current_time() >= control.deadline
+                reason = "workflow deadline" if past else "worker stopping"
+                cycle.events.append(Event("released", {"reason": reason}))
                 await self._commit(cycle, state="queued", delay_seconds=0)
         except (LeaseLost, DatabaseUnavailable):
             pass  # the lease lapses on its own; the next claim resumes from the checkpoint
@@ -455,12 +481,26 @@ class Interpreter:
     async def _steps(self, cycle: _Cycle, control: CycleControl) -> CycleOutcome:
         cp = cycle.checkpoint
         outcome: CycleOutcome | None = None
+        if cp.started_at is None:  # recorded once: context.started_at is the same on resume
+            cp.started_at = datetime.datetime.now(datetime.UTC).isoformat()
+        if cycle.task.deadline_in is not None and cycle.task.deadline_in <= 0:
+            outcome = await self._deadline_passed(cycle)
+            if outcome is not None:
+                return outcome
+        if cp.compensating is not None:
+            return await self._compensate(cycle, control)
         if cycle.task.recovered:
             outcome = await self._count_lost_attempt(cycle)
             if outcome is not None:
                 return outcome
         while True:
             assert cp.cursor is not None, "a task with no cursor is terminal"
+            if cp.steps_run >= cycle.definition.max_steps:
+                message = (
+                    f"the task ran {cp.steps_run} steps, its definition's max_steps: a loop "
+                    "that does not end?"
+                )
+                return await self._fail(cycle, {"name": "MaxStepsExceeded", "message": message})
             step = cycle.definition.steps[cp.cursor]
             if isinstance(step, ChoiceStep):
                 scope = cycle.scope()
@@ -480,8 +520,14 @@ class Interpreter:
             if isinstance(step, FailStep):
                 message = step.message.render(cycle.scope())
                 text = message if isinstance(message, str) else json.dumps(message)
-                return await self._fail(cycle, {"name": step.error, "message": text})
-            if isinstance(step, WaitStep):
+                return await self._fail(
+                    cycle, {"name": step.error, "message": text}, compensate=step.compensate
+                )
+            if isinstance(step, SetStep):
+                values = step.values.render(cycle.scope())
+                self._check_result(values, step.id, "the values")
+                outcome = await self._advance(cycle, step, values)
+            elif isinstance(step, WaitStep):
                 outcome = await self._wait(cycle, step)
             elif isinstance(step, ParallelStep | MapStep):
                 outcome = await self._fanout(cycle, step, control)
@@ -502,7 +548,7 @@ class Interpreter:
         return None
 
     async def _step_failed(
-        self, cycle: _Cycle, step: _NextStep, error: Error
+        self, cycle: _Cycle, step: _CatchingStep, error: Error
     ) -> CycleOutcome | None:
         """A step failed for good: route to its ``catch`` target, else fail the task."""
         target = catch_target(step.catch, error["name"])
@@ -539,6 +585,10 @@ class Interpreter:
             return await self._advance(cycle, step, done.result)
         if done.kind == "reconcile":
             return await self._reconcile(cycle, step, done.occurrence, done.error)
+        if done.kind == "callback":
+            return await self._await_callback(cycle, step, done.occurrence)
+        if done.kind == "deferred":
+            return await self._limit_deferred(cycle, step, done)
         assert done.error is not None
         delay = _retry_delay(step, done)
         if delay is None:
@@ -558,6 +608,78 @@ class Interpreter:
         if self._metrics is not None:
             self._metrics.retries.labels(cycle.definition.name).inc()
 
+    async def _take_limits(
+        self,
+        cycle: _Cycle,
+        frame: Frame,
+        step: EffectStep,
+        occurrence: str,
+        names: tuple[str, ...],
+    ) -> _Attempt | None:
+        """Take the step's downstream limits (docs/limits.md) before its intent and call.
+
+        Evidence not yet written (a finished step's) is committed first: it releases that
+        step's slots, which this task would otherwise count against itself.
+
+        Returns:
+            None once every limit is taken; else an attempt of kind ``deferred`` whose
+            ``result`` is the :class:`~toolkit.limits.LimitDeferral` (nothing was taken).
+        """
+        cp = cycle.checkpoint
+        task = cycle.task
+        wait = cp.wait if frame is cp and cp.wait and cp.wait.get("limit") else None
+        if wait is not None and wait.get("occurrence") != occurrence:
+            wait = None
+        if cycle.dirty:
+            await self._commit(cycle)
+        taken = await self._retrying(
+            cycle.control,
+            functools.partial(
+                self._limits.acquire, self._worker_id, task.id, task.token, task.tenant,
+                occurrence, names, (wait or {}).get("deferrals", 0),
+            ),
+        )  # fmt: skip
+        metrics = self._metrics
+        if isinstance(taken, LimitDeferral):
+            if metrics is not None:
+                metrics.limit_deferrals.labels(cycle.definition.name, taken.name).inc()
+            return _Attempt("deferred", occurrence, result=taken)
+        if wait is not None:
+            cp.wait = None
+            since = wait.get("since")
+            if metrics is not None and since:
+                waited = (taken.now - datetime.datetime.fromisoformat(since)).total_seconds()
+                metrics.limit_wait.labels(cycle.definition.name, wait["limit"]).observe(
+                    max(waited, 0.0)
+                )
+        return None
+
+    async def _limit_deferred(
+        self, cycle: _Cycle, step: EffectStep, done: _Attempt
+    ) -> CycleOutcome:
+        """A limit of the step is full: wait (reason ``limit``) without the lease until then.
+
+        The checkpoint's ``wait`` keeps the limit, its scope, the deferrals in a row and the
+        first deferral's time (database time, for the wait metric).
+        """
+        deferral: LimitDeferral = done.result
+        cp = cycle.checkpoint
+        previous = cp.wait if cp.wait and cp.wait.get("limit") else {}
+        if previous.get("occurrence") != done.occurrence:
+            previous = {}
+        until = deferral.until.isoformat()
+        cp.wait = {
+            "occurrence": done.occurrence, "limit": deferral.name, "scope": deferral.scope,
+            "deferrals": previous.get("deferrals", 0) + 1,
+            "since": previous.get("since") or deferral.now.isoformat(),
+        }  # fmt: skip
+        cycle.events.append(
+            Event("limit_deferred", {"step": step.id, "limit": deferral.name,
+                                     "reason": deferral.reason, "until": until})
+        )  # fmt: skip
+        await self._commit(cycle, state="waiting", wait_reason="limit", run_at=until)
+        return CycleOutcome.WAITING
+
     async def _attempt(
         self,
         cycle: _Cycle,
@@ -567,18 +689,25 @@ class Interpreter:
         scope: dict[str, Any],
         remaining: dict[str, float],
         charge: Callable[[dict[str, float]], None],
+        args: Any = None,
     ) -> _Attempt:
         """One attempt at an effect in ``frame`` (the task's graph or a branch's).
 
         Records the intent (not idempotent), calls the handler, appends the evidence with
         what the call spent, and charges the spend (``charge``). ``remaining`` caps the spend
         by resource. An intent found without outcome is applied from the operator's
-        resolution, or reported ``reconcile``.
+        resolution, or reported ``reconcile``. For a step with ``callback``, the handler's
+        return is followed by the callback's completion (kind ``callback`` while it has not
+        come). ``args``, when given, are used as they are instead of rendering the step's
+        (a compensation's, rendered when its step completed).
         """
         cp = cycle.checkpoint
         task = cycle.task
         occurrence = frame.occurrence(step.id)
         key = f"{task.id}:{occurrence}"
+        callback = cp.callbacks.get(occurrence) if step.callback is not None else None
+        if callback is not None and callback["called"]:
+            return await self._callback_outcome(cycle, frame, step, occurrence, scope)
         if frame.pending == occurrence:
             resolution = cp.resolution
             if resolution is None or resolution.get("occurrence") != occurrence:
@@ -588,14 +717,22 @@ class Interpreter:
             frame.pending = None
             if resolution["outcome"] == "completed":
                 frame.attempts.pop(occurrence, None)
+                self._compensable(cycle, step, occurrence, scope, resolution["result"])
                 return _Attempt("completed", occurrence, result=resolution["result"])
             if resolution["outcome"] == "failed":
                 attempt = frame.attempts.get(occurrence, 1)
                 return _Attempt("failed", occurrence, attempt, error=resolution["error"])
             # "retry": call again below, with a new intent record and the same key.
         handler = self._app.handler(step.handler)
+        limits = self._app.step_limits(step)
+        if limits:  # downstream limits: taken before the intent, released with the evidence
+            deferred = await self._take_limits(cycle, frame, step, occurrence, limits)
+            if deferred is not None:
+                return deferred
         attempt = frame.attempts.get(occurrence, 0) + 1
-        args = step.args.render(scope)
+        if args is None:
+            context = {**scope["context"], "attempt": attempt}
+            args = step.args.render({**scope, "context": context})
         meter = SpendMeter(remaining)
 
         def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
@@ -616,6 +753,20 @@ class Interpreter:
             frame.attempts[occurrence] = attempt
             cycle.evidence.append(record("started"))
             frame.pending = occurrence
+        token = None
+        if step.callback is not None:  # registered before the call: an early completion is kept
+            token = new_token()
+            cp.callbacks[occurrence] = {"token": token, "attempt": attempt, "called": False}
+            frame.attempts[occurrence] = attempt
+            if cycle.dirty:
+                await self._commit(cycle)
+            await self._retrying(
+                control,
+                functools.partial(
+                    self._callbacks.create, self._worker_id, task.id, task.token, occurrence,
+                    attempt, token,
+                ),
+            )  # fmt: skip
         if cycle.dirty:
             await self._commit(cycle)
         # An idempotent attempt is not written before the call: a takeover counts it as lost.
@@ -635,6 +786,7 @@ class Interpreter:
             _connection=self._connection,
             _stop=control.new_call(),
             _spend=meter,
+            callback_token=token,
         )
         started = time.monotonic()
         outcome = "error"
@@ -646,6 +798,7 @@ class Interpreter:
             # the step fails for good (its catch applies).
             error = error_data(exc)
             frame.pending = None
+            cp.callbacks.pop(occurrence, None)
             cycle.evidence.append(record("failed", error=error))
             return _Attempt("failed", occurrence, attempt, error=error, final=True)
         except _TimedOut:
@@ -653,11 +806,13 @@ class Interpreter:
             if not step.idempotent:
                 # The call may or may not have had its effect: uncertain, so reconcile.
                 return _Attempt("reconcile", occurrence, attempt, error=error)
+            cp.callbacks.pop(occurrence, None)
             cycle.evidence.append(record("failed", error=error))
             return _Attempt("failed", occurrence, attempt, error=error)
         except Exception as exc:  # a handler's error is data: it goes to the retry policy
             error = error_data(exc)
             frame.pending = None
+            cp.callbacks.pop(occurrence, None)
             cycle.evidence.append(record("failed", error=error))
             return _Attempt(
                 "failed", occurrence, attempt, error=error, final=error["name"] in NEVER_RETRIED
@@ -670,9 +825,204 @@ class Interpreter:
         if faults.ARMED:
             faults.fault_point("after_call", step.id)
         frame.pending = None
+        if token is not None:
+            # The handler handed the token out; the step's outcome is the completion's.
+            cp.callbacks[occurrence]["called"] = True
+            cycle.evidence.append(record("completed", result={"callback": token,
+                                                              "handler": result}))  # fmt: skip
+            return await self._callback_outcome(cycle, frame, step, occurrence, scope)
         frame.attempts.pop(occurrence, None)
         cycle.evidence.append(record("completed", result=result))
+        self._compensable(cycle, step, occurrence, scope, result)
         return _Attempt("completed", occurrence, attempt, result=result)
+
+    def _compensable(
+        self, cycle: _Cycle, step: EffectStep, occurrence: str, scope: dict[str, Any], result: Any
+    ) -> None:
+        """Remember how to undo a completed effect, with its arguments rendered now."""
+        if step.compensate is None:
+            return
+        steps = {**scope["steps"], step.id: result}
+        cycle.checkpoint.compensable.append(
+            {
+                "step": step.id,
+                "occurrence": occurrence,
+                "handler": step.compensate.handler,
+                "idempotent": step.compensate.idempotent,
+                "args": step.compensate.args.render({**scope, "steps": steps}),
+            }
+        )
+
+    # --- callbacks ----------------------------------------------------------------------------
+
+    async def _callback_outcome(
+        self, cycle: _Cycle, frame: Frame, step: EffectStep, occurrence: str,
+        scope: dict[str, Any],
+    ) -> _Attempt:  # fmt: skip
+        """What the callback of a called attempt came to: completed, failed, or not yet.
+
+        A task claimed again while it waits for a callback that has not come was claimed
+        at the callback's timeout: the token expires and the attempt fails with ``Timeout``.
+        """
+        cp = cycle.checkpoint
+        callback = cp.callbacks[occurrence]
+        attempt = int(callback["attempt"])
+        record = await self._retrying(
+            cycle.control, functools.partial(self._callbacks.get, callback["token"])
+        )
+        if record is not None and record.state == "completed":
+            cp.callbacks.pop(occurrence)
+            cp.wait = None
+            if record.error is not None:
+                error = {"name": str(record.error.get("name", "CallbackFailed")),
+                         "message": str(record.error.get("message", ""))}  # fmt: skip
+                return _Attempt("failed", occurrence, attempt, error=error)
+            frame.attempts.pop(occurrence, None)
+            self._compensable(cycle, step, occurrence, scope, record.result)
+            return _Attempt("completed", occurrence, attempt, result=record.result)
+        waiting = cp.wait is not None and cp.wait.get("callback") == callback["token"]
+        if waiting or record is None or record.state == "expired":
+            await self._retrying(
+                cycle.control, functools.partial(self._callbacks.expire, callback["token"])
+            )
+            cp.callbacks.pop(occurrence)
+            cp.wait = None
+            assert step.callback is not None
+            timeout = step.callback.timeout
+            message = f"no completion of the callback of step {step.id!r}" + (
+                f" within {timeout:g} s" if timeout is not None else "")
+            return _Attempt("failed", occurrence, attempt, error={"name": "Timeout",
+                                                                  "message": message})
+        return _Attempt("callback", occurrence, attempt)
+
+    async def _await_callback(
+        self, cycle: _Cycle, step: EffectStep, occurrence: str
+    ) -> CycleOutcome:
+        """Wait without a lease for the callback of ``occurrence`` (or its timeout)."""
+        cp = cycle.checkpoint
+        token = cp.callbacks[occurrence]["token"]
+        cp.wait = {"occurrence": occurrence, "callback": token}
+        cycle.events.append(Event("waiting", {"step": step.id, "callback": True}))
+        assert step.callback is not None
+        if step.callback.timeout is None:
+            await self._commit(cycle, state="waiting", wait_reason="callback", run_at=NEVER)
+        else:
+            await self._commit(
+                cycle, state="waiting", wait_reason="callback",
+                delay_seconds=step.callback.timeout,
+            )  # fmt: skip
+        try:  # a completion that came while the write waited for the row
+            await self._callbacks.wake_if_completed(cycle.task.id, token)
+        except (DatabaseUnavailable, StoreError) as exc:
+            logger.info(
+                "could not look for a callback completion after the wait was committed: %s",
+                exc,
+                extra={"action": "wake_check_failed", "task_id": cycle.task.id},
+            )
+        return CycleOutcome.WAITING
+
+    # --- compensation -------------------------------------------------------------------------
+
+    async def _compensate(self, cycle: _Cycle, control: CycleControl) -> CycleOutcome:
+        """Run the compensations of the completed effects, newest first, then end failed.
+
+        Each is an effect with its own evidence and idempotency key
+        (``compensate/<occurrence>/<step>#1``); each one's end is committed before the next
+        starts, so a crash resumes the compensation in progress and never repeats a finished
+        one. A compensation that fails for good is recorded and the others still run.
+        """
+        cp = cycle.checkpoint
+        state = cp.compensating
+        assert state is not None
+        if cp.pending is not None and cp.pending.startswith("compensate/"):
+            cp.pending = None  # the compensation's frame keeps its own pending occurrence
+        first = True
+        while cp.compensable:
+            entry = cp.compensable[-1]
+            prefix = f"compensate/{entry['occurrence']}/"
+            stored = state.get("frame")
+            frame = (
+                BranchFrame.from_json(stored)
+                if stored is not None and stored["prefix"] == prefix
+                else BranchFrame.start(entry["step"], prefix)
+            )
+            cycle.compensation = frame
+            step = EffectStep(
+                id=entry["step"], handler=entry["handler"], idempotent=entry["idempotent"],
+                args=_NO_ARGS, retry=RetryPolicy(), timeout=None, next=None,
+            )  # fmt: skip
+            if first and cycle.task.recovered:
+                _lost_attempt(cycle, frame, step)
+            first = False
+            done = await self._attempt(
+                cycle, frame, step, control, cycle.scope(), {}, cycle.charge, entry["args"]
+            )
+            if done.kind == "reconcile":
+                return await self._reconcile(cycle, step, done.occurrence, done.error)
+            if done.kind == "deferred":
+                return await self._limit_deferred(cycle, step, done)
+            if done.kind == "failed":
+                delay = _retry_delay(step, done)
+                if delay is not None:
+                    self._retry_scheduled(cycle, step, done, delay)
+                    await self._commit(cycle, state="queued", delay_seconds=delay)
+                    return CycleOutcome.RETRY
+            outcome = {"step": entry["step"], "occurrence": entry["occurrence"],
+                       "handler": entry["handler"], "outcome": done.kind}  # fmt: skip
+            if done.kind == "completed":
+                outcome["result"] = done.result
+            else:
+                outcome["error"] = done.error
+            state["outcomes"].append(outcome)
+            cp.compensable.pop()
+            cycle.compensation = None
+            state.pop("frame", None)
+            cycle.events.append(Event("compensated", outcome))
+            await self._commit(cycle)
+        outcomes = state["outcomes"]
+        ok = all(item["outcome"] == "completed" for item in outcomes)
+        error = {**state["error"], "compensation": "completed" if ok else "failed"}
+        cp.compensating = None
+        cp.cursor = None
+        cycle.events.append(Event("failed", {"error": error}))
+        await self._commit(cycle, state="failed", error=error, result={"compensations": outcomes})
+        return CycleOutcome.FAILED
+
+    # --- the workflow deadline ----------------------------------------------------------------
+
+    async def _deadline_passed(self, cycle: _Cycle) -> CycleOutcome | None:
+        """The workflow deadline has passed: go to ``on_timeout``, else fail with ``Timeout``.
+
+        What was in progress is abandoned as a cancellation abandons it: a wait ends, a child
+        is cancelled, a parallel or map step's reservation is released, an effect's recorded
+        intent stays in the evidence without an outcome.
+
+        Returns:
+            None when the task goes on at ``on_timeout`` in this cycle, else how it ended.
+        """
+        cp = cycle.checkpoint
+        step = cp.cursor
+        error = {"name": "Timeout", "message": "the workflow deadline passed", "step": step}
+        if cp.fanout is not None:
+            self._release(cycle, cp.fanout)
+            cp.fanout = None
+        if cp.wait is not None and "child" in cp.wait:
+            await self._retrying(
+                cycle.control,
+                functools.partial(self._children.cancel, cp.wait["child"], "parent timed out"),
+            )
+        cp.wait = None
+        cp.pending = None
+        cp.callbacks.clear()
+        cycle.events.append(Event("deadline_passed", {"step": step}))
+        target = cycle.definition.on_timeout
+        if target is None:
+            return await self._fail(cycle, error)
+        if step is not None:
+            cp.outputs[step] = {"error": error}
+        cp.enter(target)
+        cycle.clear_deadline = True
+        return None
 
     async def _reconcile(
         self, cycle: _Cycle, step: _NextStep, occurrence: str, error: Error | None = None
@@ -958,20 +1308,16 @@ class Interpreter:
     # --- waits --------------------------------------------------------------------------------
 
     async def _wait(self, cycle: _Cycle, step: WaitStep) -> CycleOutcome | None:
+        if step.any:
+            return await self._wait_any(cycle, step)
         cp = cycle.checkpoint
         occurrence = cp.occurrence(step.id)
         resumed = cp.wait is not None and cp.wait.get("occurrence") == occurrence
         if step.signal is not None:
-            taken = [signal_id for signal_id, _ in cycle.signals]
-            found = await self._retrying(
-                cycle.control,
-                functools.partial(self._leases.next_signal, cycle.task.id, step.signal, taken),
-            )
+            found = await self._take_signal(cycle, [step.signal], occurrence)
             if found is not None:
-                signal_id, payload = found
-                cycle.signals.append((signal_id, occurrence))
                 cp.wait = None
-                return await self._advance(cycle, step, payload)
+                return await self._advance(cycle, step, found[1])
             if resumed:  # claimed with no signal stored: the wait's deadline passed
                 cp.wait = None
                 message = f"no signal {step.signal!r} within {step.timeout:g} s"
@@ -984,17 +1330,7 @@ class Interpreter:
                 await self._commit(
                     cycle, state="waiting", wait_reason="signal", delay_seconds=step.timeout
                 )
-            # The write woke the task if the signal was stored before it; one sent while the
-            # write waited for the row is caught here. The wait is committed either way: a
-            # failure here is no reason to report the cycle as anything but waiting.
-            try:
-                await self._leases.wake_if_signalled(cycle.task.id, step.signal)
-            except (DatabaseUnavailable, StoreError) as exc:
-                logger.info(
-                    "could not look for a signal after the wait was committed: %s",
-                    exc,
-                    extra={"action": "wake_check_failed", "task_id": cycle.task.id},
-                )
+            await self._wake_if_signalled(cycle, [step.signal])
             return CycleOutcome.WAITING
         if resumed:  # a timer wait is only claimed again once its run_at has passed
             cp.wait = None
@@ -1010,6 +1346,92 @@ class Interpreter:
             )
         return CycleOutcome.WAITING
 
+    async def _take_signal(
+        self, cycle: _Cycle, names: list[str], occurrence: str
+    ) -> tuple[str, Any] | None:
+        """Take the oldest stored signal of ``names`` for ``occurrence``: ``(name, payload)``.
+
+        Only the signal taken is consumed, by the cycle's next fenced write.
+        """
+        taken = [signal_id for signal_id, _ in cycle.signals]
+        found = await self._retrying(
+            cycle.control,
+            functools.partial(self._leases.next_signal, cycle.task.id, names, taken),
+        )
+        if found is None:
+            return None
+        signal_id, name, payload = found
+        cycle.signals.append((signal_id, occurrence))
+        return name, payload
+
+    async def _wake_if_signalled(self, cycle: _Cycle, names: list[str]) -> None:
+        """After a signal wait is committed: wake the task if a signal came in meanwhile.
+
+        The write woke the task if the signal was stored before it; one sent while the write
+        waited for the row is caught here. The wait is committed either way: a failure here
+        is no reason to report the cycle as anything but waiting.
+        """
+        try:
+            await self._leases.wake_if_signalled(cycle.task.id, names)
+        except (DatabaseUnavailable, StoreError) as exc:
+            logger.info(
+                "could not look for a signal after the wait was committed: %s",
+                exc,
+                extra={"action": "wake_check_failed", "task_id": cycle.task.id},
+            )
+
+    async def _wait_any(self, cycle: _Cycle, step: WaitStep) -> CycleOutcome | None:
+        """``wait: {any: [...]}``: the first of several signals and timers decides where to go.
+
+        Only the winning signal is consumed. The timers' deadline is fixed when the wait
+        starts (database time) and kept in the checkpoint; a claim without a signal stored
+        is that deadline passing.
+        """
+        cp = cycle.checkpoint
+        occurrence = cp.occurrence(step.id)
+        resumed = cp.wait is not None and cp.wait.get("occurrence") == occurrence
+        names = [event.signal for event in step.any if event.signal is not None]
+        found = await self._take_signal(cycle, names, occurrence) if names else None
+        if found is not None:
+            name, payload = found
+            target = next(event.next for event in step.any if event.signal == name)
+            cp.wait = None
+            return await self._route(cycle, step, {"event": name, "payload": payload}, target)
+        timers = [event for event in step.any if event.signal is None]
+        if resumed and timers:
+            index = (cp.wait or {}).get("timer", 0)
+            cp.wait = None
+            return await self._route(cycle, step, {"event": "timer"}, timers[index].next)
+        cp.wait = {"occurrence": occurrence, "signals": names, "any": True}
+        run_at = NEVER
+        if timers:  # each timer as a moment in database time; the earliest is the deadline
+            now = await self._retrying(cycle.control, self._leases.database_now)
+            moments = [
+                datetime.datetime.fromisoformat(_timestamp(event.until.render(cycle.scope()),
+                                                           step.id))
+                if event.until is not None
+                else now + datetime.timedelta(seconds=event.duration or 0)
+                for event in timers
+            ]  # fmt: skip
+            index = min(range(len(timers)), key=moments.__getitem__)
+            cp.wait["timer"] = index
+            run_at = moments[index].isoformat()
+        until = None if run_at == NEVER else run_at
+        cycle.events.append(Event("waiting", {"step": step.id, "signals": names, "until": until}))
+        reason = "signal" if names else "timer"
+        await self._commit(cycle, state="waiting", wait_reason=reason, run_at=run_at)
+        if names:
+            await self._wake_if_signalled(cycle, names)
+        return CycleOutcome.WAITING
+
+    async def _route(
+        self, cycle: _Cycle, step: WaitStep, output: Any, target: str
+    ) -> CycleOutcome | None:
+        """Record a step's output and go to ``target``."""
+        cycle.checkpoint.outputs[step.id] = output
+        cycle.checkpoint.enter(target)
+        return None
+
     # --- terminal writes ----------------------------------------------------------------------
 
     async def _succeed(self, cycle: _Cycle, result: Any) -> CycleOutcome:
@@ -1018,10 +1440,20 @@ class Interpreter:
         await self._commit(cycle, state="succeeded", result=result)
         return CycleOutcome.SUCCEEDED
 
-    async def _fail(self, cycle: _Cycle, error: Error) -> CycleOutcome:
+    async def _fail(self, cycle: _Cycle, error: Error, compensate: bool = True) -> CycleOutcome:
+        """Fail the task, after compensating its completed effects when it has any.
+
+        ``compensate`` is False for a ``fail`` step without ``compensate: true``.
+        """
         error.setdefault("step", cycle.checkpoint.cursor)
         if isinstance(error.get("message"), str):
             error["message"] = storable_text(error["message"])
+        cp = cycle.checkpoint
+        if compensate and cp.compensable and cp.compensating is None:
+            cp.compensating = {"error": error, "outcomes": []}
+            steps = [entry["occurrence"] for entry in reversed(cp.compensable)]
+            cycle.events.append(Event("compensating", {"error": error, "compensate": steps}))
+            return await self._compensate(cycle, cycle.control)
         cycle.checkpoint.cursor = None
         cycle.events.append(Event("failed", {"error": error}))
         await self._commit(cycle, state="failed", error=error)
@@ -1054,17 +1486,24 @@ class _TimedOut(Exception):
     """The step's timeout passed before the handler returned."""
 
 
-_NextStep = EffectStep | WaitStep | ParallelStep | MapStep | WorkflowStep
-"""A step with ``next`` and ``catch``."""
+_NextStep = EffectStep | WaitStep | ParallelStep | MapStep | WorkflowStep | SetStep
+"""A step with ``next`` (and, but for a set step, ``catch``)."""
+
+_CatchingStep = EffectStep | WaitStep | ParallelStep | MapStep | WorkflowStep
+"""A step with ``catch``."""
+
+_NO_ARGS = compile_template(None)
+"""The arguments of a step built by the engine (a compensation's are passed as they are)."""
 
 
 def _retry_delay(step: EffectStep, done: _Attempt) -> float | None:
     """Seconds before the next attempt after a failed one, or None: the step fails for good."""
     assert done.error is not None
-    policy = step.retry
-    if done.final or done.attempt >= policy.max_attempts:
+    name = done.error["name"]
+    policy = step.retry_policy(name)
+    if done.final or policy is None or name in NEVER_RETRIED:
         return None
-    if done.error["name"] in policy.non_retryable or done.error["name"] in NEVER_RETRIED:
+    if not policy.unlimited and done.attempt >= policy.max_attempts:
         return None
     return policy.delay(done.attempt)
 
@@ -1122,6 +1561,8 @@ class _FanOut:
         #: (branch, error) of the first branch that failed (mode ``all`` and map).
         self.failure: tuple[str, Error] | None = None
         self.scope = anyio.CancelScope()
+        #: Event-loop time each awaited callback began to be awaited, by occurrence.
+        self.callbacks_since: dict[str, float] = {}
         reserve = step.reserve
         self.reserved: Mapping[str, float] = reserve.amounts if reserve is not None else {}
         self.per_branch = reserve is not None and reserve.per_branch
@@ -1292,16 +1733,41 @@ class _FanOut:
                 text = message if isinstance(message, str) else json.dumps(message)
                 self.step_failed(name, frame, inner, {"name": inner.error, "message": text})
                 continue
+            if isinstance(inner, SetStep):
+                values = inner.values.render(scope)
+                interpreter._check_result(values, inner.id, "the values")
+                frame.outputs[inner.id] = values
+                if inner.next is None:
+                    self.succeed(name, frame, values)
+                else:
+                    self.enter(frame, inner.next)
+                continue
             done = await interpreter._attempt(
                 cycle, frame, inner, self.control, scope, self.remaining(frame),
                 functools.partial(self.charge, frame),
             )  # fmt: skip
+            if done.kind == "callback":  # no lease to release in a branch: look again soon
+                assert inner.callback is not None
+                since = self.callbacks_since.setdefault(done.occurrence, anyio.current_time())
+                timeout = inner.callback.timeout
+                if timeout is None or anyio.current_time() - since < timeout:
+                    await anyio.sleep(CALLBACK_POLL)
+                    continue
+                token = cycle.checkpoint.callbacks.pop(done.occurrence)["token"]
+                await interpreter._retrying(
+                    self.control, functools.partial(interpreter._callbacks.expire, token)
+                )
+                message = f"no completion of the callback of step {inner.id!r} within {timeout:g} s"
+                done = _Attempt("failed", done.occurrence, done.attempt,
+                                error={"name": "Timeout", "message": message})  # fmt: skip
             if done.kind == "completed":
                 frame.outputs[inner.id] = done.result
                 if inner.next is None:
                     self.succeed(name, frame, done.result)
                 else:
                     self.enter(frame, inner.next)
+            elif done.kind == "deferred":  # no lease to release in a branch: wait in it
+                await anyio.sleep(min(done.result.delay_seconds, LIMIT_BRANCH_RECHECK))
             elif done.kind == "reconcile":
                 frame.status = "blocked"
                 frame.pending = done.occurrence

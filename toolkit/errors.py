@@ -23,6 +23,7 @@ from typing import Any
 
 __all__ = [
     "BudgetExceeded",
+    "CallbackRefused",
     "ConfigError",
     "DatabaseUnavailable",
     "DefinitionConflict",
@@ -38,6 +39,7 @@ __all__ = [
     "InputError",
     "LeaseLost",
     "MissingHandlers",
+    "MissingLimits",
     "NoChoiceMatched",
     "NotExported",
     "NotReconcilable",
@@ -50,6 +52,7 @@ __all__ = [
     "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
+    "UnknownLimit",
     "UnknownTask",
     "UnknownTenant",
     "WorkerIdInUse",
@@ -260,6 +263,19 @@ class MissingHandlers(ToolkitError):
     """Effects of the loaded definitions name handlers the application does not register."""
 
 
+class MissingLimits(ToolkitError):
+    """Effects of the loaded definitions name limits that are declared nowhere.
+
+    A limit is declared by the application (``App.limit``) or stored by an operator
+    (``toolkit limits set``); the message has one line per undeclared name and where it is
+    used.
+    """
+
+
+class UnknownLimit(ToolkitError):
+    """No limit of that name is stored."""
+
+
 class ResultNotJson(ToolkitError):
     """A handler returned a value that cannot be stored as JSON."""
 
@@ -300,6 +316,10 @@ class BudgetExceeded(ToolkitError):
         self.wanted = wanted
         self.remaining = remaining
         super().__init__(message)
+
+
+class CallbackRefused(ToolkitError):
+    """The callback token is unknown, or was completed or expired already; nothing changed."""
 
 
 class DefinitionRetired(ToolkitError):

@@ -8,6 +8,7 @@ caller gets :class:`~toolkit.errors.LeaseLost`.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -44,6 +45,8 @@ class ClaimedTask:
         recovered: the previous lease expired while held (a takeover).
         queue_delay: seconds from ``run_at`` to this claim, in database time.
         cancel_requested: the cancel request (``{"reason", "at"}``) if one is pending.
+        deadline_in: seconds left until the workflow deadline (≤ 0: passed), database time;
+            None when the task has none.
     """
 
     id: int
@@ -56,6 +59,7 @@ class ClaimedTask:
     recovered: bool
     queue_delay: float
     cancel_requested: Any = None
+    deadline_in: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +110,7 @@ class FencedWrite:
             already applied is reported applied, nothing appended twice. None: no such check.
         budget_delta: amounts to add to the task's tenant budget use, by resource (spend
             outside a reservation; a released reservation is negative). None: nothing.
+        clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
 
     A signal wait (``waiting``, reason ``signal``) is made due at once by the write itself
     when a signal of that name is already stored and not consumed by this write.
@@ -125,6 +130,7 @@ class FencedWrite:
     signals: Sequence[tuple[int, str]] = ()
     write_id: str | None = None
     budget_delta: Mapping[str, float] | None = None
+    clear_deadline: bool = False
 
 
 class Leases:
@@ -208,6 +214,7 @@ class Leases:
                 recovered=row["recovered"],
                 queue_delay=row["queue_delay"],
                 cancel_requested=row["cancel_requested"],
+                deadline_in=row["deadline_in"],
             )
             for row in rows
         ]
@@ -294,27 +301,38 @@ class Leases:
         return {row["id"]: row["state"] for row in rows}
 
     async def next_signal(
-        self, task_id: int, name: str, taken: Sequence[int] = ()
-    ) -> tuple[int, Any] | None:
-        """The oldest unconsumed signal ``name`` of the task: ``(signal id, payload)``.
+        self, task_id: int, names: Sequence[str], taken: Sequence[int] = ()
+    ) -> tuple[int, str, Any] | None:
+        """The oldest unconsumed signal of the task named one of ``names``.
 
         Args:
             task_id: the task.
-            name: the signal name.
+            names: the signal names.
             taken: ids already taken by this cycle but not yet marked consumed.
+
+        Returns:
+            ``(signal id, name, payload)``, or None.
         """
         row = await self._db.fetch_one(
-            "next_signal", {"task_id": task_id, "name": name, "taken": list(taken)}
+            "next_signal", {"task_id": task_id, "names": list(names), "taken": list(taken)}
         )
-        return None if row is None else (row["id"], row["payload"])
+        return None if row is None else (row["id"], row["name"], row["payload"])
 
-    async def wake_if_signalled(self, task_id: int, name: str) -> bool:
-        """Make a task that just started waiting for ``name`` due if such a signal is stored.
+    async def database_now(self) -> datetime.datetime:
+        """The database's clock now (timezone-aware)."""
+        row = await self._db.fetch_one("database_now")
+        assert row is not None
+        return row["now"]  # type: ignore[no-any-return]
+
+    async def wake_if_signalled(self, task_id: int, names: Sequence[str]) -> bool:
+        """Make a task that just started waiting for signals due if one of ``names`` is stored.
 
         Returns:
             True if the task was woken.
         """
-        row = await self._db.fetch_one("wake_if_signalled", {"task_id": task_id, "name": name})
+        row = await self._db.fetch_one(
+            "wake_if_signalled", {"task_id": task_id, "names": list(names)}
+        )
         return row is not None
 
 
@@ -348,6 +366,7 @@ def _write_json(write: FencedWrite) -> dict[str, Any]:
         "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
         "write_id": write.write_id,
         "budget_delta": write.budget_delta,
+        "clear_deadline": write.clear_deadline,
     }
 
 

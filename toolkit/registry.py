@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
+import re
 import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -16,7 +18,14 @@ from typing import Any, TypeVar
 import psycopg
 
 from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, WorkflowDefinition
-from toolkit.errors import BudgetExceeded, EffectCancelled, HandlerNotFound, MissingHandlers
+from toolkit.errors import (
+    BudgetExceeded,
+    ConfigError,
+    EffectCancelled,
+    HandlerNotFound,
+    MissingHandlers,
+    MissingLimits,
+)
 
 HandlerFunc = Callable[..., Any]
 F = TypeVar("F", bound=HandlerFunc)
@@ -75,6 +84,9 @@ class EffectContext:
             that system can refuse a stale writer.
         idempotency_key: stable across retries, crashes and takeovers of this occurrence,
             different for every other occurrence; pass it to the system you call.
+        callback_token: for a step with ``callback``: the token to hand to the external
+            system, which completes the step with ``toolkit complete TOKEN`` (one per
+            occurrence and attempt); None for other steps.
     """
 
     task_id: int
@@ -90,6 +102,7 @@ class EffectContext:
     )
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
     _spend: SpendMeter | None = dataclasses.field(default=None, repr=False)
+    callback_token: str | None = None
 
     def spend(self, **amounts: float) -> None:
         """Report what this call used of budgeted resources, e.g. ``ctx.spend(tokens=812)``.
@@ -135,13 +148,69 @@ class EffectContext:
         return self._connection()
 
 
+_RATE = re.compile(
+    r"^\s*(?P<calls>\d+(?:\.\d+)?)\s*/\s*(?P<unit>s|sec|second|m|min|minute|h|hour)\s*$"
+)
+_RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+               "h": 3600.0, "hour": 3600.0}  # fmt: skip
+
+
+def parse_rate(rate: str | float, what: str = "rate") -> float:
+    """A rate as calls per second: ``"600/min"`` → 10.0, ``"20/s"`` → 20.0, ``"5/h"``, or a number.
+
+    Args:
+        rate: ``CALLS/UNIT`` with unit ``s``, ``min`` or ``h`` (also ``sec``, ``second``,
+            ``m``, ``minute``, ``hour``), or a number of calls per second.
+        what: how the value is named in the error message.
+
+    Returns:
+        Calls per second, a finite number > 0.
+
+    Raises:
+        ConfigError: not a rate, or not above zero.
+    """
+    if isinstance(rate, bool):
+        raise ConfigError(f"{what} must be like '600/min', '20/s' or '5/h', not {rate!r}")
+    if isinstance(rate, int | float):
+        per_second = float(rate)
+    else:
+        match = _RATE.match(str(rate))
+        if match is None:
+            raise ConfigError(f"{what} must be like '600/min', '20/s' or '5/h', not {rate!r}")
+        per_second = float(match["calls"]) / _RATE_UNITS[match["unit"]]
+    if not math.isfinite(per_second) or per_second <= 0:
+        raise ConfigError(f"{what} must be above zero, not {rate!r}")
+    return per_second
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitSpec:
+    """A downstream limit as an application declares it (see :meth:`App.limit`).
+
+    Attributes:
+        name: the limit's name, used by steps (``limits: [NAME]``) and handlers.
+        max_concurrency: most calls inside the limit at once, over every worker; None: no
+            bound.
+        rate_per_second: calls per second on average; None: no rate.
+        burst: the token bucket's size in calls (None without a rate).
+        per_tenant: each tenant has its own slots and bucket.
+    """
+
+    name: str
+    max_concurrency: int | None = None
+    rate_per_second: float | None = None
+    burst: float | None = None
+    per_tenant: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class Handler:
-    """A registered effect handler."""
+    """A registered effect handler; ``limits`` are the limits every call of it takes."""
 
     name: str
     func: HandlerFunc
     is_async: bool
+    limits: tuple[str, ...] = ()
 
     def call(self, ctx: EffectContext, args: Any) -> Awaitable[Any] | Any:
         """Call the function: ``func(ctx, **args)`` for a mapping, ``func(ctx, args)`` else."""
@@ -167,31 +236,156 @@ class App:
     def __init__(self, name: str = "app") -> None:
         self.name = name
         self._handlers: dict[str, Handler] = {}
+        self._limits: dict[str, LimitSpec] = {}
 
-    def effect(self, name: str) -> Callable[[F], F]:
+    def effect(self, name: str, *, limits: Iterable[str] = ()) -> Callable[[F], F]:
         """Register the decorated function, async or sync, as the handler ``name``.
 
         Sync handlers run in a worker thread so they never block heartbeats.
+
+        Args:
+            name: the handler name definitions use.
+            limits: names of downstream limits every call of the handler takes (on top of
+                a step's own ``limits``), see :meth:`limit`.
 
         Raises:
             ValueError: ``name`` is already registered.
         """
 
         def register(func: F) -> F:
-            self.add(name, func)
+            self.add(name, func, limits=limits)
             return func
 
         return register
 
-    def add(self, name: str, func: HandlerFunc) -> None:
+    def add(self, name: str, func: HandlerFunc, *, limits: Iterable[str] = ()) -> None:
         """Register ``func`` as the handler ``name`` (the non-decorator form).
+
+        Args:
+            name: the handler name definitions use.
+            func: the handler, async or sync.
+            limits: names of downstream limits every call takes (see :meth:`effect`).
 
         Raises:
             ValueError: ``name`` is already registered.
         """
         if name in self._handlers:
             raise ValueError(f"handler {name!r} is registered twice")
-        self._handlers[name] = Handler(name, func, inspect.iscoroutinefunction(func))
+        names = tuple(sorted(set(limits)))
+        self._handlers[name] = Handler(name, func, inspect.iscoroutinefunction(func), names)
+
+    def limit(
+        self,
+        name: str,
+        *,
+        max_concurrency: int | None = None,
+        rate: str | float | None = None,
+        burst: float | None = None,
+        per: str | None = None,
+    ) -> LimitSpec:
+        """Declare a downstream limit, held fleet-wide in the store (docs/limits.md).
+
+        Example: ``app.limit("llm", max_concurrency=4, rate="600/min", burst=20)``. A worker
+        stores its app's limits when it starts; a limit an operator changed with
+        ``toolkit limits set`` keeps the operator's values.
+
+        Args:
+            name: the limit's name (non-empty).
+            max_concurrency: most calls inside the limit at once over every worker (>= 1);
+                None for no bound.
+            rate: calls allowed on average: ``"600/min"``, ``"20/s"``, ``"5/h"``, or a number
+                per second; None for no rate.
+            burst: the most calls the bucket lets through at once after a quiet spell
+                (>= 1); default one second's worth of the rate, at least 1.
+            per: ``"tenant"`` for separate slots and bucket per tenant; None (or
+                ``"global"``) for one of each over all tenants.
+
+        Returns:
+            The declaration.
+
+        Raises:
+            ConfigError: a value is out of range, neither a bound nor a rate is given, or the
+                name is declared twice.
+        """
+        if not isinstance(name, str) or not name:
+            raise ConfigError("a limit name must be a non-empty string")
+        if name in self._limits:
+            raise ConfigError(f"limit {name!r} is declared twice in app {self.name!r}")
+        if max_concurrency is None and rate is None:
+            raise ConfigError(f"limit {name!r}: give max_concurrency, rate, or both")
+        if max_concurrency is not None and (
+            isinstance(max_concurrency, bool)
+            or not isinstance(max_concurrency, int)
+            or not 1 <= max_concurrency <= 2**31 - 1
+        ):
+            raise ConfigError(f"limit {name!r}: max_concurrency must be a positive integer")
+        per_second = None if rate is None else parse_rate(rate, f"limit {name!r}: rate")
+        if burst is not None:
+            if per_second is None:
+                raise ConfigError(f"limit {name!r}: a burst needs a rate")
+            if (
+                isinstance(burst, bool)
+                or not isinstance(burst, int | float)
+                or not (math.isfinite(burst) and burst >= 1)
+            ):
+                raise ConfigError(f"limit {name!r}: burst must be a number >= 1")
+        elif per_second is not None:
+            burst = max(per_second, 1.0)
+        if per not in (None, "global", "tenant"):
+            raise ConfigError(f"limit {name!r}: per must be 'tenant' or 'global', not {per!r}")
+        spec = LimitSpec(
+            name, max_concurrency, per_second, None if burst is None else float(burst),
+            per == "tenant",
+        )  # fmt: skip
+        self._limits[name] = spec
+        return spec
+
+    @property
+    def limit_specs(self) -> tuple[LimitSpec, ...]:
+        """Every limit this app declares, by name."""
+        return tuple(self._limits[name] for name in sorted(self._limits))
+
+    def step_limits(self, step: EffectStep) -> tuple[str, ...]:
+        """The limits a step's calls take: its own ``limits`` and its handler's, sorted."""
+        handler = self._handlers.get(step.handler)
+        own = getattr(step, "limits", ())
+        if not own and (handler is None or not handler.limits):
+            return ()
+        return tuple(sorted({*own, *(handler.limits if handler is not None else ())}))
+
+    def check_limits(
+        self, definitions: Iterable[WorkflowDefinition], stored: Iterable[str]
+    ) -> None:
+        """Check that every limit a step or handler names is declared here or ``stored``.
+
+        Args:
+            definitions: the definitions a worker runs.
+            stored: the names of the limits the store holds (set by an operator).
+
+        Raises:
+            MissingLimits: one line per undeclared limit, naming the file and step, or the
+                handler.
+        """
+        known = set(self._limits) | set(stored)
+        lines = []
+        for handler in self._handlers.values():
+            for name in handler.limits:
+                if name not in known:
+                    lines.append(
+                        f"handler {handler.name!r} of app {self.name!r}: limit {name!r} is not "
+                        "declared (app.limit) nor set in the store (toolkit limits set)"
+                    )
+        for definition in definitions:
+            where = definition.source or f"{definition.name} v{definition.version}"
+            for path, step in _effect_steps(definition):
+                for name in getattr(step, "limits", ()):
+                    if name not in known:
+                        lines.append(
+                            f"{where}: {path}.limits: limit {name!r} is not declared in app "
+                            f"{self.name!r} (app.limit) nor set in the store (toolkit limits set)"
+                        )
+        if lines:
+            raise MissingLimits("\n".join(dict.fromkeys(lines)))
 
     @property
     def handler_names(self) -> frozenset[str]:

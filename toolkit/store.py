@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from toolkit.callbacks import Callbacks
 from toolkit.catalog import DefinitionCatalog
 from toolkit.database import Database
 from toolkit.errors import SchemaOutdated
 from toolkit.leases import Leases
+from toolkit.limits import Limits
 from toolkit.membership import Membership
 from toolkit.migrations import migrate, schema_status
 from toolkit.tasks import Tasks
@@ -31,6 +33,8 @@ class Store:
         leases: claim, heartbeat, fenced writes.
         workers: worker registration.
         tenants: tenant admission settings and budget amounts.
+        limits: downstream limits (fleet-wide concurrency and rate limits of effects).
+        callbacks: callback tokens of effects completed from outside.
     """
 
     def __init__(self, db: Database) -> None:
@@ -40,6 +44,8 @@ class Store:
         self.leases = Leases(db)
         self.workers = Membership(db)
         self.tenants = Tenants(db)
+        self.limits = Limits(db)
+        self.callbacks = Callbacks(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

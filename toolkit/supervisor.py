@@ -423,8 +423,12 @@ class WorkflowSupervisor:
         self.metrics.in_flight.inc()
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
-        scope = anyio.CancelScope()
         control = CycleControl(lease_deadline=lease_deadline)
+        if task.deadline_in is not None and task.deadline_in > 0:
+            # The workflow deadline (database time, as seconds left at the claim) stops a
+            # running cycle like a cancellation; the next claim applies it.
+            control.deadline = anyio.current_time() + task.deadline_in
+        scope = anyio.CancelScope(deadline=control.deadline)
         stale = self._held.get(task.id)
         if stale is not None:  # this worker took over its own task: the old cycle lost it
             stale[2].lease_lost = True

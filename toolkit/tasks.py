@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
+from toolkit.callbacks import Callbacks
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
-from toolkit.definition import WorkflowDefinition
+from toolkit.definition import WaitStep, WorkflowDefinition, definition_from_body, validate_payload
 from toolkit.errors import (
     InputError,
     NotReconcilable,
@@ -106,6 +107,7 @@ class Tasks:
         *,
         tenant: str = "default",
         budget: Mapping[str, float] | None = None,
+        timeout: float | None = None,
     ) -> list[int]:
         """Queue one task per input, validated against the definition's input schema.
 
@@ -120,6 +122,8 @@ class Tasks:
             tenant: the tenant the tasks belong to.
             budget: overrides of the definition's ``budget``, by resource (amounts ≥ 0);
                 each must fit in the tenant's budget for the resource, when it has one.
+            timeout: overrides the definition's workflow ``timeout``: seconds from now (> 0)
+                until the deadline.
 
         Returns:
             The new task ids, in input order.
@@ -142,6 +146,7 @@ class Tasks:
                 "digest": definition.digest,
                 "inputs": Jsonb(validated),
                 "checkpoint": Jsonb(initial),
+                "timeout": _timeout(definition, timeout),
             },
         )
         return [row["id"] for row in rows]
@@ -154,6 +159,7 @@ class Tasks:
         key: str,
         tenant: str = "default",
         budget: Mapping[str, float] | None = None,
+        timeout: float | None = None,
     ) -> tuple[int, bool]:
         """Queue one task unless the tenant already has a task with idempotency key ``key``.
 
@@ -163,6 +169,7 @@ class Tasks:
             key: the idempotency key, unique per tenant.
             tenant: the tenant.
             budget: overrides of the definition's budget (see `submit`).
+            timeout: overrides the definition's workflow timeout (see `submit`).
 
         Returns:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
@@ -180,6 +187,7 @@ class Tasks:
             "input": Jsonb(self._checked_input(definition, value)),
             "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
             "key": key,
+            "timeout": _timeout(definition, timeout),
         }
         row = await self._db.fetch_one("submit_keyed_task", params)
         if row is None:  # inserted by a concurrent submit after this statement's snapshot
@@ -266,9 +274,15 @@ class Tasks:
         Raises:
             UnknownTask: no such task.
             TaskTerminal: the task has ended; the signal was not stored.
-            InputError: the payload is over the payload limits or not storable JSON.
+            InputError: the payload is over the payload limits or not storable JSON, or
+                fails the schema its wait step declares (``wait: {signal, schema}``) — the
+                message names the path of the fault; the signal was not stored. Defaults
+                of that schema are applied to the stored payload.
         """
         payload = self._checked(payload, f"payload of signal {name!r}")
+        schema = await self._signal_schema(task_id, name)
+        if schema is not None:
+            payload = validate_payload(schema, payload, f"payload of signal {name!r}")
         row = await self._db.fetch_one(
             "send_signal", {"task_id": task_id, "name": name, "payload": Jsonb(payload)}
         )
@@ -277,6 +291,58 @@ class Tasks:
         if row["signal_id"] is None:
             raise TaskTerminal(f"task {task_id} is {row['state']}; signal {name!r} was not stored")
         return int(row["signal_id"])
+
+    async def _signal_schema(self, task_id: int, name: str) -> Mapping[str, Any] | None:
+        """The payload schema the task's definition declares for signal ``name``, if any.
+
+        The step the task waits at wins; else the first wait step declaring one.
+        """
+        row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
+        if row is None or row["body"] is None:
+            return None
+        definition = definition_from_body(row["body"])
+        cursor = (row["checkpoint"] or {}).get("cursor")
+        found: list[tuple[bool, Mapping[str, Any]]] = []
+        for step in definition.steps.values():
+            if not isinstance(step, WaitStep):
+                continue
+            if step.signal == name and step.schema is not None:
+                found.append((step.id == cursor, step.schema))
+            for event in step.any:
+                if event.signal == name and event.schema is not None:
+                    found.append((step.id == cursor, event.schema))
+        found.sort(key=lambda item: not item[0])
+        return found[0][1] if found else None
+
+    async def complete(
+        self,
+        token: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        message: str | None = None,
+    ) -> int:
+        """Complete the callback ``token`` of a step with ``callback`` (`toolkit complete`).
+
+        Args:
+            token: the token the step's handler handed out (``ctx.callback_token``).
+            result: the step's result (JSON) when it succeeded.
+            error: an error name when it failed: it goes through the step's retry and catch
+                like a handler's error.
+            message: the error's message.
+
+        Returns:
+            The task id.
+
+        Raises:
+            CallbackRefused: no such token, or it was completed or expired already.
+            InputError: ``result`` is over the payload limits or not storable JSON.
+        """
+        if error is not None:
+            detail = {"name": error, "message": message or f"{error} reported by the callback"}
+            return await Callbacks(self._db).complete(token, error=detail)
+        result = self._checked(result, f"result of callback {token!r}")
+        return await Callbacks(self._db).complete(token, result=result)
 
     async def cancel(self, task_id: int, reason: str = "cancelled by request") -> str:
         """Cancel a task, and its live child tasks (and theirs).
@@ -371,3 +437,16 @@ class Tasks:
         )
         if row is None:
             raise NotReconcilable(f"task {task_id} changed while reconciling; look again")
+
+
+def _timeout(definition: WorkflowDefinition, override: float | None) -> float | None:
+    """The workflow timeout of a new task, seconds: the override, else the definition's.
+
+    Raises:
+        InputError: the override is not a number > 0.
+    """
+    if override is None:
+        return definition.timeout
+    if isinstance(override, bool) or not isinstance(override, int | float) or override <= 0:
+        raise InputError(f"timeout must be a number of seconds > 0, got {override!r}", path="$")
+    return float(override)

@@ -13,9 +13,10 @@ WITH parent AS (
 ), inserted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         parent_id, parent_occurrence)
+         parent_id, parent_occurrence, deadline_at)
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, %(input)s::jsonb,
-           %(checkpoint)s::jsonb, parent.id, %(occurrence)s
+           %(checkpoint)s::jsonb, parent.id, %(occurrence)s,
+           clock_timestamp() + %(timeout)s::float8 * interval '1 second'
     FROM parent
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
     RETURNING id

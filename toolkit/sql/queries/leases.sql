@@ -73,7 +73,8 @@ WITH candidates AS (
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
               t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
-              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay
+              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
+              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT id,
@@ -84,7 +85,7 @@ WITH candidates AS (
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, previous_state = 'leased' AS recovered, queue_delay,
+       cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits
 FROM claimed
@@ -133,7 +134,10 @@ RETURNING t.id, t.cancel_requested;
 -- A wait for a child (reason child) is due at once when a child ended while the task held
 -- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
 -- (a different row: a parent written by this statement is not touched twice). A write's
--- budget_delta ({resource: amount}) is added to its tenant's budget use.
+-- budget_delta ({resource: amount}) is added to its tenant's budget use. run_at is never
+-- later than the task's workflow deadline (deadline_at), unless the write clears it.
+-- Completed or failed evidence releases the downstream-limit slots of its occurrence and
+-- wakes a task waiting for each (docs/limits.md).
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -141,7 +145,8 @@ WITH w AS (
     FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
         task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
-        evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb)
+        evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
+        clear_deadline boolean)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -168,12 +173,14 @@ WITH w AS (
                           ELSE w.checkpoint || jsonb_build_object('write', w.write_id) END,
         state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
-        run_at = CASE
+        deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
+        run_at = LEAST(CASE
             WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'signal'
                  AND EXISTS (
                      SELECT 1 FROM toolkit_signals s
                      WHERE s.task_id = t.id
-                       AND s.name = w.checkpoint -> 'wait' ->> 'signal'
+                       AND (s.name = w.checkpoint -> 'wait' ->> 'signal'
+                            OR coalesce(w.checkpoint -> 'wait' -> 'signals' ? s.name, false))
                        AND s.consumed_at IS NULL
                        AND NOT EXISTS (
                            SELECT 1 FROM jsonb_to_recordset(w.signals) AS c(id bigint)
@@ -186,6 +193,8 @@ WITH w AS (
             WHEN w.delay_seconds IS NOT NULL
                 THEN clock_timestamp() + w.delay_seconds * interval '1 second'
             ELSE t.run_at END,
+            -- a task waits no longer than its workflow deadline
+            CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END),
         lease_owner = CASE WHEN w.state = 'leased' THEN t.lease_owner END,
         lease_expires_at = CASE WHEN w.state = 'leased' THEN t.lease_expires_at END,
         result = w.result,
@@ -255,17 +264,46 @@ WITH w AS (
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
     WHERE s.id = c.id AND s.task_id = g.id AND s.consumed_at IS NULL
+), released_slots AS (
+    -- Downstream limits (docs/limits.md): the completed or failed evidence of an occurrence
+    -- releases the slots it took, atomically with the evidence (one primary-key probe per
+    -- outcome record; nothing when the write carries none).
+    DELETE FROM toolkit_limit_slots s
+    USING guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(occurrence text, record text)
+    WHERE r.record IN ('completed', 'failed')
+      AND s.task_id = g.id AND s.occurrence = r.occurrence
+    RETURNING s.name, s.scope
+), limit_woken AS (
+    -- Each released slot makes the first task waiting for its limit and scope due now.
+    UPDATE toolkit_tasks t
+    SET run_at = clock_timestamp()
+    FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
+    CROSS JOIN LATERAL (
+        SELECT x.id
+        FROM toolkit_tasks x
+        WHERE x.state = 'waiting' AND x.wait_reason = 'limit'
+          AND x.checkpoint -> 'wait' ->> 'limit' = r.name
+          AND x.checkpoint -> 'wait' ->> 'scope' = r.scope
+          AND x.run_at > clock_timestamp()
+        ORDER BY x.run_at
+        LIMIT r.n
+        FOR NO KEY UPDATE SKIP LOCKED
+    ) x
+    WHERE t.id = x.id
+    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 )
 SELECT id, state FROM guard
 UNION ALL
 SELECT id, state FROM replayed;
 
 -- name: next_signal
--- The oldest signal of this name not consumed yet, nor taken by this cycle (%(taken)s ids:
+-- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
 -- its consumption is written with the cycle's next fenced write).
-SELECT id, payload
+SELECT id, name, payload
 FROM toolkit_signals
-WHERE task_id = %(task_id)s AND name = %(name)s AND consumed_at IS NULL
+WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS NULL
   AND NOT (id = ANY(%(taken)s::bigint[]))
 ORDER BY id
 LIMIT 1;
@@ -279,5 +317,10 @@ WHERE id = %(task_id)s
   AND state = 'waiting'
   AND wait_reason = 'signal'
   AND EXISTS (SELECT 1 FROM toolkit_signals
-              WHERE task_id = %(task_id)s AND name = %(name)s AND consumed_at IS NULL)
+              WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[])
+                AND consumed_at IS NULL)
 RETURNING id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+
+-- name: database_now
+-- The database's clock (time is always the database's, DESIGN §2).
+SELECT clock_timestamp() AS now;

@@ -5,8 +5,10 @@ WITH tenant AS (
     INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
 ), submitted AS (
     INSERT INTO toolkit_tasks
-        (tenant, definition_name, definition_version, definition_digest, input, checkpoint)
-    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s
+        (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
+         deadline_at)
+    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
+           clock_timestamp() + %(timeout)s::float8 * interval '1 second'
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
     ORDER BY i.n
     RETURNING id
@@ -26,8 +28,9 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key)
-    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s)
+         idempotency_key, deadline_at)
+    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
+            clock_timestamp() + %(timeout)s::float8 * interval '1 second')
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, definition_name, definition_version, definition_digest
 ), events AS (
@@ -146,7 +149,8 @@ WITH target AS (
     WHERE t.id = i.task_id
       AND t.state = 'waiting'
       AND t.wait_reason = 'signal'
-      AND t.checkpoint -> 'wait' ->> 'signal' = %(name)s
+      AND (t.checkpoint -> 'wait' ->> 'signal' = %(name)s
+           OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
     RETURNING t.id
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)
@@ -247,3 +251,10 @@ WITH target AS (
     SELECT id, 'reconciled', %(operator)s, %(resolution)s::jsonb FROM updated
 )
 SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM updated;
+
+-- name: task_definition_body
+-- The definition body a task is pinned to (by digest), with its checkpoint.
+SELECT d.body, t.checkpoint
+FROM toolkit_tasks t
+LEFT JOIN toolkit_definitions d ON d.digest = t.definition_digest
+WHERE t.id = %(task_id)s;
