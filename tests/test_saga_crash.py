@@ -61,7 +61,7 @@ def test_a_crash_mid_compensation_resumes_it_and_never_repeats_a_finished_one(
     assert call_counts(dsn)[refund] == 1
     backdate_leases(dsn, [task_id])
     second = _worker(dsn, tmp_path, "w2", "--until-idle")
-    out, err = second.communicate(timeout=60)
+    _, err = second.communicate(timeout=60)
     assert second.returncode == 0 and "Traceback" not in err, err
     row = task_row(dsn, task_id)
     assert row["state"] == "failed", row
