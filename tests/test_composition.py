@@ -523,3 +523,51 @@ async def test_a_child_of_an_unknown_definition_fails_the_step(store: Store) -> 
     await drain(store, UNKNOWN_CHILD)
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "UnknownDefinition"
+
+
+# --- toolkit show ------------------------------------------------------------------------------
+
+BLOCKED = """
+name: blocked-branch
+version: 1
+budget: {tokens: 1000}
+start: fan
+steps:
+  fan:
+    parallel:
+      reserve: {per_branch: {tokens: 100}}
+      branches:
+        spender:
+          start: s
+          steps:
+            s: {effect: count.spend, idempotent: true, args: {tokens: 30}}
+        stuck:
+          start: u
+          steps:
+            u: {effect: count.work, idempotent: false, args: {seconds: 5}, timeout: 0.05s}
+"""
+
+
+async def test_show_prints_branch_progress_reservations_and_spend(
+    store: Store, dsn: str
+) -> None:
+    from tests.test_cli import invoke
+
+    (task_id,) = await deploy_submit(store, BLOCKED, [{}])
+    await drain(store, BLOCKED)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason) == ("waiting", "reconciliation")
+    assert task.checkpoint["pending"] == "fan#1/stuck/u#1"
+    code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
+    assert code == 0
+    assert "budget:     tokens: spent 0 of 1000, 200 reserved" in out
+    assert "reserved  tokens 200 (spent 30)" in out
+    assert "spender   succeeded" in out and "spent tokens 30" in out
+    assert "stuck     blocked" in out and "uncertain fan#1/stuck/u#1" in out
+    # The operator resolves the branch's effect: the step ends, the reservation is released.
+    await store.tasks.reconcile(task_id, "u", "completed", result={"done": True})
+    await drain(store, BLOCKED)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", task.error
+    assert task.result == {"spender": {"value": None, "tokens": 30}, "stuck": {"done": True}}
+    assert task.checkpoint["budget"]["tokens"] == {"limit": 1000, "spent": 30, "reserved": 0}
