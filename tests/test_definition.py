@@ -5,6 +5,7 @@ import json
 import pathlib
 import pickle
 import re
+import sys
 from typing import Any
 
 import pytest
@@ -14,17 +15,22 @@ from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
 from toolkit.definition import (
+    DEFAULT_MAX_STEPS,
     TIMEOUT_ERROR,
     Branch,
+    Callback,
     CatchRule,
     ChoiceStep,
+    Compensation,
     EffectStep,
     FailStep,
     MapStep,
     ParallelStep,
     Reservation,
     RetryPolicy,
+    SetStep,
     SucceedStep,
+    WaitEvent,
     WaitStep,
     WorkflowDefinition,
     WorkflowStep,
@@ -381,14 +387,16 @@ def test_model_of_waits() -> None:
 def test_schema_has_a_def_per_step_kind() -> None:
     schema = json.loads(schema_path().read_text(encoding="utf-8"))
     refs = [branch["$ref"] for branch in schema["$defs"]["step"]["oneOf"]]
-    kinds = ["effect", "choice", "succeed", "fail", "wait", "parallel", "map", "workflow"]
+    kinds = ["effect", "choice", "succeed", "fail", "wait", "parallel", "map", "workflow", "set"]
     assert refs == [f"#/$defs/{kind}Step" for kind in kinds]
     for kind in kinds:
         assert schema["$defs"][f"{kind}Step"]["required"][0] == kind
     for kind in ("effect", "wait", "parallel", "map", "workflow"):
         assert schema["$defs"][f"{kind}Step"]["properties"]["catch"] == {"$ref": "#/$defs/catch"}
+    assert "catch" not in schema["$defs"]["setStep"]["properties"]
     in_branch = [branch["$ref"] for branch in schema["$defs"]["branchStep"]["oneOf"]]
-    assert in_branch == [f"#/$defs/{kind}Step" for kind in ("effect", "choice", "succeed", "fail")]
+    branch_kinds = ("effect", "choice", "succeed", "fail", "set")
+    assert in_branch == [f"#/$defs/{kind}Step" for kind in branch_kinds]
 
 
 WAIT_DOC = "name: x\nversion: 1\nstart: w\nsteps:\n  w: {wait: {until: %s}}\n"
@@ -734,6 +742,312 @@ def test_reserve_faults(reserve: str, path: str, fragment: str) -> None:
     assert any(f.path == path and fragment in f.message for f in faults), faults
 
 
+# --- retries by error, callbacks, compensation, limits, set, wait any, deadlines ------------------
+
+
+def test_model_of_error_filtered_retries() -> None:
+    d = load_definition(CORPUS / "valid" / "retry-by-error.yaml")
+    charge = d.steps["charge"]
+    assert isinstance(charge, EffectStep)
+    limited = RetryPolicy(sys.maxsize, 10.0, 2.0, 300.0, False, (), ("RateLimited",), True)
+    busy = RetryPolicy(5, 2.0, 2.0, 30.0, False, (), ("Unavailable", "payments.Gateway"))
+    assert charge.retry_rules == (limited, busy)
+    # No policy for any error: lost attempts count against the defaults with the most attempts.
+    assert charge.retry == RetryPolicy(sys.maxsize, 2.0, 2.0, 30.0, False, unlimited=True)
+    assert charge.retry_policy("RateLimited") == limited
+    assert charge.retry_policy("payments.Gateway") == busy
+    assert charge.retry_policy("Declined") is None  # named by no policy: not retried
+
+    notify = d.steps["notify"]
+    assert isinstance(notify, EffectStep)
+    anything, bad_address = notify.retry_rules
+    assert notify.retry is anything
+    assert (anything.errors, anything.max_attempts, anything.non_retryable) == (
+        ("*",),
+        4,
+        ("BadAddress",),
+    )
+    assert notify.retry_policy("Boom") is anything
+    assert notify.retry_policy("BadAddress") is bad_address and bad_address.max_attempts == 1
+
+    poll = d.steps["poll"]
+    assert isinstance(poll, EffectStep) and poll.retry_rules == ()
+    assert poll.retry == RetryPolicy(sys.maxsize, 2.0, 1.0, 30.0, False, unlimited=True)
+    assert poll.retry_policy("Anything") is poll.retry
+
+
+def test_retry_list_without_a_policy_for_any_error() -> None:
+    d = parse_definition(
+        """
+name: x
+version: 1
+defaults: {retry: {max_attempts: 9, initial: 3s, non_retryable: [Fatal]}}
+start: a
+steps:
+  a:
+    effect: h
+    idempotent: true
+    retry: [{errors: [A], max_attempts: 2}, {errors: [B], max_attempts: 7, factor: 3}]
+"""
+    )
+    step = d.steps["a"]
+    assert isinstance(step, EffectStep)
+    assert [(r.errors, r.max_attempts, r.factor, r.initial) for r in step.retry_rules] == [
+        (("A",), 2, 2.0, 3.0),
+        (("B",), 7, 3.0, 3.0),
+    ]
+    assert all(rule.non_retryable == ("Fatal",) for rule in step.retry_rules)
+    assert step.retry == RetryPolicy(7, 3.0, 2.0, 60.0, True, ("Fatal",))
+    assert not step.retry.unlimited
+
+
+def test_new_fields_have_defaults() -> None:
+    d = parse_definition(
+        "name: x\nversion: 1\nstart: a\nsteps:\n  a: {effect: h, idempotent: true, next: b}\n"
+        "  b: {fail: {error: E}}\n"
+    )
+    assert (d.timeout, d.on_timeout, d.max_steps) == (None, None, DEFAULT_MAX_STEPS)
+    assert DEFAULT_MAX_STEPS == 10_000
+    a, b = d.steps["a"], d.steps["b"]
+    assert isinstance(a, EffectStep)
+    assert (a.retry_rules, a.callback, a.compensate, a.limits) == ((), None, None, ())
+    assert isinstance(b, FailStep) and b.compensate is False
+
+
+def test_model_of_compensation_callback_limits_and_deadline() -> None:
+    d = load_definition(CORPUS / "valid" / "saga-deadline.yaml")
+    assert (d.timeout, d.on_timeout, d.max_steps) == (5400.0, "too_slow", 50)
+    reserve, charge = d.steps["reserve"], d.steps["charge"]
+    assert isinstance(reserve, EffectStep) and isinstance(charge, EffectStep)
+    assert reserve.compensate is not None
+    assert (reserve.compensate.handler, reserve.compensate.idempotent) == (
+        "inventory.release",
+        True,
+    )
+    assert reserve.compensate.args.path == "$.steps.reserve.compensate.args"
+    scope = {"steps": {"reserve": {"reservation_id": "R1"}}}
+    assert reserve.compensate.args.render(scope) == {"reservation": "R1"}
+    assert reserve.callback is None and reserve.limits == ("inventory-api",)
+    assert charge.compensate is not None and charge.compensate.idempotent is False
+    assert charge.compensate.args.render({}) is None
+    assert charge.callback == Callback(timeout=600.0)
+    assert charge.limits == ("payments-api", "payments.eu")
+    late = d.steps["too_slow"]
+    assert isinstance(late, EffectStep) and late.callback == Callback(timeout=None)
+    undo = d.steps["undo"]
+    assert isinstance(undo, FailStep) and undo.compensate is True
+    # Compensating effects are handlers the worker must have too.
+    assert d.handlers() == frozenset(
+        {
+            "inventory.reserve",
+            "inventory.release",
+            "payments.charge",
+            "payments.refund",
+            "mail.send",
+        }
+    )
+    assert isinstance(reserve.compensate, Compensation)
+
+
+def test_compensation_handlers_inside_branches_count() -> None:
+    d = parse_definition(
+        """
+name: x
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        one:
+          start: a
+          steps:
+            a: {effect: h.do, idempotent: true, compensate: {effect: h.undo}, limits: [api]}
+"""
+    )
+    assert d.handlers() == frozenset({"h.do", "h.undo"})
+    fan = d.steps["fan"]
+    assert isinstance(fan, ParallelStep)
+    inner = fan.branches["one"].steps["a"]
+    assert isinstance(inner, EffectStep) and inner.limits == ("api",)
+
+
+def test_on_timeout_is_an_entry_point_of_the_graph() -> None:
+    text = """\
+name: x
+version: 1
+timeout: 2h
+on_timeout: late
+start: a
+steps:
+  a: {effect: h, idempotent: true}
+  late: {effect: h.notify, idempotent: true, next: gone}
+  gone: {fail: {error: Late}}
+"""
+    d = parse_definition(text)
+    assert (d.timeout, d.on_timeout) == (7200.0, "late")
+    faults = faults_of(text.replace("timeout: 2h\non_timeout: late\n", ""))
+    assert [f.path for f in faults] == ["$.steps.late", "$.steps.gone"]
+    assert "unreachable from start 'a'" in faults[0].message
+
+
+def test_model_of_wait_any_and_signal_schemas() -> None:
+    d = load_definition(CORPUS / "valid" / "wait-any.yaml")
+    decide = d.steps["decide"]
+    assert isinstance(decide, WaitStep)
+    assert (decide.duration, decide.until, decide.signal, decide.timeout, decide.next) == (
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
+    approved, rejected, remind, expired = decide.any
+    assert approved.signal == "approved" and approved.next == "approved"
+    assert approved.schema is not None and approved.schema["required"] == ["by"]
+    assert rejected == WaitEvent("rejected", None, None, "rejected")
+    assert remind == WaitEvent(None, 172800.0, None, "remind")
+    assert (expired.signal, expired.duration, expired.next) == (None, None, "expired")
+    assert expired.until is not None and expired.until.is_expression
+    assert expired.until.path == "$.steps.decide.wait.any[3].until"
+    assert expired.until.render({"input": {"expires_at": "2030-01-01T00:00:00Z"}}) == (
+        "2030-01-01T00:00:00Z"
+    )
+    last_call = d.steps["last_call"]
+    assert isinstance(last_call, WaitStep)
+    assert last_call.schema == {"type": "object"} and last_call.any == ()
+    assert (last_call.signal, last_call.timeout, last_call.next) == (
+        "approved",
+        86400.0,
+        "approved",
+    )
+
+
+def test_signal_schema_references_resolve_inside_it() -> None:
+    text = """\
+name: x
+version: 1
+start: w
+steps:
+  w:
+    wait:
+      signal: go
+      schema:
+        $id: "urn:example:go"
+        $defs: {who: {type: string}}
+        properties: {by: {$ref: "#/$defs/who"}}
+"""
+    step = parse_definition(text).steps["w"]
+    assert isinstance(step, WaitStep) and step.schema is not None
+    faults = faults_of(text.replace("#/$defs/who", "#/$defs/whom"))
+    assert [f.path for f in faults] == ["$.steps.w.wait.schema.properties.by['$ref']"]
+    assert "only references inside the signal schema" in faults[0].message
+
+
+def test_model_of_set_steps() -> None:
+    d = load_definition(CORPUS / "valid" / "set-step.yaml")
+    total = d.steps["total"]
+    assert isinstance(total, SetStep) and total.next == "lines"
+    assert total.values.path == "$.steps.total.set"
+    scope = {"input": {"order_id": "A1", "items": [1, 2]}, "steps": {"reserve": {"total": 9}}}
+    assert total.values.render(scope) == {
+        "sum": 9,
+        "label": "order A1 (2 items)",
+        "fixed": {"currency": "EUR", "lines": [1, 2]},
+    }
+    done = d.steps["done"]
+    assert isinstance(done, SetStep) and done.next is None  # ends the workflow
+    lines = d.steps["lines"]
+    assert isinstance(lines, MapStep)
+    net = lines.branch.steps["net"]
+    assert isinstance(net, SetStep) and net.next is None  # ends the branch
+    assert net.values.render({"context": {"item": {"sku": "S"}, "index": 0}}) == {
+        "sku": "S",
+        "position": 0,
+    }
+    assert d.handlers() == frozenset({"inventory.reserve"})
+
+
+@pytest.mark.parametrize(
+    ("step", "path", "fragment"),
+    [
+        (
+            "{effect: h, idempotent: true, retry: []}",
+            "$.steps.a.retry",
+            "at least one retry policy",
+        ),
+        (
+            "{effect: h, idempotent: true, retry: [{errors: [A, A]}]}",
+            "$.steps.a.retry[0].errors",
+            "'A' is listed twice",
+        ),
+        (
+            "{effect: h, idempotent: true, retry: [{errors: [A]}, {errors: [A]}]}",
+            "$.steps.a.retry[1]",
+            "this policy never applies: earlier policies already cover 'A'",
+        ),
+        (
+            "{effect: h, idempotent: true, retry: {max_attempts: 0}}",
+            "$.steps.a.retry.max_attempts",
+            "0 is less than the minimum of 1",
+        ),
+        (
+            "{effect: h, idempotent: true, retry: {max_attempts: true}}",
+            "$.steps.a.retry.max_attempts",
+            "expected integer or string, got boolean",
+        ),
+        (
+            "{effect: h, idempotent: true, callback: {timeout: -1}}",
+            "$.steps.a.callback.timeout",
+            "less than the minimum of 0",
+        ),
+        (
+            "{effect: h, idempotent: true, compensate: {effect: h, idempotent: maybe}}",
+            "$.steps.a.compensate.idempotent",
+            "expected boolean",
+        ),
+        ("{effect: h, idempotent: true, limits: api}", "$.steps.a.limits", "expected array"),
+        ("{fail: {error: E}, catch: []}", "$.steps.a.catch", "a fail step cannot fail into catch"),
+        ("{set: [1]}", "$.steps.a.set", "expected object, got array"),
+        (
+            "{wait: {any: [{signal: s, next: a}], timeout: 1h}}",
+            "$.steps.a.wait.timeout",
+            "only with",
+        ),
+        (
+            "{wait: {any: [{signal: s, next: b}, {duration: 0, next: b}]}}",
+            "$.steps.a.wait.any[1].duration",
+            "duration must be greater than zero",
+        ),
+        (
+            "{wait: {any: [{until: soon, next: b}]}}",
+            "$.steps.a.wait.any[0].until",
+            "is not an ISO-8601 timestamp",
+        ),
+        ("{wait: {signal: s, schema: 5}}", "$.steps.a.wait.schema", "expected object or boolean"),
+    ],
+)
+def test_misuse_of_the_new_fields(step: str, path: str, fragment: str) -> None:
+    text = f"name: x\nversion: 1\nstart: a\nsteps:\n  a: {step}\n  b: {{succeed: {{}}}}\n"
+    faults = faults_of(text)
+    assert any(f.path == path and fragment in f.message and f.line == 5 for f in faults), faults
+
+
+def test_a_wait_with_any_is_not_an_end() -> None:
+    text = "name: x\nversion: 1\nstart: a\nsteps:\n  a: {wait: {any: [{signal: s, next: a}]}}\n"
+    (fault,) = faults_of(text)
+    assert fault.path == "$.steps.a" and "can never finish" in fault.message
+    # A misspelt next of an event does not also make its target look unreachable.
+    text = (
+        "name: x\nversion: 1\nstart: a\nsteps:\n  a: {wait: {any: [{signal: s, nxt: b}]}}\n"
+        "  b: {succeed: {}}\n"
+    )
+    assert {f.path for f in faults_of(text)} == {
+        "$.steps.a.wait.any[0].nxt",
+        "$.steps.a.wait.any[0]",
+    }
+
+
 # --- input ------------------------------------------------------------------------------------
 
 
@@ -1028,6 +1342,7 @@ KEYS += ["error", "message", "max_attempts", "initial", "factor", "max", "jitter
 KEYS += ["type", "properties", "required", "$ref", "items", "b", "non_retryable", "catch"]
 KEYS += ["errors", "duration", "until", "signal", "parallel", "map", "workflow", "branches"]
 KEYS += ["branch", "mode", "reserve", "total", "per_branch", "budget", "max_concurrency"]
+KEYS += ["set", "any", "schema", "callback", "compensate", "limits", "on_timeout", "max_steps"]
 SCALARS = (
     st.none()
     | st.booleans()
@@ -1051,7 +1366,7 @@ TEXTS = st.sampled_from(["m", "${ input.x } failed", "${ steps.a }", "${ x.", "$
 RETRY = st.fixed_dictionaries(
     {},
     optional={
-        "max_attempts": st.sampled_from([1, 3, 0, "2"]),
+        "max_attempts": st.sampled_from([1, 3, 0, "2", "unlimited"]),
         "initial": DURATIONS,
         "factor": st.sampled_from([1, 2.5, 0.5]),
         "max": DURATIONS,
@@ -1068,15 +1383,46 @@ CATCH = st.lists(
     ),
     max_size=3,
 )
+RETRY_RULES = st.lists(
+    st.fixed_dictionaries(
+        {"errors": st.lists(st.sampled_from(["E", "p.E", "*", "1"]), max_size=3)},
+        optional={"max_attempts": st.sampled_from([2, "unlimited", 0]), "initial": DURATIONS},
+    ),
+    max_size=3,
+)
 EFFECT = st.fixed_dictionaries(
     {"effect": st.sampled_from(["h", "a.b", "a.b", "1x"]), "idempotent": st.booleans()},
     optional={
         "next": TARGETS,
         "args": JSON | TEXTS,
-        "retry": RETRY,
+        "retry": RETRY | RETRY_RULES | RETRY.map(lambda r: {**r, "errors": ["*"]}),
         "timeout": DURATIONS,
         "catch": CATCH,
+        "callback": st.fixed_dictionaries({}, optional={"timeout": DURATIONS}),
+        "compensate": st.fixed_dictionaries(
+            {"effect": st.sampled_from(["undo", "1x"])},
+            optional={"args": JSON | TEXTS, "idempotent": st.booleans()},
+        ),
+        "limits": st.lists(st.sampled_from(["api", "a.b-c", "bad name", ""]), max_size=3),
     },
+)
+SET = st.fixed_dictionaries(
+    {"set": st.dictionaries(st.sampled_from(["x", "y", "bad name"]), JSON | TEXTS, max_size=3)},
+    optional={"next": TARGETS, "catch": CATCH},
+)
+WAIT_EVENT = st.fixed_dictionaries(
+    {},
+    optional={
+        "signal": st.sampled_from(["go", "go", "stop", "bad name"]),
+        "duration": DURATIONS,
+        "until": st.sampled_from(["${ input.at }", "2030-01-01", "x ${ a }"]),
+        "schema": st.sampled_from([{"type": "object"}, {"type": "nope"}, True, 3]),
+        "next": TARGETS,
+    },
+)
+WAIT_ANY = st.fixed_dictionaries(
+    {"wait": st.fixed_dictionaries({"any": st.lists(WAIT_EVENT, max_size=3)})},
+    optional={"next": TARGETS, "catch": CATCH},
 )
 WAIT = st.fixed_dictionaries(
     {
@@ -1089,6 +1435,7 @@ WAIT = st.fixed_dictionaries(
                 ),
                 "signal": st.sampled_from(["go", "a.b-c", "bad name", ""]),
                 "timeout": DURATIONS,
+                "schema": st.sampled_from([{"type": "object"}, {"default": 1, "type": "string"}]),
             },
         )
     },
@@ -1105,6 +1452,9 @@ CHOICE = st.fixed_dictionaries(
         )
     },
     optional={"default": TARGETS},
+)
+FAIL_COMPENSATE = st.fixed_dictionaries(
+    {"fail": st.fixed_dictionaries({"error": st.just("E"), "compensate": st.booleans()})}
 )
 SUCCEED = st.fixed_dictionaries(
     {"succeed": st.fixed_dictionaries({}, optional={"output": JSON | TEXTS})}
@@ -1128,7 +1478,7 @@ BRANCH = st.fixed_dictionaries(
         "start": TARGETS,
         "steps": st.dictionaries(
             st.sampled_from(["a", "b", "c", "bad id"]),
-            st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, JUNK),
+            st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, SET, WAIT, JUNK),
             max_size=3,
         ),
     }
@@ -1179,7 +1529,20 @@ WORKFLOW = st.fixed_dictionaries(
     },
     optional={"next": TARGETS, "catch": CATCH},
 )
-STEP = st.one_of(EFFECT, CHOICE, SUCCEED, FAIL, WAIT, PARALLEL, MAP, WORKFLOW, JUNK)
+STEP = st.one_of(
+    EFFECT,
+    CHOICE,
+    SUCCEED,
+    FAIL,
+    FAIL_COMPENSATE,
+    WAIT,
+    WAIT_ANY,
+    SET,
+    PARALLEL,
+    MAP,
+    WORKFLOW,
+    JUNK,
+)
 DOCUMENTS = st.fixed_dictionaries(
     {
         "name": st.sampled_from(["ok", "ok", "Bad"]),
@@ -1193,6 +1556,9 @@ DOCUMENTS = st.fixed_dictionaries(
         "defaults": st.fixed_dictionaries({}, optional={"retry": RETRY, "timeout": DURATIONS}),
         "description": st.text(max_size=5),
         "budget": AMOUNTS,
+        "timeout": DURATIONS,
+        "on_timeout": TARGETS,
+        "max_steps": st.sampled_from([1, 100, 0, "5"]),
     },
 )
 YAMLISH = st.text(

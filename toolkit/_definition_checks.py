@@ -27,11 +27,20 @@ from toolkit._yaml_source import Problem
 from toolkit.durations import parse_duration
 from toolkit.expressions import check_template, compile_template
 
-FUTURE_KINDS = ("set",)
-"""Step kinds reserved for later format versions."""
+_ENDS_WITHOUT_NEXT = ("effect", "wait", "parallel", "map", "workflow", "set")
+"""Step kinds that end the workflow (or the branch) when they have no ``next`` (a wait with
+``any`` excepted: its events route)."""
 
-_ENDS_WITHOUT_NEXT = ("effect", "wait", "parallel", "map", "workflow")
-"""Step kinds that end the workflow (or the branch) when they have no ``next``."""
+_MISPLACED = {
+    ("retry policy", "errors"): (
+        "'errors' is only allowed when retry is a list of policies"
+        " (retry: [{errors: [...], max_attempts: ...}, ...])"
+    ),
+}
+"""Messages for a known field in the wrong place, by the ``title`` of the object holding it."""
+
+_CAN_FAIL = "effect, wait, parallel, map and workflow"
+"""The step kinds that may have ``catch``, for messages."""
 
 _DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
 _SUBSCHEMA = (
@@ -166,11 +175,18 @@ def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
         allowed = list(subschema.get("properties", {})) if isinstance(subschema, dict) else []
         family = kinds.step_family(subschema)
         problems = []
+        title = str(subschema.get("title")) if isinstance(subschema, dict) else ""
         for key in (k for k in instance if k not in allowed):
-            if family is not None and key in FUTURE_KINDS:
-                message = f"step kind {key!r} is not supported yet ({family.describe()})"
-            elif family is not None and family.in_branch and key in kinds.all:
+            if family is not None and family.in_branch and key in kinds.all:
                 message = _not_in_branch(key, family)
+            elif (title, key) in _MISPLACED:
+                message = _MISPLACED[(title, key)]
+            elif family is not None and key == "catch":
+                kind = family.kinds[family.defs.index(subschema)]
+                message = (
+                    f"unknown field 'catch': a {kind} step cannot fail into catch (only {_CAN_FAIL}"
+                    " steps can)"
+                )
             else:
                 message = f"unknown field {key!r}{suggest(key, allowed)}"
             problems.append(Problem((*path, key), message))
@@ -219,18 +235,49 @@ def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
         return [Problem(path, "define at least one branch")]
     if keyword == "minProperties" and path[-1:] in (("total",), ("per_branch",)):
         return [Problem(path, "name at least one resource to reserve")]
+    if keyword == "minProperties" and path[-1:] == ("set",):
+        return [Problem(path, "set at least one value")]
+    if keyword == "minItems" and path[-1:] == ("any",):
+        return [Problem(path, "list at least one event to wait for")]
+    if keyword == "minItems" and path[-1:] == ("retry",):
+        return [Problem(path, "list at least one retry policy, or give one policy as an object")]
     if keyword == "exclusiveMinimum":
         return [Problem(path, f"{short(instance)} must be greater than {error.validator_value}")]
     if keyword == "enum" and isinstance(error.validator_value, list):
         choices = [str(choice) for choice in error.validator_value]
         hint = suggest(instance, choices) if isinstance(instance, str) else ""
         return [Problem(path, f"{short(instance)} is not one of {', '.join(choices)}{hint}")]
+    if keyword == "uniqueItems" and isinstance(instance, list):
+        repeated = next((item for i, item in enumerate(instance) if item in instance[:i]), None)
+        return [Problem(path, f"has non-unique elements: {short(repeated)} is listed twice")]
     if keyword in ("oneOf", "anyOf") and error.context:
+        fitting = _fitting_alternatives(error)
+        if len(fitting) == 1:
+            return [problem for sub in fitting[0] for problem in _translate(sub, kinds)]
         deepest = best_match(error.context)
         if deepest is not None:
             return _translate(deepest, kinds)
     return [
         Problem(path, error.message if len(error.message) < 200 else error.message[:197] + "...")
+    ]
+
+
+def _fitting_alternatives(error: ValidationError) -> list[list[ValidationError]]:
+    """The errors of each ``oneOf`` / ``anyOf`` alternative whose type fits the instance.
+
+    An alternative that refuses the instance's type (``retry`` given as an object fails the
+    list alternative) says nothing useful; the errors of the others do.
+    """
+    by_alternative: dict[Any, list[ValidationError]] = {}
+    for sub in error.context or []:
+        if sub.relative_schema_path:
+            by_alternative.setdefault(sub.relative_schema_path[0], []).append(sub)
+    return [
+        subs
+        for subs in by_alternative.values()
+        if not any(
+            sub.validator == "type" and sub.absolute_path == error.absolute_path for sub in subs
+        )
     ]
 
 
@@ -270,10 +317,6 @@ def _translate_step(
         return [Problem((*path, present[0]), _not_in_branch(present[0], family))]
     if present:
         return [Problem(path, f"a step has exactly one kind, this one has {', '.join(present)}")]
-    future = [kind for kind in FUTURE_KINDS if kind in step]
-    if future:
-        message = f"step kind {future[0]!r} is not supported yet ({family.describe()})"
-        return [Problem((*path, future[0]), message)]
     hint = next((suggest(key, family.kinds) for key in step if suggest(key, family.kinds)), "")
     what = "a branch step" if family.in_branch else "a step"
     return [Problem(path, f"{what} needs one of {', '.join(family.kinds)}{hint}")]
@@ -304,7 +347,23 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     """
     if not isinstance(doc, dict):
         return []
-    problems = _graph_and_step_problems(doc.get("start"), (), doc.get("steps"), flagged, None)
+    problems = []
+    steps = doc.get("steps")
+    on_timeout = doc.get("on_timeout")
+    entries = []
+    if isinstance(on_timeout, str) and isinstance(steps, dict) and steps:
+        if on_timeout in steps:
+            entries.append(on_timeout)
+        else:
+            problems.append(
+                Problem(
+                    ("on_timeout",),
+                    f"'on_timeout' step {on_timeout!r} does not exist"
+                    + suggest(on_timeout, list(steps)),
+                )
+            )
+    problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
+    problems += _duration_problems((), {k: v for k, v in doc.items() if k == "timeout"})
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):
         problems += _duration_problems(("defaults",), defaults)
@@ -327,6 +386,7 @@ def _graph_and_step_problems(
     raw_steps: Any,
     flagged: Collection[JsonPath],
     scope: _Scope | None,
+    entries: Collection[str] = (),
 ) -> list[Problem]:
     """The graph and step checks of the steps at ``holder`` (the document, or a branch)."""
     steps = (
@@ -334,7 +394,7 @@ def _graph_and_step_problems(
         if isinstance(raw_steps, dict)
         else {}
     )
-    problems = _graph_problems(start, holder, steps, flagged, scope)
+    problems = _graph_problems(start, holder, steps, flagged, scope, entries)
     for step_id, step in steps.items():
         path = (*holder, "steps", step_id)
         problems += _step_problems(path, step)
@@ -404,6 +464,25 @@ def _edges(step: Mapping[str, Any]) -> Iterator[tuple[JsonPath, Any]]:
         for i, rule in enumerate(rules):
             if isinstance(rule, dict) and "next" in rule:
                 yield ("catch", i, "next"), rule["next"]
+    for i, event in _wait_events(step):
+        if "next" in event:
+            yield ("wait", "any", i, "next"), event["next"]
+
+
+def _wait_events(step: Mapping[str, Any]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (index, event) for every well-formed event of the step's ``wait.any``."""
+    wait = step.get("wait")
+    events = wait.get("any") if isinstance(wait, dict) else None
+    if isinstance(events, list):
+        for i, event in enumerate(events):
+            if isinstance(event, dict):
+                yield i, event
+
+
+def _waits_for_any(step: Mapping[str, Any]) -> bool:
+    """Whether the step is a wait with ``any`` (it routes by event, it has no end of its own)."""
+    wait = step.get("wait")
+    return isinstance(wait, dict) and "any" in wait
 
 
 def _graph_problems(
@@ -412,6 +491,7 @@ def _graph_problems(
     steps: dict[str, dict[str, Any]],
     flagged: Collection[JsonPath],
     scope: _Scope | None,
+    entries: Collection[str] = (),
 ) -> list[Problem]:
     """Check that ``start`` and every target exist, every step is reachable and can finish.
 
@@ -421,6 +501,7 @@ def _graph_problems(
         steps: The graph's steps by id (the well-formed ones).
         flagged: Paths with a schema fault.
         scope: The branch being checked, or None for the top level.
+        entries: Existing steps entered other than from ``start`` (the ``on_timeout`` step).
     """
     prefix = (*holder, "steps")
     faulty = {
@@ -462,19 +543,24 @@ def _graph_problems(
                     )
                 )
         terminal = any(k in step for k in ("succeed", "fail")) or (
-            any(k in step for k in _ENDS_WITHOUT_NEXT) and "next" not in step
+            any(k in step for k in _ENDS_WITHOUT_NEXT)
+            and "next" not in step
+            and not _waits_for_any(step)
         )
         if terminal or step_id in faulty:
             able.add(step_id)
     reachable = (
-        _closure([start], graph) if isinstance(start, str) and start in steps else set(steps)
+        _closure([start, *entries], graph)
+        if isinstance(start, str) and start in steps
+        else set(steps)
     )
+    also = "".join(f" or on_timeout {entry!r}" for entry in entries)
     for step_id in steps:
         if step_id not in reachable and not blind & reachable:
             message = (
                 f"step {step_id!r} of {scope.name} is unreachable from its start {start!r}"
                 if scope
-                else f"step {step_id!r} is unreachable from start {start!r}"
+                else f"step {step_id!r} is unreachable from start {start!r}{also}"
             )
             problems.append(Problem((*prefix, step_id), message))
     reverse: dict[str, list[str]] = {step_id: [] for step_id in steps}
@@ -483,9 +569,10 @@ def _graph_problems(
             reverse[target].append(source)
     finishing = _closure(able, reverse)
     ends = (
-        "a succeed, a fail, or an effect without next"
+        "a succeed, a fail, or an effect or set step without next"
         if scope
-        else "a succeed, a fail, or an effect, wait, parallel, map or workflow step without next"
+        else "a succeed, a fail, or an effect, wait, parallel, map, workflow or set step without"
+        " next"
     )
     for step_id in steps:
         if step_id in reachable and step_id not in finishing:
@@ -513,6 +600,8 @@ def _blind(step: Mapping[str, Any], path: JsonPath, flagged: Collection[JsonPath
         return True
     if "choice" in step:
         return any(len(rel) <= 1 or rel[0] == "choice" for rel in faults)
+    if _waits_for_any(step) and any(rel[:1] == ("wait",) for rel in faults):
+        return True
     return any(rel[:1] == ("next",) or (len(rel) <= 1 and "next" not in step) for rel in faults)
 
 
@@ -533,6 +622,15 @@ def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
     if "args" in step:
         problems += template_problems((*path, "args"), step["args"])
     problems += _duration_problems(path, step)
+    problems += _retry_rule_problems(path, step.get("retry"))
+    callback = step.get("callback")
+    if isinstance(callback, dict):
+        problems += _duration_problems((*path, "callback"), callback)
+    compensate = step.get("compensate")
+    if isinstance(compensate, dict) and "args" in compensate:
+        problems += template_problems((*path, "compensate", "args"), compensate["args"])
+    if "set" in step:
+        problems += template_problems((*path, "set"), step["set"])
     rules = step.get("choice")
     for i, rule in enumerate(rules if isinstance(rules, list) else []):
         when = rule.get("when") if isinstance(rule, dict) else None
@@ -545,12 +643,66 @@ def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
     wait = step.get("wait")
     if isinstance(wait, dict):
         problems += _wait_problems((*path, "wait"), wait)
+        if "any" in wait and "next" in step:
+            problems.append(
+                Problem(
+                    (*path, "next"),
+                    "'next' is not allowed on a wait with 'any': each event names its own next",
+                )
+            )
+        seen: dict[str, int] = {}
+        for i, event in _wait_events(step):
+            problems += _wait_problems((*path, "wait", "any", i), event)
+            signal = event.get("signal")
+            if isinstance(signal, str) and signal in seen:
+                problems.append(
+                    Problem(
+                        (*path, "wait", "any", i, "signal"),
+                        f"signal {signal!r} is already awaited by any[{seen[signal]}]: wait for"
+                        " each signal at most once",
+                    )
+                )
+            elif isinstance(signal, str):
+                seen[signal] = i
     problems += _catch_problems(path, step)
     return problems
 
 
+def _retry_rule_problems(path: JsonPath, rules: Any) -> list[Problem]:
+    """Durations of a list of retry policies, and policies that can never apply."""
+    if not isinstance(rules, list):
+        return []
+    problems = []
+    covered: set[str] = set()
+    everything = False
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            continue
+        problems += _duration_problems((*path, "retry", i), rule)
+        errors = rule.get("errors")
+        exempt = rule.get("non_retryable")
+        if not isinstance(errors, list) or not all(isinstance(e, str) for e in errors):
+            continue
+        exempt = (
+            set(exempt)
+            if isinstance(exempt, list) and all(isinstance(e, str) for e in exempt)
+            else set()
+        )
+        if errors and (everything or ("*" not in errors and covered.issuperset(errors))):
+            earlier = "'*'" if everything else ", ".join(map(repr, errors))
+            problems.append(
+                Problem(
+                    (*path, "retry", i),
+                    f"this policy never applies: earlier policies already cover {earlier}",
+                )
+            )
+        everything = everything or ("*" in errors and not exempt)
+        covered.update(e for e in errors if e != "*" and e not in exempt)
+    return problems
+
+
 def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
-    """Check the durations and the ``until`` of a wait step's ``wait``."""
+    """Check the durations, ``until`` and payload ``schema`` of a wait or a ``wait.any`` event."""
     problems = []
     for key in ("duration", "timeout"):
         if key in wait:
@@ -561,6 +713,8 @@ def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
                 continue
             if seconds <= 0:
                 problems.append(Problem((*path, key), f"{key} must be greater than zero"))
+    if "schema" in wait:
+        problems += input_schema_problems(wait["schema"], (*path, "schema"), "signal schema")
     until = wait.get("until")
     if isinstance(until, str):
         found = template_problems((*path, "until"), until)
@@ -605,11 +759,12 @@ def _catch_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
     wait = step.get("wait")
     if isinstance(wait, dict):
         if "signal" not in wait or "timeout" not in wait:
-            hint = (
-                ": add a timeout to the signal wait, or remove catch"
-                if "signal" in wait
-                else ": only a signal wait with a timeout can fail"
-            )
+            if "any" in wait:
+                hint = ": a wait with 'any' never fails, each of its events goes to its own next"
+            elif "signal" in wait:
+                hint = ": add a timeout to the signal wait, or remove catch"
+            else:
+                hint = ": only a signal wait with a timeout can fail"
             return [
                 Problem(
                     (*path, "catch"),
@@ -657,10 +812,16 @@ def template_problems(path: JsonPath, value: Any) -> list[Problem]:
 
 
 def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
-    """Check ``timeout`` and ``retry.initial`` / ``retry.max`` of a step or of ``defaults``."""
+    """Check ``timeout``, ``initial`` / ``max`` and ``retry.initial`` / ``retry.max`` of ``holder``.
+
+    ``holder`` is a step, ``defaults``, a policy of a list of retry policies, a ``callback``
+    or the document (its ``timeout``).
+    """
     found: list[tuple[JsonPath, Any]] = []
     if "timeout" in holder:
         found.append(((*path, "timeout"), holder["timeout"]))
+    if len(path) >= 2 and path[-2] == "retry" and isinstance(path[-1], int):  # in a list
+        found += [((*path, k), holder[k]) for k in ("initial", "max") if k in holder]
     retry = holder.get("retry")
     if isinstance(retry, dict):
         found += [((*path, "retry", k), retry[k]) for k in ("initial", "max") if k in retry]
@@ -679,8 +840,16 @@ def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
 # --- the input schema -------------------------------------------------------------------------
 
 
-def input_schema_problems(schema: Any) -> list[Problem]:
-    """Check that the ``input`` schema is a valid draft 2020-12 schema whose defaults fit it."""
+def input_schema_problems(
+    schema: Any, where: JsonPath = ("input",), what: str = "input schema"
+) -> list[Problem]:
+    """Check that a JSON Schema is a valid draft 2020-12 schema whose defaults fit it.
+
+    Args:
+        schema: The schema (raw).
+        where: Its path: the ``input`` schema by default, or a signal's payload ``schema``.
+        what: How messages name it.
+    """
     if not isinstance(schema, (dict, bool)):
         return []  # the workflow schema reports the type
     meta = Draft202012Validator(
@@ -690,22 +859,20 @@ def input_schema_problems(schema: Any) -> list[Problem]:
     for error in sorted(meta.iter_errors(schema), key=lambda e: list(map(str, e.absolute_path))):
         detail = best_match([error]) or error  # e.g. "not one of [...]" rather than "anyOf"
         problems.append(
-            Problem(("input", *error.absolute_path), f"invalid input schema: {detail.message}")
+            Problem((*where, *error.absolute_path), f"invalid {what}: {detail.message}")
         )
     if problems or isinstance(schema, bool):
         return problems
     declared = schema.get("$schema")
     if declared is not None and str(declared).rstrip("#") != _DRAFT_2020_12:
         problems.append(
-            Problem(
-                ("input", "$schema"), f"the input schema must be draft 2020-12 ({_DRAFT_2020_12})"
-            )
+            Problem((*where, "$schema"), f"the {what} must be draft 2020-12 ({_DRAFT_2020_12})")
         )
         return problems
     registry = Registry().combine(_SPECIFICATIONS)
     root = registry.resolver_with_root(DRAFT202012.create_resource(schema))
     validator = input_validator(schema)
-    for path, subschema, resolver in _subschemas(schema, ("input",), root):
+    for path, subschema, resolver in _subschemas(schema, where, root):
         ref = subschema.get("$ref")
         if isinstance(ref, str):
             try:
@@ -714,7 +881,7 @@ def input_schema_problems(schema: Any) -> list[Problem]:
                 problems.append(
                     Problem(
                         (*path, "$ref"),
-                        f"cannot resolve $ref {ref!r}: only references inside the input schema"
+                        f"cannot resolve $ref {ref!r}: only references inside the {what}"
                         " (and to the JSON Schema meta-schemas) are supported",
                     )
                 )
@@ -738,22 +905,22 @@ def input_validator(schema: Mapping[str, Any] | bool) -> Draft202012Validator:
 
 
 def _subschemas(
-    schema: Any, path: JsonPath, resolver: Any
+    schema: Any, path: JsonPath, resolver: Any, *, root: bool = True
 ) -> Iterator[tuple[JsonPath, dict[str, Any], Any]]:
     """Yield (path, subschema, resolver) for ``schema`` and every schema nested in it."""
     if not isinstance(schema, dict):
         return
-    if "$id" in schema and len(path) > 1:
+    if "$id" in schema and not root:
         resolver = resolver.in_subresource(DRAFT202012.create_resource(schema))
     yield path, schema, resolver
     for keyword in _SUBSCHEMA:
         if keyword in schema:
-            yield from _subschemas(schema[keyword], (*path, keyword), resolver)
+            yield from _subschemas(schema[keyword], (*path, keyword), resolver, root=False)
     for keyword in _SUBSCHEMA_LISTS:
         if isinstance(schema.get(keyword), list):
             for i, item in enumerate(schema[keyword]):
-                yield from _subschemas(item, (*path, keyword, i), resolver)
+                yield from _subschemas(item, (*path, keyword, i), resolver, root=False)
     for keyword in _SUBSCHEMA_MAPS:
         if isinstance(schema.get(keyword), dict):
             for name, item in schema[keyword].items():
-                yield from _subschemas(item, (*path, keyword, name), resolver)
+                yield from _subschemas(item, (*path, keyword, name), resolver, root=False)

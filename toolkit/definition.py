@@ -35,6 +35,7 @@ import json
 import os
 import pathlib
 import random
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ __all__ = [
     "load_definitions",
     "parse_definition",
     "schema_path",
+    "validate_payload",
 ]
 
 _SCHEMA_FILE = "workflow.schema.json"
@@ -535,8 +537,9 @@ class WorkflowDefinition:
     def handlers(self) -> frozenset[str]:
         """Return the names of all effect handlers the definition calls.
 
-        That includes the effects inside the branches of parallel and map steps (not those of
-        child workflows, which are definitions of their own).
+        That includes the effects inside the branches of parallel and map steps and the
+        compensating effects (``compensate.effect``), not those of child workflows, which are
+        definitions of their own.
         """
         steps: list[Step] = list(self.steps.values())
         for step in self.steps.values():
@@ -544,7 +547,9 @@ class WorkflowDefinition:
                 steps += [s for branch in step.branches.values() for s in branch.steps.values()]
             elif isinstance(step, MapStep):
                 steps += step.branch.steps.values()
-        return frozenset(s.handler for s in steps if isinstance(s, EffectStep))
+        effects = [s for s in steps if isinstance(s, EffectStep)]
+        compensations = [s.compensate.handler for s in effects if s.compensate is not None]
+        return frozenset([*(s.handler for s in effects), *compensations])
 
     def validate_input(self, value: Any) -> Any:
         """Check task input against the input schema and fill in its defaults.
@@ -593,6 +598,41 @@ class WorkflowDefinition:
         from toolkit.diagram import markdown
 
         return markdown(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"WorkflowDefinition(name={self.name!r}, version={self.version}, "
+            f"digest={self.digest[:12]!r}, steps={len(self.steps)})"
+        )
+
+
+def validate_payload(schema: Mapping[str, Any], value: Any, what: str) -> Any:
+    """Check a JSON value against a JSON Schema (draft 2020-12) and fill in its defaults.
+
+    Used for signal payloads (``wait: {signal, schema}``); the same rules as task input.
+
+    Args:
+        schema: The schema.
+        value: The value (JSON data). Not modified.
+        what: Names the value in the error, e.g. ``"payload of signal 'approved'"``.
+
+    Returns:
+        A copy of ``value`` with defaults applied.
+
+    Raises:
+        InputError: The value does not match; ``path`` is the JSON path of the most relevant
+            fault, and the message names it.
+    """
+    try:
+        filled = _apply_defaults(schema, copy.deepcopy(value))
+        error = best_match(checks.input_validator(schema).iter_errors(filled))
+    except RecursionError:
+        raise InputError(f"invalid {what}: $: nested too deeply to validate", path="$") from None
+    if error is not None:
+        raise InputError(
+            f"invalid {what}: {error.json_path}: {error.message}", path=error.json_path
+        )
+    return filled
 
 
 def _apply_defaults(schema: Any, value: Any) -> Any:
@@ -813,6 +853,9 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         digest=hashlib.sha256(canonical.encode()).hexdigest(),
         source=source,
         budget=_amounts(doc.get("budget", {})),
+        timeout=parse_duration(doc["timeout"]) if "timeout" in doc else None,
+        on_timeout=doc.get("on_timeout"),
+        max_steps=int(doc.get("max_steps", DEFAULT_MAX_STEPS)),
     )
 
 
@@ -866,37 +909,80 @@ def _build_step(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) 
         )
     if "wait" in raw:
         wait = raw["wait"]
-        until = wait.get("until")
+        events = tuple(
+            _wait_event(f"{path}.wait.any[{i}]", event)
+            for i, event in enumerate(wait.get("any", ()))
+        )
         return WaitStep(
             id=step_id,
             duration=parse_duration(wait["duration"]) if "duration" in wait else None,
-            until=None if until is None else compile_template(until, path=f"{path}.wait.until"),
+            until=_until(wait, f"{path}.wait"),
             signal=wait.get("signal"),
             timeout=parse_duration(wait["timeout"]) if "timeout" in wait else None,
             next=raw.get("next"),
             catch=_catch_rules(raw),
+            any=events,
+            schema=wait.get("schema"),
         )
     return _build_branch_step(where, raw, defaults)
+
+
+def _wait_event(path: str, raw: Mapping[str, Any]) -> WaitEvent:
+    """Build one event of ``wait.any`` (``path``: its JSON path)."""
+    return WaitEvent(
+        signal=raw.get("signal"),
+        duration=parse_duration(raw["duration"]) if "duration" in raw else None,
+        until=_until(raw, path),
+        next=raw["next"],
+        schema=raw.get("schema"),
+    )
+
+
+def _until(raw: Mapping[str, Any], path: str) -> Template | None:
+    """The compiled ``until`` of a wait or wait event at ``path``, or None."""
+    until = raw.get("until")
+    return None if until is None else compile_template(until, path=f"{path}.until")
 
 
 def _build_branch_step(
     where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]
 ) -> BranchStep:
-    """Build an effect, choice, succeed or fail step (the kinds a branch may hold)."""
+    """Build an effect, choice, succeed, fail or set step (the kinds a branch may hold)."""
     step_id, path = str(where[-1]), format_path(where)
     if "effect" in raw:
         timeout = raw.get("timeout", defaults.get("timeout"))
+        retry, retry_rules = _retry(raw.get("retry", {}), defaults.get("retry", {}))
+        callback = raw.get("callback")
+        compensate = raw.get("compensate")
         return EffectStep(
             id=step_id,
             handler=raw["effect"],
             idempotent=raw["idempotent"],
             args=compile_template(raw.get("args"), path=f"{path}.args"),
-            retry=_retry_policy(
-                {**_DEFAULT_RETRY, **defaults.get("retry", {}), **raw.get("retry", {})}
-            ),
+            retry=retry,
             timeout=None if timeout is None else parse_duration(timeout),
             next=raw.get("next"),
             catch=_catch_rules(raw),
+            retry_rules=retry_rules,
+            callback=None
+            if callback is None
+            else Callback(
+                timeout=parse_duration(callback["timeout"]) if "timeout" in callback else None
+            ),
+            compensate=None
+            if compensate is None
+            else Compensation(
+                handler=compensate["effect"],
+                args=compile_template(compensate.get("args"), path=f"{path}.compensate.args"),
+                idempotent=bool(compensate.get("idempotent", True)),
+            ),
+            limits=tuple(raw.get("limits", ())),
+        )
+    if "set" in raw:
+        return SetStep(
+            id=step_id,
+            values=compile_template(raw["set"], path=f"{path}.set"),
+            next=raw.get("next"),
         )
     if "choice" in raw:
         rules = tuple(
@@ -914,7 +1000,12 @@ def _build_branch_step(
         )
     fail = raw["fail"]
     message = compile_template(fail.get("message", ""), path=f"{path}.fail.message")
-    return FailStep(id=step_id, error=fail["error"], message=message)
+    return FailStep(
+        id=step_id,
+        error=fail["error"],
+        message=message,
+        compensate=bool(fail.get("compensate", False)),
+    )
 
 
 def _build_branch(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) -> Branch:
@@ -945,12 +1036,39 @@ def _catch_rules(raw: Mapping[str, Any]) -> tuple[CatchRule, ...]:
     )
 
 
+def _retry(
+    raw: Mapping[str, Any] | Sequence[Mapping[str, Any]], defaults: Mapping[str, Any]
+) -> tuple[RetryPolicy, tuple[RetryPolicy, ...]]:
+    """An effect's ``(retry, retry_rules)`` from its ``retry`` and ``defaults.retry``.
+
+    A single policy gives no rules. A list of policies gives one rule per policy (fields each
+    policy leaves out come from the defaults), and as ``retry`` the first rule for any error
+    (``"*"``), else the defaults with the largest ``max_attempts`` of the rules: the policy
+    lost attempts count against.
+    """
+    if isinstance(raw, Mapping):
+        return _retry_policy({**_DEFAULT_RETRY, **defaults, **raw}), ()
+    rules = tuple(_retry_policy({**_DEFAULT_RETRY, **defaults, **rule}) for rule in raw)
+    catch_all = next((rule for rule in rules if "*" in rule.errors), None)
+    if catch_all is not None:
+        return catch_all, rules
+    fallback = _retry_policy({**_DEFAULT_RETRY, **defaults})
+    most = max(rules, key=lambda rule: rule.max_attempts)
+    return (
+        dataclasses.replace(fallback, max_attempts=most.max_attempts, unlimited=most.unlimited),
+        rules,
+    )
+
+
 def _retry_policy(fields: Mapping[str, Any]) -> RetryPolicy:
+    unlimited = fields["max_attempts"] == "unlimited"
     return RetryPolicy(
-        max_attempts=int(fields["max_attempts"]),
+        max_attempts=sys.maxsize if unlimited else int(fields["max_attempts"]),
         initial=parse_duration(fields["initial"]),
         factor=float(fields["factor"]),
         max=parse_duration(fields["max"]),
         jitter=bool(fields["jitter"]),
         non_retryable=tuple(fields.get("non_retryable", ())),
+        errors=tuple(fields.get("errors", ("*",))),
+        unlimited=unlimited,
     )

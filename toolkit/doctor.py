@@ -72,6 +72,7 @@ async def diagnose(dsn: str) -> list[Finding]:
         findings.extend(_count_findings(row))
         findings.append(_unavailable_finding(await DefinitionCatalog(db).unavailable()))
         findings.extend(_worker_findings(await db.fetch_all("health_workers")))
+        findings.extend(_limit_findings(await db.fetch_all("limit_health")))
         return findings
     finally:
         await db.close()
@@ -149,6 +150,30 @@ def _unavailable_finding(unavailable: dict[tuple[str, int], int]) -> Finding:
         else "every live task's definition version is served by a live worker",
         {f"{name} v{version}": n for (name, version), n in unavailable.items()},
     )
+
+
+#: A task waiting this long for a downstream limit is flagged, seconds.
+LIMIT_WAIT_WARNING = 300.0
+
+
+def _limit_findings(rows: list[dict[str, Any]]) -> list[Finding]:
+    """One line per downstream limit: its use and the tasks waiting for it (docs/limits.md)."""
+    findings = []
+    for row in rows:
+        bounds = []
+        if row["max_concurrency"] is not None:
+            bounds.append(f"{row['in_use']}/{row['max_concurrency']} slots in use")
+        if row["rate_per_second"] is not None:
+            bounds.append(f"rate {row['rate_per_second']:g}/s")
+        waiting, oldest = row["waiting"], row["oldest_wait"]
+        text = f"limit {row['name']}: " + ", ".join(bounds or ["no bound"])
+        text += f"; {waiting} task(s) waiting" if waiting else "; no task waiting"
+        if waiting:
+            text += f", the longest for {oldest:.1f} s"
+        level: Level = "warning" if waiting and oldest > LIMIT_WAIT_WARNING else "ok"
+        value = {"in_use": row["in_use"], "waiting": waiting, "oldest_wait": oldest}
+        findings.append(Finding("limits", level, text, value))
+    return findings
 
 
 def _worker_findings(rows: list[dict[str, Any]]) -> list[Finding]:

@@ -132,6 +132,17 @@ class WorkerMetrics:
             "toolkit_event_loop_lag_seconds", "Event-loop stall (runtime stall) per check.",
             buckets=_SECONDS, registry=r,
         )  # fmt: skip
+        self.limit_deferrals = Counter(
+            "toolkit_limit_deferrals_total",
+            "Effect steps not started because a downstream limit was full, by limit.",
+            ["definition", "limit"], registry=r,
+        )  # fmt: skip
+        self.limit_wait = Histogram(
+            "toolkit_limit_wait_seconds",
+            "Time a step waited for a downstream limit, from its first deferral to the "
+            "acquisition that let it run, database time.",
+            ["definition", "limit"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
 

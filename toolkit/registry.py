@@ -406,7 +406,7 @@ class App:
             ) from None
 
     def check(self, definitions: Iterable[WorkflowDefinition]) -> None:
-        """Check that every effect of every definition has a handler here.
+        """Check that every effect of every definition, and every compensation, has a handler here.
 
         Raises:
             MissingHandlers: one line per missing handler, naming the file and step.
@@ -415,11 +415,14 @@ class App:
         for definition in definitions:
             where = definition.source or f"{definition.name} v{definition.version}"
             for path, step in _effect_steps(definition):
-                if step.handler not in self._handlers:
-                    lines.append(
-                        f"{where}: {path}.effect: no handler {step.handler!r} "
-                        f"is registered in app {self.name!r}"
-                    )
+                needed = [(f"{path}.effect", step.handler)]
+                if step.compensate is not None:
+                    needed.append((f"{path}.compensate.effect", step.compensate.handler))
+                lines += [
+                    f"{where}: {field}: no handler {handler!r} is registered in app {self.name!r}"
+                    for field, handler in needed
+                    if handler not in self._handlers
+                ]
         if lines:
             raise MissingHandlers("\n".join(lines))
 

@@ -72,12 +72,19 @@ class Worker:
     async def register(
         self, concurrency: int, lease_seconds: float, heartbeat_seconds: float | None = None
     ) -> None:
-        """Deploy the loaded definitions (a no-op when registered) and register the worker id.
+        """Store the app's limits, deploy the definitions and register the worker id.
+
+        The app's declared limits are stored first (a limit an operator set keeps the
+        operator's values, see :meth:`toolkit.limits.Limits.sync`); then every limit a step
+        or handler names must be declared or stored.
 
         Raises:
+            MissingLimits: a step or handler names a limit declared nowhere.
             DefinitionConflict: a definition's version is registered with another digest.
             WorkerIdInUse: another live process holds the id.
         """
+        stored = await self.store.limits.sync(self.app.limit_specs)
+        self.app.check_limits(self._by_digest.values(), stored)
         for definition in self._by_digest.values():
             await self.store.definitions.deploy(definition)
         await self.store.workers.register(

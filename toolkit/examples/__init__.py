@@ -1,15 +1,16 @@
 """The example application: the handlers of the definitions in ``definitions/``.
 
-``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON report),
-``order-saga`` (reserve, review large orders, charge, ship) and the composition examples (a
-model-call race, a batch map, a parent order with a child payment). Run it with
-``toolkit run --app toolkit.examples`` or ``toolkit demo``. The order saga writes the
-application tables created by :func:`ensure_example_tables`.
+``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON
+report), ``order-saga`` (reserve, review large orders, charge, ship), the composition
+examples (a model-call race, a batch map, a parent order with a child payment) and the saga,
+approval and polling examples. Run it with ``toolkit run --app toolkit.examples`` or
+``toolkit demo``. The order saga writes the application tables created by
+:func:`ensure_example_tables`.
 """
 
 from __future__ import annotations
 
-from toolkit.examples import composition, ingest, orders
+from toolkit.examples import composition, ingest, orders, saga
 from toolkit.examples.orders import ensure_example_tables
 from toolkit.registry import App
 
@@ -33,3 +34,12 @@ app.add("composition.ask_slow", composition.ask_slow_handler)
 app.add("composition.summarise", composition.summarise_handler)
 app.add("composition.process_item", composition.process_item_handler)
 app.add("composition.charge", composition.charge_handler)
+
+app.add("examples.reserve_stock", saga.reserve_stock_handler)
+app.add("examples.release_stock", saga.release_stock_handler)
+app.add("examples.charge_card", saga.charge_card_handler)
+app.add("examples.refund_card", saga.refund_card_handler)
+app.add("examples.notify", saga.notify_handler)
+app.add("examples.request_approval", saga.request_approval_handler)
+app.add("examples.check_status", saga.check_status_handler)
+app.limit("examples.status-api", rate="120/min", burst=10)

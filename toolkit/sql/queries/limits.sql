@@ -1,0 +1,247 @@
+-- name: sync_app_limits
+-- Stores the limits an application declares (a worker's start): a new limit is inserted
+-- with source 'app'; an existing one is updated only while its source is still 'app' (one
+-- an operator changed with `toolkit limits set` keeps the operator's values). Returns the
+-- name of every limit the store now holds.
+WITH declared AS (
+    SELECT *
+    FROM unnest(%(names)s::text[], %(max_concurrency)s::integer[], %(rates)s::float8[],
+                %(bursts)s::float8[], %(per_tenant)s::boolean[])
+         AS d(name, max_concurrency, rate_per_second, burst, per_tenant)
+), synced AS (
+    INSERT INTO toolkit_limits AS l (name, max_concurrency, rate_per_second, burst, per_tenant)
+    SELECT name, max_concurrency, rate_per_second, burst, per_tenant
+    FROM declared
+    ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+    SET max_concurrency = excluded.max_concurrency,
+        rate_per_second = excluded.rate_per_second,
+        burst = excluded.burst,
+        per_tenant = excluded.per_tenant,
+        updated_at = clock_timestamp()
+    WHERE l.source = 'app'
+      AND (l.max_concurrency, l.rate_per_second, l.burst, l.per_tenant)
+          IS DISTINCT FROM (excluded.max_concurrency, excluded.rate_per_second, excluded.burst,
+                            excluded.per_tenant)
+    RETURNING l.name
+)
+SELECT name FROM toolkit_limits
+UNION
+SELECT name FROM synced;
+
+-- name: set_limit
+-- An operator's change (`toolkit limits set`): creates the limit or changes the settings
+-- given; a setting given as NULL keeps its value (%(set_max)s / %(set_rate)s: whether
+-- max_concurrency / rate is given, NULL then meaning "none"). A limit with a rate and no
+-- burst gets one second's worth of tokens (at least 1); removing the rate removes the
+-- burst. The source becomes 'operator'. Tasks waiting for the limit are made due at once
+-- (a raised limit may have room) and idle workers are woken.
+WITH changed AS (
+    INSERT INTO toolkit_limits AS l
+        (name, max_concurrency, rate_per_second, burst, per_tenant, source)
+    VALUES (%(name)s, %(max_concurrency)s::integer, %(rate)s::float8,
+            CASE WHEN %(rate)s::float8 IS NULL THEN NULL
+                 ELSE coalesce(%(burst)s::float8, greatest(%(rate)s::float8, 1)) END,
+            coalesce(%(per_tenant)s::boolean, false), 'operator')
+    ON CONFLICT (name) DO UPDATE
+    SET max_concurrency = CASE WHEN %(set_max)s::boolean THEN excluded.max_concurrency
+                               ELSE l.max_concurrency END,
+        rate_per_second = CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
+                               ELSE l.rate_per_second END,
+        burst = CASE
+            WHEN (CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
+                       ELSE l.rate_per_second END) IS NULL THEN NULL
+            WHEN %(burst)s::float8 IS NOT NULL THEN %(burst)s::float8
+            ELSE coalesce(l.burst, greatest(excluded.rate_per_second, 1)) END,
+        per_tenant = coalesce(%(per_tenant)s::boolean, l.per_tenant),
+        source = 'operator',
+        updated_at = clock_timestamp()
+    RETURNING l.name
+), woken AS (
+    UPDATE toolkit_tasks t
+    SET run_at = clock_timestamp()
+    FROM changed
+    WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
+      AND t.checkpoint -> 'wait' ->> 'limit' = changed.name
+      AND t.run_at > clock_timestamp()
+)
+SELECT name, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM changed;
+
+-- name: list_limits
+-- Every limit (or the one named by %(name)s) with its settings and its use by scope ('' for
+-- a global limit, else the tenant): in_use counts the slots whose task still holds the
+-- lease they were taken under (leased, unexpired); tokens is the bucket refilled to now
+-- (NULL without a rate); waiting counts tasks waiting for the limit. Scopes with nothing in
+-- use, no waiting task and a full bucket are left out.
+WITH lim AS (
+    SELECT * FROM toolkit_limits WHERE %(name)s::text IS NULL OR name = %(name)s
+), slots AS (
+    SELECT s.name, s.scope, count(*) AS in_use
+    FROM toolkit_limit_slots s
+    JOIN lim ON lim.name = s.name
+    JOIN toolkit_tasks t ON t.id = s.task_id AND t.lease_token = s.token
+    WHERE t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+    GROUP BY s.name, s.scope
+), waits AS (
+    SELECT t.checkpoint -> 'wait' ->> 'limit' AS name,
+           coalesce(t.checkpoint -> 'wait' ->> 'scope', '') AS scope, count(*) AS waiting
+    FROM toolkit_tasks t
+    WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
+      AND t.checkpoint -> 'wait' ->> 'limit' IN (SELECT name FROM lim)
+    GROUP BY 1, 2
+), buckets AS (
+    SELECT b.name, b.scope,
+           CASE WHEN lim.rate_per_second IS NOT NULL
+                THEN least(lim.burst, b.tokens + lim.rate_per_second * greatest(
+                         extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) END
+               AS tokens
+    FROM toolkit_limit_buckets b
+    JOIN lim ON lim.name = b.name
+), scopes AS (
+    SELECT name, scope FROM slots
+    UNION SELECT name, scope FROM waits
+    UNION SELECT b.name, b.scope FROM buckets b JOIN lim ON lim.name = b.name
+          WHERE b.tokens < lim.burst
+), use AS (
+    SELECT sc.name,
+           jsonb_object_agg(sc.scope, jsonb_build_object(
+               'in_use', coalesce(sl.in_use, 0),
+               'waiting', coalesce(wt.waiting, 0),
+               'tokens', bu.tokens) ORDER BY sc.scope) AS scopes,
+           sum(coalesce(sl.in_use, 0)) AS in_use,
+           sum(coalesce(wt.waiting, 0)) AS waiting
+    FROM scopes sc
+    LEFT JOIN slots sl ON sl.name = sc.name AND sl.scope = sc.scope
+    LEFT JOIN waits wt ON wt.name = sc.name AND wt.scope = sc.scope
+    LEFT JOIN buckets bu ON bu.name = sc.name AND bu.scope = sc.scope
+    GROUP BY sc.name
+)
+SELECT lim.name, lim.max_concurrency, lim.rate_per_second, lim.burst, lim.per_tenant,
+       lim.source, lim.created_at, lim.updated_at,
+       coalesce(use.in_use, 0)::bigint AS in_use, coalesce(use.waiting, 0)::bigint AS waiting,
+       coalesce(use.scopes, '{}') AS scopes
+FROM lim
+LEFT JOIN use ON use.name = lim.name
+ORDER BY lim.name;
+
+-- name: lock_task_for_limits
+-- The first statement of an acquisition: locks the task while (worker, token) holds an
+-- unexpired lease on it (no row otherwise: the lease is lost) and makes sure a bucket row
+-- exists for each limit's scope ('' for a global limit, the task's tenant for a per-tenant
+-- one), inserted in name order (a full bucket), so the next statement can lock it.
+WITH fenced AS (
+    SELECT id
+    FROM toolkit_tasks
+    WHERE id = %(task_id)s
+      AND lease_token = %(token)s
+      AND lease_owner = %(worker_id)s
+      AND state = 'leased'
+      AND lease_expires_at > clock_timestamp()
+    FOR NO KEY UPDATE
+), buckets AS (
+    INSERT INTO toolkit_limit_buckets (name, scope, tokens)
+    SELECT l.name, CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END, coalesce(l.burst, 0)
+    FROM toolkit_limits l
+    WHERE l.name = ANY(%(names)s::text[]) AND EXISTS (SELECT 1 FROM fenced)
+    ORDER BY l.name
+    ON CONFLICT (name, scope) DO NOTHING
+)
+SELECT id FROM fenced;
+
+-- name: lock_limit_scopes
+-- Locks the bucket row of each limit's scope, in name order: acquisitions of one scope take
+-- turns, so the statement that follows (a fresh snapshot) sees every slot and token the
+-- previous ones took. A limit missing from the store is left out (it limits nothing).
+SELECT l.name, b.scope
+FROM toolkit_limits l
+JOIN toolkit_limit_buckets b
+  ON b.name = l.name AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END
+WHERE l.name = ANY(%(names)s::text[])
+ORDER BY l.name
+FOR NO KEY UPDATE OF b;
+
+-- name: limit_scope_state
+-- For each locked (limit, scope): the settings; in_use, the live slots of other step
+-- occurrences (a slot counts while its task holds the lease it was taken under);
+-- first_free_seconds, when the earliest of those leases expires (seconds from now);
+-- held, whether this occurrence already holds a slot under this lease (a call sent again
+-- after a lost connection); tokens, the bucket refilled to now; waiting, the other tasks
+-- waiting for the limit in this scope; and the database's now.
+SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
+       live.in_use, live.first_free_seconds,
+       EXISTS (SELECT 1 FROM toolkit_limit_slots x
+               WHERE x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s
+                 AND x.name = s.name AND x.token = %(token)s) AS held,
+       CASE WHEN l.rate_per_second IS NOT NULL
+            THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
+                     extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) END AS tokens,
+       (SELECT count(*) FROM toolkit_tasks w
+        WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
+          AND w.checkpoint -> 'wait' ->> 'limit' = s.name
+          AND w.checkpoint -> 'wait' ->> 'scope' = s.scope
+          AND w.id <> %(task_id)s) AS waiting,
+       clock_timestamp() AS now
+FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
+JOIN toolkit_limits l ON l.name = s.name
+JOIN toolkit_limit_buckets b ON b.name = s.name AND b.scope = s.scope
+CROSS JOIN LATERAL (
+    SELECT count(*) AS in_use,
+           extract(epoch FROM min(t.lease_expires_at) - clock_timestamp())::float8
+               AS first_free_seconds
+    FROM toolkit_limit_slots x
+    JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
+    WHERE x.name = s.name AND x.scope = s.scope
+      AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+      AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
+) live
+ORDER BY s.name;
+
+-- name: take_limits
+-- Takes what an acquisition found room for (the scopes are locked by lock_limit_scopes):
+-- one token of each bucket in %(rated)s (refilled to now first), and a slot of each limit
+-- in %(slotted)s under the task's lease (a slot left by an earlier lease of the same
+-- occurrence is taken over). Slots of other tasks whose lease is gone are deleted.
+WITH rated AS (
+    SELECT * FROM unnest(%(rated)s::text[], %(rated_scopes)s::text[]) AS r(name, scope)
+), slotted AS (
+    SELECT * FROM unnest(%(slotted)s::text[], %(slotted_scopes)s::text[]) AS s(name, scope)
+), tokens AS (
+    UPDATE toolkit_limit_buckets b
+    SET tokens = least(l.burst, b.tokens + l.rate_per_second * greatest(
+                     extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) - 1,
+        refreshed_at = clock_timestamp()
+    FROM rated r, toolkit_limits l
+    WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name
+), stale AS (
+    DELETE FROM toolkit_limit_slots x
+    USING slotted s
+    WHERE x.name = s.name AND x.scope = s.scope AND x.task_id <> %(task_id)s
+      AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
+                      WHERE t.id = x.task_id AND t.lease_token = x.token
+                        AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp())
+)
+INSERT INTO toolkit_limit_slots (task_id, occurrence, name, scope, token)
+SELECT %(task_id)s, %(occurrence)s, name, scope, %(token)s FROM slotted
+ON CONFLICT (task_id, occurrence, name) DO UPDATE
+SET scope = excluded.scope, token = excluded.token, acquired_at = clock_timestamp();
+
+-- name: limit_health
+-- Per limit, for `toolkit doctor`: live slots in use, tasks waiting for it, and how long
+-- the longest of them has waited (seconds since its first deferral, database time).
+SELECT l.name, l.max_concurrency, l.rate_per_second,
+       (SELECT count(*) FROM toolkit_limit_slots x
+        JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
+        WHERE x.name = l.name AND t.state = 'leased'
+          AND t.lease_expires_at > clock_timestamp()) AS in_use,
+       w.waiting, w.oldest_wait
+FROM toolkit_limits l
+CROSS JOIN LATERAL (
+    SELECT count(*) AS waiting,
+           extract(epoch FROM clock_timestamp() - min(coalesce(
+               (t.checkpoint -> 'wait' ->> 'since')::timestamptz, t.updated_at)))::float8
+               AS oldest_wait
+    FROM toolkit_tasks t
+    WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
+      AND t.checkpoint -> 'wait' ->> 'limit' = l.name
+) w
+ORDER BY l.name;
