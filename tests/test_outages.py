@@ -360,12 +360,12 @@ async def test_a_signal_wait_is_not_stuck_when_the_wake_check_fails(
     (task,) = await store.leases.claim("worker", [d.digest], 1, 30.0)
     real_next_signal = store.leases.next_signal
 
-    async def next_signal(task_id: int, name: str, taken: Any = ()) -> Any:
-        found = await real_next_signal(task_id, name, taken)
-        await store.tasks.signal(task_id, name, {"ok": True})  # arrives just after the look
+    async def next_signal(task_id: int, names: Any, taken: Any = ()) -> Any:
+        found = await real_next_signal(task_id, names, taken)
+        await store.tasks.signal(task_id, names[0], {"ok": True})  # arrives just after the look
         return found
 
-    async def wake_if_signalled(task_id: int, name: str) -> bool:
+    async def wake_if_signalled(task_id: int, names: Any) -> bool:
         raise DatabaseUnavailable("cannot reach PostgreSQL: server closed the connection")
 
     monkeypatch.setattr(store.leases, "next_signal", next_signal)
