@@ -414,3 +414,33 @@ def test_a_small_tenant_gets_through_a_hot_tenants_backlog(dsn: str) -> None:
     assert result.hot_backlog > 500  # B really arrived behind a backlog
     assert result.cold_hot.p50 < result.hot_delays.p50 / 4, result
     assert result.cold_window < result.fifo_estimate / 2, result
+
+
+# --- one tenant alone -------------------------------------------------------------------------
+
+
+async def test_a_lone_tenant_is_claimed_from_its_range_until_another_appears(
+    store: Store,
+) -> None:
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{"n": i} for i in range(6)], tenant="solo")
+    first = await store.leases.claim("w", [d.digest], 2, LEASE)
+    assert store.leases._one_tenant == "solo"  # the fair claim saw one tenant
+    second = await store.leases.claim("w", [d.digest], 2, LEASE)  # its range alone
+    assert [t.tenant for t in first + second] == ["solo"] * 4
+    await store.tasks.submit(d, [{"n": 0}, {"n": 1}], tenant="newcomer")
+    third = await store.leases.claim("w", [d.digest], 2, LEASE)
+    assert [t.tenant for t in third] == ["solo", "solo"]  # reports two tenants now
+    assert store.leases._one_tenant is None
+    fourth = await store.leases.claim("w", [d.digest], 2, LEASE)  # fair again
+    assert [t.tenant for t in fourth] == ["newcomer", "newcomer"]
+
+
+async def test_a_lone_tenant_paused_is_not_claimed_from(store: Store) -> None:
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{"n": i} for i in range(4)], tenant="solo")
+    await store.leases.claim("w", [d.digest], 1, LEASE)
+    assert store.leases._one_tenant == "solo"
+    await store.tenants.set("solo", paused=True)
+    assert await store.leases.claim("w", [d.digest], 2, LEASE) == []
+    assert await store.leases.claim("w", [d.digest], 2, LEASE) == []

@@ -141,6 +141,9 @@ class Leases:
         # Whether tenants with a max_active exist, as the last claim saw it: while they do,
         # a claim locks them first (see :meth:`claim`). Starts True: the first claim finds out.
         self._limits = True
+        # The only unpaused tenant, as the last claim saw it (None: there are several, or
+        # unknown): claims then read its index range alone.
+        self._one_tenant: str | None = None
 
     @property
     def database(self) -> Database:
@@ -166,7 +169,8 @@ class Leases:
         While no tenant has a ``max_active``, a claim is one statement. Otherwise it is a
         short transaction: lock the limited tenants no other claimer holds (the others are
         skipped this round), then claim, counting their leases in a snapshot taken after the
-        locks.
+        locks. While one unpaused tenant is all there is, the claim reads that tenant's
+        index range alone (nothing to share); each claim reports whether that still holds.
 
         Args:
             worker_id: the claiming worker's id.
@@ -189,7 +193,13 @@ class Leases:
             "lease_seconds": lease_seconds,
             "locked": [],
         }
-        if not self._limits:
+        if self._one_tenant is not None:
+            rows = await self._db.fetch_all(
+                "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
+            )
+            if not rows or rows[0]["tenants"] != 1 or rows[0]["limits"]:
+                self._one_tenant = None  # back to the fair claim (which looks again)
+        elif not self._limits:
             rows = await self._db.fetch_all("claim_tasks", params)
             # Nothing claimed tells nothing: take the locking path until a claim says.
             self._limits = not rows or bool(rows[0]["limits"])
@@ -202,6 +212,8 @@ class Leases:
                 rows = await cursor.fetchall()
             if rows and not params["locked"]:
                 self._limits = bool(rows[0]["limits"])
+        if rows and rows[0]["tenants"] == 1 and not rows[0]["limits"]:
+            self._one_tenant = rows[0]["tenant"]
         return [
             ClaimedTask(
                 id=row["id"],

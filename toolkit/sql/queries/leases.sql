@@ -87,7 +87,60 @@ WITH candidates AS (
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
        cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
-           AS limits
+           AS limits,
+       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
+FROM claimed
+ORDER BY id;
+
+-- name: claim_tasks_one_tenant
+-- claim_tasks when one tenant is all there is (no other unpaused tenant, no max_active):
+-- fairness has nothing to share, so the claim is one range of that tenant's claim index,
+-- as in a single-tenant queue. Every row reports the tenant count and limits again, and a
+-- claimer goes back to claim_tasks as soon as either changes, or when this claims nothing
+-- (the work may be another tenant's).
+WITH candidates AS (
+    SELECT id, state AS previous_state, lease_owner AS previous_owner,
+           CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
+    FROM toolkit_tasks
+    WHERE tenant = %(tenant)s
+      AND state IN ('queued', 'leased', 'waiting')
+      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+          <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
+      AND definition_digest = ANY(%(digests)s::text[])
+      AND NOT EXISTS (SELECT 1 FROM toolkit_tenants
+                      WHERE tenant = %(tenant)s AND (paused OR max_active IS NOT NULL))
+    ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE toolkit_tasks t
+    SET state = 'leased',
+        wait_reason = NULL,
+        lease_owner = %(worker_id)s,
+        lease_token = t.lease_token + 1,
+        lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+        attempts = t.attempts + 1,
+        updated_at = clock_timestamp()
+    FROM candidates c
+    WHERE t.id = c.id
+    RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
+              t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
+              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
+              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
+    SELECT id,
+           CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
+           %(worker_id)s, lease_token,
+           CASE WHEN previous_state = 'leased'
+                THEN jsonb_build_object('previous_owner', previous_owner) END
+    FROM claimed
+)
+SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
+       cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
+       EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
+           AS limits,
+       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
 FROM claimed
 ORDER BY id;
 
