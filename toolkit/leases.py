@@ -193,25 +193,15 @@ class Leases:
             "lease_seconds": lease_seconds,
             "locked": [],
         }
+        rows: list[Any] = []
         if self._one_tenant is not None:
             rows = await self._db.fetch_all(
                 "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
             )
-            if not rows or rows[0]["tenants"] != 1 or rows[0]["limits"]:
-                self._one_tenant = None  # back to the fair claim (which looks again)
-        elif not self._limits:
-            rows = await self._db.fetch_all("claim_tasks", params)
-            # Nothing claimed tells nothing: take the locking path until a claim says.
-            self._limits = not rows or bool(rows[0]["limits"])
-        else:
-            async with self._db.transaction() as conn:
-                cursor = conn.cursor(row_factory=dict_row)
-                await cursor.execute(query("lock_limited_tenants"))
-                params["locked"] = [row["tenant"] for row in await cursor.fetchall()]
-                await cursor.execute(query("claim_tasks"), params)
-                rows = await cursor.fetchall()
-            if rows and not params["locked"]:
-                self._limits = bool(rows[0]["limits"])
+            if not rows:
+                self._one_tenant = None  # not alone any more, or nothing due: the fair claim
+        if not rows:
+            rows = await self._fair_claim(params)
         if rows and rows[0]["tenants"] == 1 and not rows[0]["limits"]:
             self._one_tenant = rows[0]["tenant"]
         return [
@@ -230,6 +220,23 @@ class Leases:
             )
             for row in rows
         ]
+
+    async def _fair_claim(self, params: dict[str, Any]) -> list[Any]:
+        """The claim across tenants: one statement, or locking the limited tenants first."""
+        if not self._limits:
+            rows = await self._db.fetch_all("claim_tasks", params)
+            # Nothing claimed tells nothing: take the locking path until a claim says.
+            self._limits = not rows or bool(rows[0]["limits"])
+            return rows
+        async with self._db.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(query("lock_limited_tenants"))
+            params["locked"] = [row["tenant"] for row in await cursor.fetchall()]
+            await cursor.execute(query("claim_tasks"), params)
+            rows = await cursor.fetchall()
+        if rows and not params["locked"]:
+            self._limits = bool(rows[0]["limits"])
+        return rows
 
     async def renew(
         self, worker_id: str, held: Mapping[int, int], lease_seconds: float

@@ -95,9 +95,9 @@ ORDER BY id;
 -- name: claim_tasks_one_tenant
 -- claim_tasks when one tenant is all there is (no other unpaused tenant, no max_active):
 -- fairness has nothing to share, so the claim is one range of that tenant's claim index,
--- as in a single-tenant queue. Every row reports the tenant count and limits again, and a
--- claimer goes back to claim_tasks as soon as either changes, or when this claims nothing
--- (the work may be another tenant's).
+-- as in a single-tenant queue. It claims nothing once another tenant is registered, the
+-- tenant is paused or limited; the claimer then makes the fair claim at once, and keeps to
+-- it until a claim sees one tenant alone again.
 WITH candidates AS (
     SELECT id, state AS previous_state, lease_owner AS previous_owner,
            CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
@@ -109,6 +109,7 @@ WITH candidates AS (
       AND definition_digest = ANY(%(digests)s::text[])
       AND NOT EXISTS (SELECT 1 FROM toolkit_tenants
                       WHERE tenant = %(tenant)s AND (paused OR max_active IS NOT NULL))
+      AND (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) = 1
     ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
