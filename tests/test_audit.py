@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.apps.counting import app
+from tests.inprocess import deploy_submit, drain, sql
 from tests.processes import call_counts, toolkit_process, wait_for
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit.audit import (
@@ -29,12 +29,9 @@ from toolkit.errors import LeaseLost, UnknownTask
 from toolkit.leases import Event, FencedWrite
 from toolkit.registry import App
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
-FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
 
 RETRIED_INTENT = """
 name: retried-intent
@@ -63,21 +60,10 @@ steps:
 """
 
 
-async def deploy_submit(store: Store, text: str, inputs: list[Any]) -> list[int]:
-    d = definition(text)
-    await store.definitions.deploy(d)
-    return await store.tasks.submit(d, inputs)
 
 
-async def drain(store: Store, *texts: str, handlers: App = app) -> None:
-    worker = Worker(store, handlers, [definition(t) for t in texts])
-    await WorkflowSupervisor(worker, SupervisorConfig(until_idle=True, **FAST)).run()
 
 
-async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with store.db.connection() as conn:
-        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
-        return await cursor.fetchall() if cursor.description else []
 
 
 async def expire_leases(store: Store) -> None:

@@ -8,37 +8,19 @@ import anyio
 import pytest
 
 from tests.apps import counting
-from tests.apps.counting import app
+from tests.inprocess import deploy_submit, drain, sql
 from tests.workflows import definition
 from toolkit.budgets import Budgets, ReservationOutcome
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
-FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
 
 
-async def deploy_submit(
-    store: Store, text: str, inputs: list[Any], **submit: Any
-) -> list[int]:
-    d = definition(text)
-    await store.definitions.deploy(d)
-    return await store.tasks.submit(d, inputs, **submit)
 
 
-async def drain(store: Store, *texts: str, **config: Any) -> Any:
-    worker = Worker(store, app, [definition(text) for text in texts])
-    return await WorkflowSupervisor(
-        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
-    ).run()
 
 
-async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with store.db.connection() as conn:
-        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
-        return await cursor.fetchall() if cursor.description else []
 
 
 async def calls(store: Store) -> dict[str, int]:

@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import app
+from tests.inprocess import FAST, deploy_submit, drain, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.engine import Interpreter
@@ -19,31 +20,14 @@ from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
-FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
 
 
-async def deploy_submit(store: Store, text: str, inputs: list[Any]) -> list[int]:
-    d = definition(text)
-    await store.definitions.deploy(d)
-    return await store.tasks.submit(d, inputs)
 
 
-async def drain(store: Store, text: str, **config: Any):
-    worker = Worker(store, app, [definition(text)])
-    return await WorkflowSupervisor(
-        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
-    ).run()
 
 
-async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with store.db.connection() as conn:
-        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
-        return await cursor.fetchall() if cursor.description else []
 
 
-async def make_due(store: Store, task_id: int) -> None:
-    """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
-    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
 
 
 TIMER = """

@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 
 from tests.apps.counting import app
+from tests.inprocess import drain
 from tests.workflows import THREE_STEPS, definition
 from toolkit.errors import (
     DefinitionInUse,
@@ -19,7 +19,6 @@ from toolkit.errors import (
     WorkerIdInUse,
 )
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
@@ -28,12 +27,8 @@ V1 = THREE_STEPS
 V2 = THREE_STEPS.replace("version: 1", "version: 2").replace(
     "succeed: {output: zero}", "succeed: {output: nil}"
 )
-FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05, until_idle=True)
 
 
-async def drain(store: Store, *texts: str) -> Any:
-    worker = Worker(store, app, [definition(t) for t in texts])
-    return await WorkflowSupervisor(worker, SupervisorConfig(**FAST)).run()
 
 
 async def test_old_version_task_waits_for_a_worker_that_has_its_version(store: Store) -> None:

@@ -1,0 +1,48 @@
+"""Running workflows in the test's own process: deploy, submit, drain with a supervisor.
+
+The helpers every in-process store and worker test shares (process-level tests use
+``tests.processes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.apps.counting import app as counting_app
+from tests.workflows import definition
+from toolkit.registry import App
+from toolkit.store import Store
+from toolkit.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
+from toolkit.worker import Worker
+
+#: A worker configuration for tests: short lease and heartbeat, next to no idle backoff.
+FAST: dict[str, Any] = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
+
+
+async def deploy_submit(store: Store, text: str, inputs: list[Any], **submit: Any) -> list[int]:
+    """Deploy the definition ``text`` and submit one task per input; return the task ids."""
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return await store.tasks.submit(d, inputs, **submit)
+
+
+async def drain(
+    store: Store, *texts: str, handlers: App = counting_app, **config: Any
+) -> SupervisorReport:
+    """Run a worker of these definitions until nothing is left to do now; its report."""
+    worker = Worker(store, handlers, [definition(text) for text in texts])
+    return await WorkflowSupervisor(
+        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
+    ).run()
+
+
+async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run a statement on a pooled connection; its rows (none for a statement without)."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
+        return await cursor.fetchall() if cursor.description else []
+
+
+async def make_due(store: Store, task_id: int) -> None:
+    """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
+    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
