@@ -468,3 +468,29 @@ async def test_a_child_without_a_version_is_pinned_to_the_latest(store: Store) -
     await drain(store, PARENT, CHILD_V1, CHILD_V2)
     task = await store.tasks.get(task_id)
     assert (task.state, task.result) == ("succeeded", 2)
+
+
+SLOW_PARENT = """
+name: slow-parent
+version: 1
+timeout: 1h
+start: call
+steps:
+  call: {workflow: {name: versioned-child, version: 1}}
+"""
+
+
+async def test_a_parent_past_its_deadline_cancels_its_live_child(store: Store) -> None:
+    await store.definitions.deploy(definition(CHILD_V1))
+    (task_id,) = await deploy_submit(store, SLOW_PARENT, [{}])
+    await drain(store, SLOW_PARENT)  # the child's definition is served by no worker here
+    assert (await store.tasks.get(task_id)).wait_reason == "child"
+    await sql(
+        store, "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(), run_at = "
+        "clock_timestamp() WHERE id = %s", task_id,
+    )  # fmt: skip
+    await drain(store, SLOW_PARENT)
+    parent = await store.tasks.get(task_id)
+    assert parent.state == "failed" and parent.error["name"] == "Timeout"
+    rows = await sql(store, "SELECT state FROM toolkit_tasks WHERE parent_id = %s", task_id)
+    assert rows == [("cancelled",)]

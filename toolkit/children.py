@@ -113,14 +113,3 @@ class Children:
             result=row["result"],
             error=row["error"],
         )
-
-    async def cancel(self, child_id: int, reason: str) -> None:
-        """Cancel a child task (at once, or by request while it is leased)."""
-        await self._db.fetch_one("request_cancel", {"task_id": child_id, "reason": reason})
-        for row in await self._db.fetch_all("live_children", {"task_id": child_id}):
-            await self._db.fetch_one("request_cancel", {"task_id": row["id"], "reason": reason})
-
-    async def live_descendants(self, task_id: int) -> list[int]:
-        """Ids of every live child of ``task_id``, their children, and so on."""
-        rows = await self._db.fetch_all("live_children", {"task_id": task_id})
-        return [row["id"] for row in rows]

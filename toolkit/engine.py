@@ -58,6 +58,7 @@ from toolkit.errors import (
     ResultNotJson,
     ResultTooLarge,
     StoreError,
+    TaskTerminal,
     UnknownDefinition,
 )
 from toolkit.expressions import compile_template, is_truthy
@@ -74,6 +75,7 @@ from toolkit.limits import LimitDeferral, Limits
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
 from toolkit.registry import App, EffectContext, Handler, SpendMeter
+from toolkit.tasks import Tasks
 
 logger = logging.getLogger(__name__)
 
@@ -326,6 +328,7 @@ class Interpreter:
         self._callbacks = Callbacks(leases.database)
         self._children = Children(leases.database)
         self._catalog = DefinitionCatalog(leases.database)
+        self._tasks = Tasks(leases.database)
 
     async def execute(
         self,
@@ -1007,10 +1010,13 @@ class Interpreter:
             self._release(cycle, cp.fanout)
             cp.fanout = None
         if cp.wait is not None and "child" in cp.wait:
-            await self._retrying(
-                cycle.control,
-                functools.partial(self._children.cancel, cp.wait["child"], "parent timed out"),
-            )
+            try:
+                await self._retrying(
+                    cycle.control,
+                    functools.partial(self._tasks.cancel, cp.wait["child"], "parent timed out"),
+                )
+            except TaskTerminal:
+                pass  # it ended meanwhile
         cp.wait = None
         cp.pending = None
         cp.callbacks.clear()
