@@ -190,7 +190,7 @@ class TaskDetail:
                 e["kind"],
                 e["worker_id"] or "-",
                 e["fencing_token"],
-                "" if e["detail"] is None else json.dumps(e["detail"], default=str)[:60],
+                _detail_text(e["detail"]),
             ]
             for e in self.events
         ]
@@ -657,3 +657,9 @@ def _bucket_seconds(bucket: float | str) -> float:
     from toolkit.history import _seconds
 
     return _seconds(bucket)
+
+
+def _detail_text(detail: dict[str, Any] | None) -> str:
+    """An event's detail for the timeline, without its timing (``queue_delay``), short."""
+    shown = {key: value for key, value in (detail or {}).items() if key != "queue_delay"}
+    return json.dumps(shown, default=str)[:60] if shown else ""

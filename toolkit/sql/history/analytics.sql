@@ -33,11 +33,12 @@ SELECT * FROM checkpoints_raw
 QUALIFY row_number() OVER (PARTITION BY task_id, updated_at ORDER BY task_id) = 1;
 
 -- name: view_queue_delays
--- One row per claim whose due time the history records: the task became due at its
+-- One row per claim whose delay the history records. A claim event carries its queue delay
+-- (detail.queue_delay, seconds from due to claimed in database time), takeovers included.
+-- For claims exported before it did, the due time is derived: the task became due at its
 -- submission, a release, a reconciliation, a signal that ended its signal wait, or after
--- the delay of a retry or a budget deferral. Claims after a timer, a child wait or an
--- expired lease (takeovers, see lease_losses) are not counted: their due time is not in the
--- history. `seg` numbers the stretches between claims.
+-- the delay of a retry or a budget deferral (claims after a timer, a child wait or an
+-- expired lease are then not counted). `seg` numbers the stretches between claims.
 CREATE OR REPLACE VIEW queue_delays AS
 WITH numbered AS (
     SELECT *,
@@ -71,9 +72,20 @@ SELECT c.task_id, c.tenant, c.definition_name, c.definition_version, c.worker_id
 FROM numbered c
 JOIN stretches s ON s.task_id = c.task_id AND s.seg = c.seg
 WHERE c.kind = 'claimed'
+  AND TRY_CAST(c.detail ->> 'queue_delay' AS DOUBLE) IS NULL
   AND s.due_at IS NOT NULL
   AND NOT s.timed_wait
-  AND (NOT s.waited OR s.signalled);
+  AND (NOT s.waited OR s.signalled)
+UNION ALL
+SELECT task_id, tenant, definition_name, definition_version, worker_id, fencing_token,
+       "at" AS claimed_at,
+       "at" - to_microseconds(CAST(
+           greatest(TRY_CAST(detail ->> 'queue_delay' AS DOUBLE), 0) * 1000000 AS BIGINT))
+           AS due_at,
+       greatest(TRY_CAST(detail ->> 'queue_delay' AS DOUBLE), 0) AS delay_seconds
+FROM events
+WHERE kind IN ('claimed', 'recovered')
+  AND TRY_CAST(detail ->> 'queue_delay' AS DOUBLE) IS NOT NULL;
 
 -- name: view_effect_calls
 -- One row per effect outcome (completed or failed evidence) written by the worker that held

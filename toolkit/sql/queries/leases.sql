@@ -80,8 +80,11 @@ WITH candidates AS (
     SELECT id,
            CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
            %(worker_id)s, lease_token,
+           -- queue_delay: seconds from due to claimed (database time), for history
            CASE WHEN previous_state = 'leased'
-                THEN jsonb_build_object('previous_owner', previous_owner) END
+                THEN jsonb_build_object('previous_owner', previous_owner,
+                                        'queue_delay', round(queue_delay::numeric, 6))
+                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
@@ -133,8 +136,11 @@ WITH candidates AS (
     SELECT id,
            CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
            %(worker_id)s, lease_token,
+           -- queue_delay: seconds from due to claimed (database time), for history
            CASE WHEN previous_state = 'leased'
-                THEN jsonb_build_object('previous_owner', previous_owner) END
+                THEN jsonb_build_object('previous_owner', previous_owner,
+                                        'queue_delay', round(queue_delay::numeric, 6))
+                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
