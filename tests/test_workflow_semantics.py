@@ -15,7 +15,7 @@ import pytest
 from tests.apps.counting import app
 from tests.inprocess import deploy_submit, drain, make_due, sql
 from tests.workflows import definition
-from toolkit.errors import CallbackRefused, InputError
+from toolkit.errors import CallbackRefused, InputError, TaskTerminal
 from toolkit.registry import EffectContext
 from toolkit.store import Store
 
@@ -494,3 +494,80 @@ async def test_a_parent_past_its_deadline_cancels_its_live_child(store: Store) -
     assert parent.state == "failed" and parent.error["name"] == "Timeout"
     rows = await sql(store, "SELECT state FROM toolkit_tasks WHERE parent_id = %s", task_id)
     assert rows == [("cancelled",)]
+
+
+# --- regressions found by a new user ------------------------------------------------------------
+
+BRANCH_CALLBACK = """
+name: branch-callback
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        only:
+          start: ask
+          steps:
+            ask:
+              effect: count.callback
+              idempotent: true
+              callback: {timeout: 0.3s}
+              retry: {max_attempts: 2, initial: 0.01s}
+    catch: [{errors: [Timeout], next: gave_up}]
+  gave_up: {succeed: {output: gave up}}
+"""
+
+
+async def test_each_attempt_of_a_callback_in_a_branch_waits_its_whole_timeout(
+    store: Store,
+) -> None:
+    TOKENS.clear()
+    (task_id,) = await deploy_submit(store, BRANCH_CALLBACK, [{}])
+    started = anyio.current_time()
+    await drain(store, BRANCH_CALLBACK)
+    assert anyio.current_time() - started >= 0.6  # two attempts of 0.3 s, not one shared
+    assert len(TOKENS) == 2
+    assert (await store.tasks.get(task_id)).result == "gave up"
+
+
+async def test_a_callback_of_an_ended_task_is_refused(store: Store) -> None:
+    TOKENS.clear()
+    (task_id,) = await deploy_submit(store, CALLBACK, [{"early": False}])
+    await drain(store, CALLBACK)
+    await store.tasks.cancel(task_id)
+    with pytest.raises(CallbackRefused, match=f"task {task_id} .* is cancelled"):
+        await store.tasks.complete(TOKENS[0], result=1)
+
+
+async def test_budgets_and_timeouts_out_of_range_are_refused_at_submit(store: Store) -> None:
+    d = definition(DEADLINE)
+    await store.definitions.deploy(d)
+    for budget in ({"tokens": float("nan")}, {"tokens": float("inf")}, {"tokens": 1e300}):
+        with pytest.raises(InputError, match="budget 'tokens' must be a number"):
+            await store.tasks.submit(d, [{}], budget=budget)
+    for timeout in (float("nan"), 1e20, 0):
+        with pytest.raises(InputError, match="timeout must be"):
+            await store.tasks.submit(d, [{}], timeout=timeout)
+
+
+TWO_WAITS = """
+name: two-waits
+version: 1
+start: w1
+steps:
+  w1: {wait: {signal: a}, next: w2}
+  w2: {wait: {signal: a, schema: {type: object}}}
+"""
+
+
+async def test_the_wait_a_task_is_at_decides_its_signals_schema(store: Store) -> None:
+    (task_id,) = await deploy_submit(store, TWO_WAITS, [{}])
+    await drain(store, TWO_WAITS)  # waiting at w1, which takes any payload
+    await store.tasks.signal(task_id, "a", "anything")
+    await drain(store, TWO_WAITS)  # now at w2: an object
+    with pytest.raises(InputError, match="is not of type 'object'"):
+        await store.tasks.signal(task_id, "a", "anything")
+    await store.tasks.cancel(task_id)
+    with pytest.raises(TaskTerminal):  # not a schema error: the task has ended
+        await store.tasks.signal(task_id, "a", "anything")

@@ -31,6 +31,7 @@ class CallbackRecord:
         state: ``open``, ``completed`` or ``expired``.
         result: the completion's result (completed without error).
         error: the completion's error ``{"name", "message"}``, or None.
+        task_state: the state of its task.
     """
 
     token: str
@@ -40,6 +41,7 @@ class CallbackRecord:
     state: str
     result: Any
     error: dict[str, Any] | None
+    task_state: str
 
 
 def new_token() -> str:
@@ -80,7 +82,7 @@ class Callbacks:
         return CallbackRecord(
             token=row["token"], task_id=row["task_id"], occurrence=row["occurrence"],
             attempt=row["attempt"], state=row["state"], result=row["result"],
-            error=row["error"],
+            error=row["error"], task_state=row["task_state"],
         )  # fmt: skip
 
     async def complete(
@@ -98,7 +100,8 @@ class Callbacks:
             The task id.
 
         Raises:
-            CallbackRefused: no such token, or it was completed or expired already.
+            CallbackRefused: no such token, it was completed or expired already, or its
+                task has ended.
         """
         row = await self._db.fetch_one(
             "complete_callback",
@@ -113,10 +116,14 @@ class Callbacks:
         known = await self.get(token)
         if known is None:
             raise CallbackRefused(f"no callback token {token!r}")
-        raise CallbackRefused(
-            f"callback {token!r} of task {known.task_id} is {known.state}: it cannot be "
-            "completed again"
-        )
+        if known.state == "open":  # its task has ended
+            raise CallbackRefused(
+                f"task {known.task_id} of callback {token!r} is {known.task_state}: the "
+                "callback can no longer be completed"
+            )
+        why = "was completed already" if known.state == "completed" else (
+            "expired (its attempt timed out or was retried)")
+        raise CallbackRefused(f"callback {token!r} of task {known.task_id} {why}")
 
     async def expire(self, token: str) -> None:
         """Refuse any later completion of ``token`` (its attempt timed out)."""

@@ -29,6 +29,10 @@ _UNIT_SECONDS = (86400.0, 3600.0, 60.0, 1.0, 0.001)
 _EXAMPLES = "500ms, 30s, 5m, 2h, 2d, 1h30m"
 
 
+#: The longest duration accepted (100 years), seconds: longer ones overflow the database's
+#: timestamps and Python's timers, and are a mistake anyway.
+MAX_SECONDS = 100 * 365.25 * 86400.0
+
 def parse_duration(value: str | int | float) -> float:
     """Convert a duration to seconds.
 
@@ -68,6 +72,8 @@ def parse_duration(value: str | int | float) -> float:
             seconds = math.inf
     if not math.isfinite(seconds):
         raise ValueError(f"invalid duration {value!r}: not a finite number of seconds")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"invalid duration {value!r}: longer than 100 years")
     if seconds < 0:
         raise ValueError(f"invalid duration {value!r}: durations cannot be negative")
     return seconds

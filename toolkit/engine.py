@@ -27,6 +27,7 @@ import anyio
 import psycopg
 
 from toolkit import faults
+from toolkit._definition_checks import json_type
 from toolkit.budgets import Budgets, ReservationOutcome
 from toolkit.callbacks import Callbacks, new_token
 from toolkit.catalog import DefinitionCatalog
@@ -1100,7 +1101,7 @@ class Interpreter:
             rendered = step.items.render(scope)
             if not isinstance(rendered, list):
                 raise ExpressionError(
-                    f"step {step.id!r}: map items must be a list, got {type(rendered).__name__}",
+                    f"step {step.id!r}: map items must be a list, got {json_type(rendered)}",
                     step=step.id,
                 )
             items = rendered
@@ -1567,7 +1568,8 @@ class _FanOut:
         #: (branch, error) of the first branch that failed (mode ``all`` and map).
         self.failure: tuple[str, Error] | None = None
         self.scope = anyio.CancelScope()
-        #: Event-loop time each awaited callback began to be awaited, by occurrence.
+        #: Event-loop time each awaited callback began to be awaited, by token (one per
+        #: attempt, so each attempt waits its whole timeout).
         self.callbacks_since: dict[str, float] = {}
         reserve = step.reserve
         self.reserved: Mapping[str, float] = reserve.amounts if reserve is not None else {}
@@ -1754,12 +1756,13 @@ class _FanOut:
             )  # fmt: skip
             if done.kind == "callback":  # no lease to release in a branch: look again soon
                 assert inner.callback is not None
-                since = self.callbacks_since.setdefault(done.occurrence, anyio.current_time())
+                token = cycle.checkpoint.callbacks[done.occurrence]["token"]
+                since = self.callbacks_since.setdefault(token, anyio.current_time())
                 timeout = inner.callback.timeout
                 if timeout is None or anyio.current_time() - since < timeout:
                     await anyio.sleep(CALLBACK_POLL)
                     continue
-                token = cycle.checkpoint.callbacks.pop(done.occurrence)["token"]
+                cycle.checkpoint.callbacks.pop(done.occurrence)
                 await interpreter._retrying(
                     self.control, functools.partial(interpreter._callbacks.expire, token)
                 )

@@ -64,7 +64,8 @@ class SpendMeter:
         if over is not None:
             resource, total, limit = over
             raise BudgetExceeded(
-                f"spending {total:g} {resource} exceeds the {limit:g} that remained of the budget",
+                f"spending {total:g} {resource} exceeds the {max(limit, 0):g} that remained of "
+                "the budget",
                 resource=resource, wanted=total, remaining=limit,
             )  # fmt: skip
 

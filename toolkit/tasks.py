@@ -14,6 +14,7 @@ from toolkit.callbacks import Callbacks
 from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.definition import WaitStep, WorkflowDefinition, definition_from_body, validate_payload
+from toolkit.durations import MAX_SECONDS
 from toolkit.errors import (
     InputError,
     NotReconcilable,
@@ -24,6 +25,12 @@ from toolkit.errors import (
 )
 from toolkit.payload import check_payload
 
+#: States a task never leaves.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+#: The largest budget amount a submit may give (and a tenant budget may have): past it,
+#: amounts lose their precision as floating point.
+MAX_AMOUNT = 1e15
 
 @dataclasses.dataclass(frozen=True)
 class TaskRecord:
@@ -76,9 +83,14 @@ class Tasks:
         limits = {**definition.budget, **(budget or {})}
         if budget:
             for resource, amount in budget.items():
-                if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
+                if (
+                    isinstance(amount, bool)
+                    or not isinstance(amount, int | float)
+                    or not 0 <= amount <= MAX_AMOUNT  # NaN fails this too
+                ):
                     raise InputError(
-                        f"budget {resource!r} must be a number >= 0, got {amount!r}",
+                        f"budget {resource!r} must be a number from 0 to {MAX_AMOUNT:g},"
+                        f" got {amount!r}",
                         path=f"$.budget.{resource}",
                     )
             rows = await self._db.fetch_all("tenant_budget_amounts", {"tenant": tenant})
@@ -86,8 +98,8 @@ class Tasks:
                 wanted = budget.get(row["resource"])
                 if wanted is not None and wanted > row["amount"]:
                     raise InputError(
-                        f"budget {row['resource']!r} of {wanted:g} is over tenant "
-                        f"{tenant!r}'s budget of {row['amount']:g}",
+                        f"budget {row['resource']!r} of {wanted:g} is over the budget of "
+                        f"tenant {tenant!r}, {row['amount']:g}",
                         path=f"$.budget.{row['resource']}",
                     )
         return Checkpoint.initial(definition.start, limits).to_json()
@@ -295,24 +307,28 @@ class Tasks:
     async def _signal_schema(self, task_id: int, name: str) -> Mapping[str, Any] | None:
         """The payload schema the task's definition declares for signal ``name``, if any.
 
-        The step the task waits at wins; else the first wait step declaring one.
+        When the task waits at a step for ``name``, that step's schema decides (none: any
+        payload); else the first wait step declaring one. None for an ended task (the
+        signal is refused for that).
         """
         row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
-        if row is None or row["body"] is None:
+        if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
             return None
         definition = definition_from_body(row["body"])
         cursor = (row["checkpoint"] or {}).get("cursor")
-        found: list[tuple[bool, Mapping[str, Any]]] = []
+        found: list[tuple[bool, Mapping[str, Any] | None]] = []
         for step in definition.steps.values():
             if not isinstance(step, WaitStep):
                 continue
-            if step.signal == name and step.schema is not None:
+            if step.signal == name:
                 found.append((step.id == cursor, step.schema))
             for event in step.any:
-                if event.signal == name and event.schema is not None:
+                if event.signal == name:
                     found.append((step.id == cursor, event.schema))
-        found.sort(key=lambda item: not item[0])
-        return found[0][1] if found else None
+        current = [schema for here, schema in found if here]
+        if current:
+            return current[0]
+        return next((schema for _, schema in found if schema is not None), None)
 
     async def complete(
         self,
@@ -447,6 +463,13 @@ def _timeout(definition: WorkflowDefinition, override: float | None) -> float | 
     """
     if override is None:
         return definition.timeout
-    if isinstance(override, bool) or not isinstance(override, int | float) or override <= 0:
-        raise InputError(f"timeout must be a number of seconds > 0, got {override!r}", path="$")
+    if (
+        isinstance(override, bool)
+        or not isinstance(override, int | float)
+        or not 0 < override <= MAX_SECONDS  # NaN fails this too
+    ):
+        raise InputError(
+            f"timeout must be a number of seconds > 0 and at most 100 years, got {override!r}",
+            path="$",
+        )
     return float(override)

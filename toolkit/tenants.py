@@ -205,6 +205,8 @@ def _amount(value: Amount, tenant: str, resource: str) -> Decimal:
         raise ConfigError(f"{what} must be a number, not {value!r}") from None
     if not amount.is_finite():
         raise ConfigError(f"{what} must be a finite number, not {value!r}")
+    if amount > Decimal("1e15"):
+        raise ConfigError(f"{what} must be at most 1e15, not {value!r}")
     if amount < 0:
         raise ConfigError(f"{what} must be at least 0, not {value!r}")
     return amount

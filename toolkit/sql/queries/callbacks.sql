@@ -23,9 +23,11 @@ WITH lease AS (
 SELECT (SELECT id FROM lease) AS task_id;
 
 -- name: get_callback
-SELECT token, task_id, occurrence, attempt, state, result, error, created_at, completed_at
-FROM toolkit_callbacks
-WHERE token = %(token)s;
+SELECT c.token, c.task_id, c.occurrence, c.attempt, c.state, c.result, c.error,
+       c.created_at, c.completed_at, t.state AS task_state
+FROM toolkit_callbacks c
+JOIN toolkit_tasks t ON t.id = c.task_id
+WHERE c.token = %(token)s;
 
 -- name: complete_callback
 -- Completes an open callback once, and wakes its task if it already waits for it.
@@ -34,6 +36,9 @@ WITH completed AS (
     SET state = 'completed', result = %(result)s::jsonb, error = %(error)s::jsonb,
         completed_at = clock_timestamp()
     WHERE token = %(token)s AND state = 'open'
+      AND EXISTS (SELECT 1 FROM toolkit_tasks t
+                  WHERE t.id = toolkit_callbacks.task_id
+                    AND t.state IN ('queued', 'leased', 'waiting'))
     RETURNING task_id, occurrence
 ), woken AS (
     UPDATE toolkit_tasks t

@@ -254,7 +254,7 @@ SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM updated;
 
 -- name: task_definition_body
 -- The definition body a task is pinned to (by digest), with its checkpoint.
-SELECT d.body, t.checkpoint
+SELECT d.body, t.checkpoint, t.state
 FROM toolkit_tasks t
 LEFT JOIN toolkit_definitions d ON d.digest = t.definition_digest
 WHERE t.id = %(task_id)s;
