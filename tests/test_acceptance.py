@@ -286,7 +286,7 @@ def test_sigkilled_worker_lease_expires_in_database_time_and_its_id_cannot_reviv
     assert len(recovered) == 1, events
     claim = recovered[0]
     assert claim["fencing_token"] == 2
-    assert claim["detail"] == {"previous_owner": "W1"}
+    assert claim["detail"]["previous_owner"] == "W1"
     assert claim["at"] >= expiry
     # Claimable when it expires: an idle worker polls with at most 2 s of backoff.
     assert claim["at"] - expiry < datetime.timedelta(seconds=3)
