@@ -288,7 +288,7 @@ async def test_max_active_holds_with_four_claimers_racing(store: Store, dsn: str
                 if not batch:
                     if not (await own.tasks.idle_state([d.digest]))[0]:
                         return
-                    await anyio.sleep(0)  # others hold the limited tenants: claim again
+                    await anyio.lowlevel.checkpoint()  # others hold the limited tenants: again
                     continue
                 claimed.extend(t.id for t in batch)
                 for tenant in limits:

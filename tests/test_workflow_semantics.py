@@ -14,6 +14,7 @@ import pytest
 
 from tests.apps.counting import app
 from tests.inprocess import deploy_submit, drain, make_due, sql
+from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.errors import CallbackRefused, InputError, TaskTerminal
 from toolkit.registry import EffectContext
@@ -285,7 +286,15 @@ async def test_a_submit_overrides_the_deadline_and_a_queued_task_is_timed_out(
     store: Store,
 ) -> None:
     (task_id,) = await deploy_submit(store, DEADLINE, [{}], timeout=0.001)
-    await anyio.sleep(0.01)  # the database's clock passes a millisecond deadline
+
+    async def passed() -> bool:  # the database's clock passes a millisecond deadline
+        rows = await sql(
+            store, "SELECT deadline_at < clock_timestamp() FROM toolkit_tasks WHERE id = %s",
+            task_id,
+        )  # fmt: skip
+        return bool(rows[0][0])
+
+    await eventually(passed, what="the deadline passed")
     await drain(store, DEADLINE)
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "Timeout"
