@@ -9,6 +9,7 @@ import pytest
 
 from tests.apps import counting
 from tests.inprocess import deploy_submit, drain, sql
+from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.budgets import Budgets, ReservationOutcome
 from toolkit.store import Store
@@ -553,3 +554,41 @@ async def test_show_prints_branch_progress_reservations_and_spend(
     assert task.state == "succeeded", task.error
     assert task.result == {"spender": {"value": None, "tokens": 30}, "stuck": {"done": True}}
     assert task.checkpoint["budget"]["tokens"] == {"limit": 1000, "spent": 30, "reserved": 0}
+
+
+CALLBACK_IN_BRANCH = """
+name: callback-in-branch
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        ask:
+          start: c
+          steps:
+            c: {effect: count.callback, idempotent: true, callback: {timeout: 1h}}
+"""
+
+
+async def test_show_prints_the_token_of_a_callback_awaited_in_a_branch(
+    store: Store, dsn: str
+) -> None:
+    from tests.test_cli import invoke
+
+    TOKENS = counting.TOKENS
+    TOKENS.clear()
+    (task_id,) = await deploy_submit(store, CALLBACK_IN_BRANCH, [{}])
+    async with anyio.create_task_group() as group:  # the worker ends once the task does
+        group.start_soon(drain, store, CALLBACK_IN_BRANCH)
+
+        async def awaited() -> bool:  # the branch waits, its token in the checkpoint
+            task = await store.tasks.get(task_id)
+            return bool(task.checkpoint.get("callbacks"))
+
+        await eventually(awaited, what="the branch awaiting its callback")
+        code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
+        assert code == 0
+        assert f"callback:   fan#1/ask/c#1 attempt 1: token {TOKENS[0]}" in out
+        await store.tasks.complete(TOKENS[0], result="answered")
+    assert (await store.tasks.get(task_id)).result == {"ask": "answered"}

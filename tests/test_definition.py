@@ -695,7 +695,7 @@ def test_reserve_and_budget_accept_any_resource_name() -> None:
     text = """\
 name: x
 version: 1
-budget: {tokens: 1}
+budget: {tokens: 10}
 start: fan
 steps:
   fan:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.apps.counting import app
+from tests.apps.counting import TOKENS, app
 from tests.inprocess import deploy_submit, drain, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
@@ -21,24 +21,6 @@ from toolkit.registry import EffectContext
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
-
-
-#: Callback tokens handed out by ``count.callback``, in order.
-TOKENS: list[str] = []
-
-
-@app.effect("count.callback")
-async def hand_out(ctx: EffectContext, complete_early: bool = False) -> str:
-    assert ctx.callback_token is not None
-    TOKENS.append(ctx.callback_token)
-    if complete_early:  # the external system answers before the handler returns
-        async with ctx.connection() as conn:
-            await conn.execute(
-                "UPDATE toolkit_callbacks SET state = 'completed', result = '\"early\"',"
-                " completed_at = clock_timestamp() WHERE token = %s",
-                (ctx.callback_token,),
-            )
-    return "handed out"
 
 
 @app.effect("count.undo")
@@ -580,3 +562,8 @@ async def test_the_wait_a_task_is_at_decides_its_signals_schema(store: Store) ->
     await store.tasks.cancel(task_id)
     with pytest.raises(TaskTerminal):  # not a schema error: the task has ended
         await store.tasks.signal(task_id, "a", "anything")
+
+
+async def test_a_callback_completion_names_its_error_as_catch_would(store: Store) -> None:
+    with pytest.raises(InputError, match="is not a dotted name"):
+        await store.tasks.complete("cb_whatever", error="not a name!")

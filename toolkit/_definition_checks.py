@@ -369,7 +369,50 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
         problems += _duration_problems(("defaults",), defaults)
     if "input" in doc:
         problems += input_schema_problems(doc["input"])
+    if isinstance(steps, dict):
+        problems += _reserve_problems(doc.get("budget"), steps)
     return problems
+
+
+def _reserve_problems(budget: Any, steps: dict[str, Any]) -> list[Problem]:
+    """Reservations larger than the definition's own budget for that resource.
+
+    Such a step could never start (with a submit that does not raise the budget); a
+    per-branch amount of a parallel step counts once per branch (a map's item count is only
+    known at run time, so one share is compared).
+    """
+    if not isinstance(budget, dict):
+        return []
+    problems = []
+    for step_id, step in steps.items():
+        for kind in ("parallel", "map"):
+            body = step.get(kind) if isinstance(step, dict) else None
+            if not isinstance(body, dict) or not isinstance(body.get("reserve"), dict):
+                continue
+            reserve = body["reserve"]
+            for how in ("total", "per_branch"):
+                amounts = reserve.get(how)
+                if not isinstance(amounts, dict):
+                    continue
+                branches = body.get("branches") if kind == "parallel" else None
+                factor = len(branches) if how == "per_branch" and isinstance(branches, dict) else 1
+                for resource, amount in amounts.items():
+                    limit = budget.get(resource)
+                    if not _number(amount) or not _number(limit) or amount * factor <= limit:
+                        continue
+                    times = f" ({factor} branches x {amount:g})" if factor > 1 else ""
+                    problems.append(
+                        Problem(
+                            ("steps", step_id, kind, "reserve", how, resource),
+                            f"reserves {amount * factor:g}{times} {resource}, more than the "
+                            f"definition's budget of {limit:g}",
+                        )
+                    )
+    return problems
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)

@@ -443,6 +443,10 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  waits for:  {_wait_text(wait)} {due}")
     for line in _budget_lines(task["checkpoint"]):
         click.echo(line)
+    for occurrence, callback in (task["checkpoint"].get("callbacks") or {}).items():
+        click.echo(
+            f"  callback:   {occurrence} attempt {callback['attempt']}: token {callback['token']}"
+        )
     for line in _fanout_lines(task["checkpoint"].get("fanout")):
         click.echo(line)
     if task["cancel_requested"] and task["state"] == "leased":

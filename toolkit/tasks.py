@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -24,6 +25,9 @@ from toolkit.errors import (
     UnknownTask,
 )
 from toolkit.payload import check_payload
+
+#: An error name a callback completion may report: what ``catch`` and ``retry`` match.
+ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 #: States a task never leaves.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -351,10 +355,19 @@ class Tasks:
             The task id.
 
         Raises:
-            CallbackRefused: no such token, or it was completed or expired already.
-            InputError: ``result`` is over the payload limits or not storable JSON.
+            CallbackRefused: no such token, it was completed or expired already, or its
+                task has ended.
+            InputError: ``result`` is over the payload limits or not storable JSON, or
+                ``error`` is not an error name (Python-identifier parts joined by dots, as
+                ``catch`` and ``retry`` name errors).
         """
         if error is not None:
+            if ERROR_NAME.fullmatch(error) is None:
+                raise InputError(
+                    f"error name {error!r} is not a dotted name (e.g. Rejected, "
+                    "payments.Declined)",
+                    path="$.error",
+                )
             detail = {"name": error, "message": message or f"{error} reported by the callback"}
             return await Callbacks(self._db).complete(token, error=detail)
         result = self._checked(result, f"result of callback {token!r}")

@@ -94,6 +94,24 @@ async def fail(ctx: EffectContext, error: str = "Broken") -> None:
     raise _named(error)(f"{ctx.step} fails on purpose")
 
 
+#: Callback tokens handed out by ``count.callback``, in order.
+TOKENS: list[str] = []
+
+
+@app.effect("count.callback")
+async def hand_out(ctx: EffectContext, complete_early: bool = False) -> str:
+    assert ctx.callback_token is not None
+    TOKENS.append(ctx.callback_token)
+    if complete_early:  # the external system answers before the handler returns
+        async with ctx.connection() as conn:
+            await conn.execute(
+                "UPDATE toolkit_callbacks SET state = 'completed', result = '\"early\"',"
+                " completed_at = clock_timestamp() WHERE token = %s",
+                (ctx.callback_token,),
+            )
+    return "handed out"
+
+
 @app.effect("count.crash")
 async def crash(ctx: EffectContext) -> None:
     await record_call(ctx)
