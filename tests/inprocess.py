@@ -46,3 +46,8 @@ async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...
 async def make_due(store: Store, task_id: int) -> None:
     """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
     await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
+
+
+async def kinds(store: Store, task_id: int) -> list[str]:
+    """The kinds of a task's events, oldest first."""
+    return [event["kind"] for event in await store.tasks.events(task_id)]

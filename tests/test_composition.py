@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from tests.apps import counting
-from tests.inprocess import deploy_submit, drain, sql
+from tests.inprocess import deploy_submit, drain, kinds, sql
 from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.budgets import Budgets, ReservationOutcome
@@ -26,10 +26,6 @@ pytestmark = pytest.mark.anyio
 
 async def calls(store: Store) -> dict[str, int]:
     return {key: n for key, n in await sql(store, "SELECT idempotency_key, calls FROM test_calls")}
-
-
-async def kinds(store: Store, task_id: int) -> list[str]:
-    return [event["kind"] for event in await store.tasks.events(task_id)]
 
 
 # --- parallel, mode all -----------------------------------------------------------------------

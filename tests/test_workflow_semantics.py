@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import TOKENS, app
-from tests.inprocess import deploy_submit, drain, make_due, sql
+from tests.inprocess import deploy_submit, drain, kinds, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.errors import CallbackRefused, InputError, TaskTerminal
@@ -41,10 +41,6 @@ async def undo(ctx: EffectContext, what: Any = None) -> Any:
 
 
 
-
-
-async def kinds(store: Store, task_id: int) -> list[str]:
-    return [event["kind"] for event in await store.tasks.events(task_id)]
 
 
 # --- 1. error-filtered retries ----------------------------------------------------------------
