@@ -51,3 +51,14 @@ async def make_due(store: Store, task_id: int) -> None:
 async def kinds(store: Store, task_id: int) -> list[str]:
     """The kinds of a task's events, oldest first."""
     return [event["kind"] for event in await store.tasks.events(task_id)]
+
+
+async def due_in(store: Store, task_id: int) -> float:
+    """Seconds from now until the task's ``run_at``, in database time."""
+    rows = await sql(
+        store,
+        "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM toolkit_tasks"
+        " WHERE id = %s",
+        task_id,
+    )
+    return float(rows[0][0])

@@ -8,7 +8,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import app
-from tests.inprocess import FAST, deploy_submit, drain, make_due, sql
+from tests.inprocess import FAST, deploy_submit, drain, due_in, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.engine import Interpreter
@@ -47,10 +47,7 @@ async def test_timer_releases_the_lease_and_fires_once_at_its_time(store: Store)
     task = await store.tasks.get(task_id)
     assert report.waiting == 1
     assert (task.state, task.wait_reason, task.lease_owner) == ("waiting", "timer", None)
-    due_in = await sql(
-        store, "SELECT extract(epoch FROM run_at - clock_timestamp()) FROM toolkit_tasks"
-    )
-    assert 3500 < due_in[0][0] <= 3600  # an hour from now, in database time
+    assert 3500 < await due_in(store, task_id) <= 3600  # an hour from now, in database time
     assert await drain(store, TIMER) and (await store.tasks.get(task_id)).state == "waiting"
     await make_due(store, task_id)
     report = await drain(store, TIMER)
@@ -361,12 +358,7 @@ async def test_a_task_waiting_on_a_retry_timer_holds_no_lease_and_blocks_nothing
             await WorkflowSupervisor(worker, SupervisorConfig(concurrency=1, **FAST)).run(shutdown)
     waiting = await store.tasks.get(first)
     assert waiting.state == "queued" and waiting.lease_owner is None
-    delay = await sql(
-        store,
-        "SELECT extract(epoch FROM run_at - clock_timestamp()) FROM toolkit_tasks WHERE id = %s",
-        first,
-    )
-    assert 25 < delay[0][0] <= 30
+    assert 25 < await due_in(store, first) <= 30
 
 
 async def test_a_crash_between_effects_counts_as_one_lost_attempt(store: Store) -> None:
