@@ -22,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.apps.counting import CREATE_CALLS
 from toolkit.database import Database
 from toolkit.embedded import start_embedded, stop_embedded
-from toolkit.migrations import migrate
+from toolkit.migrations import _CREATE_VERSION_TABLE, _RECORD, available_migrations, migrate
 from toolkit.store import Store
 
 DATABASE_FIXTURES = {"dsn", "store", "template_dsn"}
@@ -105,6 +105,27 @@ def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
             sql.Identifier(name), sql.Identifier(str(template))
         ),
     )
+    yield with_dbname(server_dsn, name)
+    _admin(
+        server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    )
+
+
+def at_schema_version(dsn: str, version: int) -> None:
+    """Bring an empty database to schema ``version`` the way that release left it, to test
+    the migrations that follow on rows written before them."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(_CREATE_VERSION_TABLE)
+        for migration in available_migrations()[:version]:
+            conn.execute(migration.sql)  # type: ignore[arg-type]
+            conn.execute(_RECORD, (migration.version, migration.name))
+
+
+@pytest.fixture
+def empty_dsn(server_dsn: str) -> Iterator[str]:
+    """A fresh database without the schema, for migration tests."""
+    name = f"toolkit_empty_{uuid.uuid4().hex[:12]}"
+    _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield with_dbname(server_dsn, name)
     _admin(
         server_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import psycopg
 import pytest
 
 from tests.apps import counting
+from tests.conftest import at_schema_version
 from tests.inprocess import deploy_submit, drain, kinds, sql
 from tests.processes import eventually
 from tests.workflows import definition
@@ -15,13 +17,6 @@ from toolkit.budgets import Budgets, ReservationOutcome
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
-
-
-
-
-
-
-
 
 
 async def calls(store: Store) -> dict[str, int]:
@@ -288,7 +283,10 @@ steps:
 """
 
 
-async def set_tenant_budget(store: Store, tenant: str, amount: float, used: float = 0) -> None:
+async def set_tenant_budget(
+    store: Store, tenant: str, amount: float, used: float = 0, reserved: float = 0
+) -> None:
+    """The tenant's ``tokens`` budget: ``used`` (spent plus reserved), ``reserved`` of it."""
     await sql(
         store,
         "INSERT INTO toolkit_tenants (tenant) VALUES (%s) ON CONFLICT DO NOTHING",
@@ -296,20 +294,23 @@ async def set_tenant_budget(store: Store, tenant: str, amount: float, used: floa
     )
     await sql(
         store,
-        "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount, used) "
-        "VALUES (%s, 'tokens', %s, %s) ON CONFLICT (tenant, resource) "
-        "DO UPDATE SET amount = excluded.amount, used = excluded.used",
-        tenant, amount, used,
+        "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount, used, reserved) "
+        "VALUES (%s, 'tokens', %s, %s, %s) ON CONFLICT (tenant, resource) "
+        "DO UPDATE SET amount = excluded.amount, used = excluded.used, "
+        "reserved = excluded.reserved",
+        tenant, amount, used, reserved,
     )  # fmt: skip
 
 
-async def tenant_used(store: Store, tenant: str) -> float:
+async def tenant_use(store: Store, tenant: str) -> tuple[float, float]:
+    """The tenant's ``tokens`` use: (used, reserved)."""
     rows = await sql(
         store,
-        "SELECT used::float8 FROM toolkit_tenant_budgets WHERE tenant = %s AND resource = 'tokens'",
+        "SELECT used::float8, reserved::float8 FROM toolkit_tenant_budgets"
+        " WHERE tenant = %s AND resource = 'tokens'",
         tenant,
     )
-    return rows[0][0]
+    return rows[0]
 
 
 async def test_a_reservation_is_taken_then_the_unspent_part_released(store: Store) -> None:
@@ -318,7 +319,7 @@ async def test_a_reservation_is_taken_then_the_unspent_part_released(store: Stor
     await drain(store, RESERVE)
     task = await store.tasks.get(task_id)
     assert task.state == "succeeded", task.error
-    assert await tenant_used(store, "acme") == 60  # reserved 150, spent 60, 90 returned
+    assert await tenant_use(store, "acme") == (60, 0)  # reserved 150, spent 60, 90 returned
     reserved = [e for e in await store.tasks.events(task_id) if e["kind"] == "budget_reserved"]
     assert reserved[0]["detail"]["amounts"] == {"tokens": 150}
 
@@ -330,11 +331,11 @@ async def test_a_branch_spending_past_its_share_fails(store: Store) -> None:
     task = await store.tasks.get(task_id)
     assert task.state == "failed"
     assert task.error["name"] == "BudgetExceeded" and task.error["branch"] == "1"
-    assert await tenant_used(store, "acme") == 90  # both spends count; the rest returned
+    assert await tenant_use(store, "acme") == (90, 0)  # both spends count; the rest returned
 
 
 async def test_a_reservation_that_does_not_fit_now_defers_the_task(store: Store) -> None:
-    await set_tenant_budget(store, "acme", 200, used=150)
+    await set_tenant_budget(store, "acme", 200, used=150, reserved=150)  # held elsewhere
     (task_id,) = await deploy_submit(store, RESERVE, [{"items": [1, 2]}], tenant="acme")
     report = await drain(store, RESERVE)
     task = await store.tasks.get(task_id)
@@ -345,7 +346,7 @@ async def test_a_reservation_that_does_not_fit_now_defers_the_task(store: Store)
     await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
     await drain(store, RESERVE)
     assert (await store.tasks.get(task_id)).state == "succeeded"
-    assert await tenant_used(store, "acme") == 3
+    assert await tenant_use(store, "acme") == (3, 0)
 
 
 async def test_a_reservation_that_can_never_fit_fails_the_step(store: Store) -> None:
@@ -355,6 +356,106 @@ async def test_a_reservation_that_can_never_fit_fails_the_step(store: Store) -> 
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "BudgetExceeded"
     assert await calls(store) == {}
+
+
+async def test_a_reservation_past_what_the_tenant_spent_for_good_fails_the_step(
+    store: Store,
+) -> None:
+    """Of 200 tokens 150 are spent and none reserved: 100 can never fit, so the step fails
+    rather than waiting for budget that no reservation will return."""
+    await set_tenant_budget(store, "acme", 200, used=150)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [1, 2]}], tenant="acme")
+    await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.error["name"]) == ("failed", "BudgetExceeded"), task.error
+    assert await calls(store) == {}
+    assert await tenant_use(store, "acme") == (150, 0)
+
+
+RESERVE_SLOW = """
+name: reserve-slow
+version: 1
+start: fan
+steps:
+  fan:
+    map:
+      items: "${ input.items }"
+      reserve: {per_branch: {tokens: 50}}
+      branch:
+        start: call
+        steps:
+          call: {effect: count.spend, idempotent: true, args: {tokens: "${ context.item }"},
+                 next: slow}
+          slow: {effect: count.work, idempotent: true, args: {seconds: 60}}
+"""
+
+
+async def test_a_task_cancelled_mid_step_returns_its_reservation(store: Store) -> None:
+    """Cancelled while its branches run, the task keeps what they spent (10 + 20) charged
+    and returns the rest of its reservation of 100 to the tenant."""
+    await set_tenant_budget(store, "acme", 1000)
+    (task_id,) = await deploy_submit(store, RESERVE_SLOW, [{"items": [10, 20]}], tenant="acme")
+
+    async def two_slow_calls() -> bool:
+        return len(await sql(store, "SELECT 1 FROM test_calls WHERE step = 'slow'")) == 2
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(drain, store, RESERVE_SLOW)
+        await eventually(two_slow_calls, what="both branches in their slow call")
+        assert await tenant_use(store, "acme") == (100, 100)
+        assert await store.tasks.cancel(task_id) == "requested"
+    assert (await store.tasks.get(task_id)).state == "cancelled"
+    assert await tenant_use(store, "acme") == (30, 0)
+
+
+async def test_a_task_cancelled_after_its_worker_died_mid_step_returns_its_reservation(
+    store: Store,
+) -> None:
+    """A worker reserved 100, recorded 40 spent and died; the operator cancels the task
+    (its lease expired): the 60 not spent return to the tenant."""
+    await set_tenant_budget(store, "acme", 1000)
+    d = definition(RESERVE)
+    await store.definitions.deploy(d)
+    (task_id,) = await store.tasks.submit(d, [{"items": [1]}], tenant="acme")
+    (task,) = await store.leases.claim("dead", [d.digest], 1, 60)
+    fanout = {"occurrence": "fan#1", "branches": {}, "winner": None,
+              "reserved": {"tokens": 100}, "spent": {"tokens": 40}}  # fmt: skip
+    outcome, _ = await Budgets(store.db).reserve(
+        "dead", task.id, task.token, "acme", {"tokens": 100},
+        {**task.checkpoint, "fanout": fanout}, f"{task.token}:1", {},
+    )  # fmt: skip
+    assert outcome is ReservationOutcome.RESERVED
+    await sql(
+        store,
+        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+        task_id,
+    )
+    assert await store.tasks.cancel(task_id) == "cancelled"
+    assert await tenant_use(store, "acme") == (40, 0)
+
+
+async def test_the_migration_counts_the_reservations_live_tasks_hold(empty_dsn: str) -> None:
+    """Before schema 6 a tenant's use did not say what of it was reserved: the migration
+    counts the reservations in live tasks' checkpoints (an ended task's count no more)."""
+    at_schema_version(empty_dsn, 5)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO toolkit_tenants (tenant) VALUES ('acme')")
+        conn.execute(
+            "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount, used)"
+            " VALUES ('acme', 'tokens', 1000, 400), ('acme', 'usd', 5, 1)"
+        )
+        conn.execute(
+            "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+            " definition_digest, input, checkpoint, state, wait_reason)"
+            " SELECT 'acme', 'x', 1, 'd', '{}', jsonb_build_object('fanout',"
+            "   jsonb_build_object('reserved', jsonb_build_object('tokens', n))), s, r"
+            " FROM (VALUES (100, 'waiting', 'reconciliation'), (50, 'queued', NULL),"
+            "              (70, 'succeeded', NULL)) AS v(n, s, r)"
+        )
+    async with await Store.open(empty_dsn) as store:  # migrates
+        assert await tenant_use(store, "acme") == (400, 150)
+        budget = (await store.tenants.get("acme")).budgets["usd"]
+        assert (budget.used, budget.reserved) == (1, 0)
 
 
 async def test_concurrent_reservations_never_over_commit_a_tenant_budget(store: Store) -> None:
@@ -380,7 +481,7 @@ async def test_concurrent_reservations_never_over_commit_a_tenant_budget(store: 
             group.start_soon(reserve, task)
     assert outcomes.count(ReservationOutcome.RESERVED) == 10
     assert outcomes.count(ReservationOutcome.LATER) == 30
-    assert await tenant_used(store, "acme") == 1000
+    assert await tenant_use(store, "acme") == (1000, 1000)
 
 
 # --- child workflows --------------------------------------------------------------------------

@@ -277,9 +277,13 @@ def test_cli_sets_and_lists_limits(dsn: str) -> None:
         (["--rate", "fast"], "error: rate of limit 'llm' must be like '600/min'"),
         (["--rate", "1/s", "--no-rate"], "error: give --rate or --no-rate, not both"),
         (["--max-concurrency", "1", "--no-max-concurrency"], "error: give --max-concurrency"),
+        (["--no-rate", "--burst", "5"], "error: burst of limit 'llm' needs a rate; removing"),
     ]:
         code, out, err = invoke(dsn, "limits", "set", "llm", *args)
         assert code == 1 and out == "" and err.startswith(message), err
+    code, out, err = invoke(dsn, "limits", "set", "db", "--burst", "5")  # db has no rate
+    assert code == 1 and err.startswith("error: burst of limit 'db' needs a rate, and the"), err
+    assert json.loads(invoke(dsn, "limits", "list", "--json")[1]) == rows  # nothing written
     findings = [f for f in anyio_run(diagnose, dsn) if f.check == "limits"]
     assert [f.message for f in findings] == [
         "limit db: 0/2 slots in use; no task waiting",

@@ -65,6 +65,29 @@ steps:
         assert "flowchart TD" in markdown(load_definition(path))
 
 
+def test_a_wait_for_the_first_event_draws_an_edge_per_event() -> None:
+    d = parse_definition(
+        """
+name: first-event
+version: 1
+start: hear
+steps:
+  hear:
+    wait:
+      any:
+        - {signal: paid, next: ship}
+        - {duration: 1h, next: remind}
+  ship: {succeed: {output: shipped}}
+  remind: {fail: {error: Unpaid, message: "no payment"}}
+""",
+        source="<first-event>",
+    )
+    body = mermaid(d)
+    assert "wait for the first event" in body
+    assert '-->|"signal paid"| n2' in body and '-->|"after 1h"| n3' in body
+    assert "wf_end" not in body  # each event goes to its own step, none to the end
+
+
 def test_unknown_step_kinds_are_drawn_as_generic_nodes() -> None:
     @dataclasses.dataclass(frozen=True)
     class TeleportStep:

@@ -420,9 +420,20 @@ async def test_terminated_connections_mid_run(
     worker = Worker(store, app, [definition(FIVE_SLOW_STEPS)])
     kills = []
 
+    async def calls() -> int:
+        (row,) = await sql(store.db.dsn, "SELECT coalesce(sum(calls), 0) FROM test_calls")
+        return int(row[0])
+
     async def killer() -> None:
+        # Each kill lands while handlers run, once the worker has made progress since the
+        # last one (it reconnected and called a handler again).
         for _ in range(3):
-            await anyio.sleep(0.35)
+            before = await calls()
+
+            async def progressed(before: int = before) -> bool:
+                return await calls() > before
+
+            await eventually(progressed, what="a handler call since the last kill")
             kills.append(await terminate_worker_connections(store.db.dsn))
 
     async with anyio.create_task_group() as tg:

@@ -12,16 +12,14 @@ import anyio
 import psycopg
 import pytest
 from click.testing import CliRunner
-from psycopg import sql
 
 from bench.hot_tenant import run_hot_tenant
-from tests.conftest import with_dbname
+from tests.conftest import at_schema_version
 from tests.workflows import THREE_STEPS, definition
 from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, UnknownTenant
 from toolkit.leases import ClaimedTask, FencedWrite
-from toolkit.migrations import _CREATE_VERSION_TABLE, _RECORD, available_migrations
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -71,30 +69,17 @@ async def test_every_submit_registers_its_tenant_with_the_defaults(store: Store)
     assert (globex.tenant, globex.queued) == ("globex", 1)
 
 
-async def test_the_migration_registers_the_tenants_of_existing_tasks(server_dsn: str) -> None:
-    name = "toolkit_tenants_migration"
-    admin = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(admin)
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = with_dbname(server_dsn, name)
-    try:
-        (first, *_) = available_migrations()
-        with psycopg.connect(dsn, autocommit=True) as conn:  # a database at schema version 1
-            conn.execute(first.sql)  # type: ignore[arg-type]
-            conn.execute(_CREATE_VERSION_TABLE)
-            conn.execute(_RECORD, (first.version, first.name))
-            conn.execute(
-                "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
-                " definition_digest, input, checkpoint)"
-                " SELECT t, 'x', 1, 'd', '{}', '{}' FROM unnest(ARRAY['a', 'b', 'a']) t"
-            )
-        async with await Store.open(dsn) as store:  # migrates
-            assert [t.tenant for t in await store.tenants.list()] == ["a", "b"]
-            assert (await store.tenants.get("a")).queued == 2
-    finally:
-        with psycopg.connect(server_dsn, autocommit=True) as conn:
-            conn.execute(admin)
+async def test_the_migration_registers_the_tenants_of_existing_tasks(empty_dsn: str) -> None:
+    at_schema_version(empty_dsn, 1)
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+            " definition_digest, input, checkpoint)"
+            " SELECT t, 'x', 1, 'd', '{}', '{}' FROM unnest(ARRAY['a', 'b', 'a']) t"
+        )
+    async with await Store.open(empty_dsn) as store:  # migrates
+        assert [t.tenant for t in await store.tenants.list()] == ["a", "b"]
+        assert (await store.tenants.get("a")).queued == 2
 
 
 # --- fairness -------------------------------------------------------------------------------
@@ -317,11 +302,14 @@ async def test_settings_and_budgets_round_trip(store: Store) -> None:
     assert created.budgets["cost"].used == 0 and created.budgets["cost"].remaining == Decimal("2.5")
     # What is not given stays; a budget's used stays when its amount changes.
     async with store.db.connection() as conn:
-        await conn.execute("UPDATE toolkit_tenant_budgets SET used = 400 WHERE resource = 'tokens'")
+        await conn.execute(
+            "UPDATE toolkit_tenant_budgets SET used = 400, reserved = 100"
+            " WHERE resource = 'tokens'"
+        )
     changed = await store.tenants.set_budget("acme", "tokens", 500.5)
     assert (changed.max_active, changed.weight) == (5, 2)
     assert changed.budgets["tokens"].amount == Decimal("500.5")
-    assert changed.budgets["tokens"].used == 400
+    assert (changed.budgets["tokens"].used, changed.budgets["tokens"].reserved) == (400, 100)
     cleared = await store.tenants.clear_budget("acme", "cost")
     assert list(cleared.budgets) == ["tokens"]
     assert (await store.tenants.set("acme", paused=True)).paused
@@ -380,9 +368,13 @@ def test_cli_sets_and_lists_tenants(dsn: str, tmp_path: Path) -> None:
     code, out, _ = invoke(dsn, "tenants", "list", "--json")
     rows = json.loads(out)
     assert rows[0]["tenant"] == "acme" and rows[0]["budgets"] == {
-        "tokens": {"amount": 10000, "used": 0}
+        "tokens": {"amount": 10000, "used": 0, "reserved": 0}
     }
     assert rows[1]["queued"] == 1 and rows[1]["max_active"] is None
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a live task holds a reservation
+        conn.execute("UPDATE toolkit_tenant_budgets SET used = 300, reserved = 200")
+    lines = invoke(dsn, "tenants", "list")[1].splitlines()
+    assert lines[1].split()[-3:] == ["300/10000", "(200", "reserved)"]
 
 
 @pytest.mark.parametrize(

@@ -2,11 +2,12 @@
 
 A parallel or map step that declares ``reserve`` takes its reservation before any branch
 starts. The task's own budget lives in its checkpoint (only the lease holder changes it);
-the tenant's lives in ``toolkit_tenant_budgets`` (``used`` counts spent plus reserved) and is
-shared by every task of the tenant, so a reservation locks the tenant's rows, checks and
-takes them, and writes the checkpoint recording it, in one transaction fenced by the lease:
-concurrent reservations by many workers never over-commit a budget, and a reservation is
-never taken without the checkpoint that will release it.
+the tenant's lives in ``toolkit_tenant_budgets`` (``used`` counts spent plus reserved,
+``reserved`` the reserved part) and is shared by every task of the tenant, so a reservation
+locks the tenant's rows, checks and takes them, and writes the checkpoint recording it, in
+one transaction fenced by the lease: concurrent reservations by many workers never
+over-commit a budget, and a reservation is never taken without the checkpoint that will
+release it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ class ReservationOutcome(enum.StrEnum):
     RESERVED = "reserved"
     #: It does not fit now: try again later (another task may release budget).
     LATER = "later"
-    #: It can never fit: the tenant's whole budget for a resource is smaller.
+    #: It can never fit: what the tenant's budget for a resource has not spent for good
+    #: (its amount less its use, its reservations returned) is smaller.
     NEVER = "never"
 
 
@@ -87,9 +89,9 @@ class Budgets:
                 query("lock_tenant_budgets"),
                 {"tenant": tenant, "resources": sorted(amounts)},
             )
-            for resource, amount, used in await cursor.fetchall():
+            for resource, amount, used, reserved in await cursor.fetchall():
                 wanted = float(amounts[resource])
-                if wanted > amount + 1e-9:
+                if wanted > amount - (used - reserved) + 1e-9:
                     return ReservationOutcome.NEVER, resource
                 if wanted > amount - used + 1e-9:
                     return ReservationOutcome.LATER, resource

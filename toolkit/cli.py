@@ -920,7 +920,11 @@ def tenants_list(settings: Settings, as_json: bool) -> None:
             {
                 **dataclasses.asdict(r),
                 "budgets": {
-                    name: {"amount": _number(b.amount), "used": _number(b.used)}
+                    name: {
+                        "amount": _number(b.amount),
+                        "used": _number(b.used),
+                        "reserved": _number(b.reserved),
+                    }
                     for name, b in r.budgets.items()
                 },
             }
@@ -945,12 +949,12 @@ def _number(value: Decimal) -> int | float:
 
 
 def _budgets_text(record: TenantRecord) -> str:
-    return (
-        ", ".join(
-            f"{name} {_number(b.used)}/{_number(b.amount)}" for name, b in record.budgets.items()
-        )
-        or "-"
-    )
+    parts = []
+    for name, b in record.budgets.items():
+        held = f" ({_number(b.reserved)} reserved)" if b.reserved else ""
+        parts.append(f"{name} {_number(b.used)}/{_number(b.amount)}{held}")
+    return ", ".join(parts) or "-"
+
 
 
 # --- downstream limits ------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The drawing shows every step with its kind: effects with their handler, whether they are
 idempotent (a non-idempotent effect is outlined in red: after a crash it goes to
 reconciliation) and their retry limit; choices as diamonds with their conditions on the
-edges; waits (signal, timer) as hexagons; parallel and map steps as boxes around their
+edges; waits (signal, timer) as hexagons, a wait for the first of several events with an
+edge per event; parallel and map steps as boxes around their
 branches; child workflows; and the ends. Dashed edges are ``catch`` rules.
 
 This module reads the step objects by their class name and attributes only, so it draws
@@ -210,7 +211,18 @@ def _wait_text(step: Any) -> str:
     until = getattr(step, "until", None)
     if until is not None:
         return f"wait until {_text(_source(until), 30)}"
+    if getattr(step, "any", None):
+        return "wait for the first event"
     return "wait"
+
+
+def _event_label(event: Any) -> str:
+    """The label of a ``wait: {any}`` event's edge: its signal, duration or moment."""
+    if getattr(event, "signal", None):
+        return f"signal {event.signal}"
+    if getattr(event, "duration", None):
+        return f"after {_seconds(event.duration)}"
+    return f"at {_source(getattr(event, 'until', None))}"
 
 
 def _edges(step: Any) -> Iterator[tuple[str | None, str, bool]]:
@@ -222,6 +234,9 @@ def _edges(step: Any) -> Iterator[tuple[str | None, str, bool]]:
         default = getattr(step, "default", None)
         if default is not None:
             yield default, "default", False
+    elif kind == "wait" and getattr(step, "any", None):
+        for event in step.any:
+            yield event.next, _event_label(event), False
     elif kind not in ("succeed", "fail"):
         if hasattr(step, "next"):
             yield step.next, "", False

@@ -181,6 +181,8 @@ class _Cycle:
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
         self.budget_delta: dict[str, float] = {}
+        #: Reservations returned by steps that ended, by resource (see `FencedWrite`).
+        self.budget_released: dict[str, float] = {}
         self.cancelled_at_commit = False
         self.writes = 0
         #: The branches of the parallel or map step in progress, by name (their JSON is
@@ -195,7 +197,10 @@ class _Cycle:
 
     @property
     def dirty(self) -> bool:
-        return bool(self.evidence or self.events or self.signals or self.budget_delta)
+        return bool(
+            self.evidence or self.events or self.signals or self.budget_delta
+            or self.budget_released
+        )
 
     def scope(self, frame: Frame | None = None, **context: Any) -> dict[str, Any]:
         """The expression scope: at the task's level, or in a branch's ``frame``.
@@ -254,6 +259,7 @@ class _Cycle:
             signals=tuple(self.signals),
             write_id=self.next_write_id(),
             budget_delta=dict(self.budget_delta) or None,
+            budget_released=dict(self.budget_released) or None,
             clear_deadline=self.clear_deadline,
             **fields,
         )
@@ -261,6 +267,7 @@ class _Cycle:
         self.events.clear()
         self.signals.clear()
         self.budget_delta.clear()
+        self.budget_released.clear()
         return write
 
     def charge(self, spend: dict[str, float]) -> None:
@@ -1241,7 +1248,7 @@ class Interpreter:
         cycle.checkpoint.fanout = None
         cycle.checkpoint.wait = None
         where = f"{left:g} left in the task's budget" if left is not None else (
-            "more than the tenant's whole budget")
+            "more than the tenant's budget has left, its reservations returned")
         message = f"step {step.id!r} reserves {amount:g} {resource}: {where}"
         error = {"name": "BudgetExceeded", "message": message, "resource": resource,
                  "budget": whose}  # fmt: skip
@@ -1260,6 +1267,7 @@ class Interpreter:
             unspent = amount - used
             if unspent:
                 cycle.budget_delta[resource] = cycle.budget_delta.get(resource, 0.0) - unspent
+            cycle.budget_released[resource] = cycle.budget_released.get(resource, 0.0) + amount
         fan["reserved"] = None
 
     # --- child workflows --------------------------------------------------------------------

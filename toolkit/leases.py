@@ -109,7 +109,11 @@ class FencedWrite:
             dropped connection left its outcome unknown) then applies it at most once: a write
             already applied is reported applied, nothing appended twice. None: no such check.
         budget_delta: amounts to add to the task's tenant budget use, by resource (spend
-            outside a reservation; a released reservation is negative). None: nothing.
+            outside a reservation; a released reservation's unspent part is negative).
+            None: nothing.
+        budget_released: reservations returned by steps that ended, by resource: taken
+            off the reserved part of the tenant's budget use (the unspent part leaves it
+            through ``budget_delta``). None: nothing.
         clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
 
     A signal wait (``waiting``, reason ``signal``) is made due at once by the write itself
@@ -130,6 +134,7 @@ class FencedWrite:
     signals: Sequence[tuple[int, str]] = ()
     write_id: str | None = None
     budget_delta: Mapping[str, float] | None = None
+    budget_released: Mapping[str, float] | None = None
     clear_deadline: bool = False
 
 
@@ -385,6 +390,7 @@ def _write_json(write: FencedWrite) -> dict[str, Any]:
         "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
         "write_id": write.write_id,
         "budget_delta": write.budget_delta,
+        "budget_released": write.budget_released,
         "clear_deadline": write.clear_deadline,
     }
 

@@ -183,14 +183,15 @@ class Limits:
             rate: calls allowed on average: ``"600/min"``, ``"20/s"``, ``"5/h"``, or a number
                 per second (> 0); None for no rate.
             burst: the bucket's size in calls (>= 1); default one second's worth (at least
-                1) when a rate is first set; kept when only the rate changes.
+                1) when a rate is first set; kept when only the rate changes. Refused
+                without a rate (given, or the limit's own).
             per: ``"tenant"`` (each tenant its own slots and bucket) or None / ``"global"``.
 
         Returns:
             The limit as stored, with its current use.
 
         Raises:
-            ConfigError: a value is out of range (nothing written).
+            ConfigError: a value is out of range, or a burst has no rate (nothing written).
             DatabaseUnavailable: the database cannot be reached.
         """
         if not isinstance(name, str) or not name:
@@ -208,6 +209,18 @@ class Limits:
                 raise ConfigError(f"burst of limit {name!r} must be a number")
             if not math.isfinite(burst) or burst < 1:
                 raise ConfigError(f"burst of limit {name!r} must be at least 1, not {burst!r}")
+        if not isinstance(burst, _Keep) and rate is None:
+            raise ConfigError(f"burst of limit {name!r} needs a rate; removing the rate removes it")
+        if not isinstance(burst, _Keep) and isinstance(rate, _Keep):
+            try:
+                current: LimitRecord | None = await self.get(name)
+            except UnknownLimit:
+                current = None
+            if current is None or current.rate_per_second is None:
+                raise ConfigError(
+                    f"burst of limit {name!r} needs a rate, and the limit has none: give a rate"
+                    " with it"
+                )
         per_tenant = None
         if not isinstance(per, _Keep):
             if per not in (None, "global", "tenant"):

@@ -41,10 +41,12 @@ class Budget:
     Attributes:
         amount: what the tenant may use in all, in the resource's own unit.
         used: what was spent plus what is reserved (kept by the budget reservations).
+        reserved: the part of ``used`` that live tasks hold as reservations.
     """
 
     amount: Decimal
     used: Decimal
+    reserved: Decimal = Decimal(0)
 
     @property
     def remaining(self) -> Decimal:
@@ -214,9 +216,13 @@ def _amount(value: Amount, tenant: str, resource: str) -> Decimal:
 
 def _record(row: DictRow) -> TenantRecord:
     budgets = {
-        resource: Budget(amount=amount, used=used)
-        for resource, amount, used in zip(
-            row["budget_resources"], row["budget_amounts"], row["budget_used"], strict=True
+        resource: Budget(amount=amount, used=used, reserved=reserved)
+        for resource, amount, used, reserved in zip(
+            row["budget_resources"],
+            row["budget_amounts"],
+            row["budget_used"],
+            row["budget_reserved"],
+            strict=True,
         )
     }
     return TenantRecord(

@@ -14,16 +14,19 @@ FOR NO KEY UPDATE;
 -- name: lock_tenant_budgets
 -- The tenant's budget rows for these resources, locked in resource order (every writer of
 -- budget rows locks them after the task row and in this order, so none deadlock).
-SELECT resource, amount::float8 AS amount, used::float8 AS used
+SELECT resource, amount::float8 AS amount, used::float8 AS used,
+       reserved::float8 AS reserved
 FROM toolkit_tenant_budgets
 WHERE tenant = %(tenant)s AND resource = ANY(%(resources)s::text[])
 ORDER BY resource
 FOR NO KEY UPDATE;
 
 -- name: take_tenant_budgets
--- Adds a reservation to the tenant's budget use (rows locked by lock_tenant_budgets).
+-- Adds a reservation to the tenant's budget use and its reserved part (rows locked by
+-- lock_tenant_budgets).
 UPDATE toolkit_tenant_budgets b
-SET used = b.used + r.value::numeric
+SET used = b.used + r.value::numeric,
+    reserved = b.reserved + r.value::numeric
 FROM jsonb_each_text(%(amounts)s::jsonb) AS r
 WHERE b.tenant = %(tenant)s AND b.resource = r.key;
 

@@ -194,7 +194,8 @@ RETURNING t.id, t.cancel_requested;
 -- A wait for a child (reason child) is due at once when a child ended while the task held
 -- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
 -- (a different row: a parent written by this statement is not touched twice). A write's
--- budget_delta ({resource: amount}) is added to its tenant's budget use. run_at is never
+-- budget_delta ({resource: amount}) is added to its tenant's budget use, and its
+-- budget_released (reservations returned) taken off the reserved part of it. run_at is never
 -- later than the task's workflow deadline (deadline_at), unless the write clears it.
 -- Completed or failed evidence releases the downstream-limit slots of its occurrence and
 -- wakes a task waiting for each (docs/limits.md).
@@ -206,7 +207,7 @@ WITH w AS (
         task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
-        clear_deadline boolean)
+        budget_released jsonb, clear_deadline boolean)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -285,14 +286,20 @@ WITH w AS (
         spend jsonb)
 ), budget_use AS (
     UPDATE toolkit_tenant_budgets b
-    SET used = b.used + d.delta
+    SET used = b.used + d.delta,
+        reserved = greatest(b.reserved - d.released, 0)
     FROM (
-        SELECT g.tenant, k.key AS resource, sum(k.value::numeric) AS delta
+        SELECT g.tenant, k.resource, sum(k.delta) AS delta, sum(k.released) AS released
         FROM guard g
         JOIN w ON w.task_id = g.id
-        CROSS JOIN LATERAL jsonb_each_text(w.budget_delta) AS k
-        GROUP BY g.tenant, k.key
-        ORDER BY g.tenant, k.key
+        CROSS JOIN LATERAL (
+            SELECT key AS resource, value::numeric AS delta, 0::numeric AS released
+            FROM jsonb_each_text(w.budget_delta)
+            UNION ALL
+            SELECT key, 0, value::numeric FROM jsonb_each_text(w.budget_released)
+        ) k
+        GROUP BY g.tenant, k.resource
+        ORDER BY g.tenant, k.resource
     ) d
     WHERE b.tenant = d.tenant AND b.resource = d.resource
 ), woken_parents AS (

@@ -35,12 +35,13 @@ SELECT tenant, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM tenant;
 -- name: list_tenants
 -- Every tenant (or the one named by %(tenant)s) with its settings, its live task counts
 -- (leased: every leased task; active: those whose lease has not expired, what max_active
--- bounds) and its budgets (amount, used: spent plus reserved), by tenant name.
+-- bounds) and its budgets (amount; used: spent plus reserved; reserved), by tenant name.
 SELECT tn.tenant, tn.max_active, tn.weight, tn.paused, tn.created_at, tn.updated_at,
        counts.queued, counts.leased, counts.active, counts.waiting,
        coalesce(budgets.resources, '{}') AS budget_resources,
        coalesce(budgets.amounts, '{}') AS budget_amounts,
-       coalesce(budgets.used, '{}') AS budget_used
+       coalesce(budgets.used, '{}') AS budget_used,
+       coalesce(budgets.reserved, '{}') AS budget_reserved
 FROM toolkit_tenants tn
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
@@ -54,7 +55,8 @@ CROSS JOIN LATERAL (
 LEFT JOIN LATERAL (
     SELECT array_agg(resource ORDER BY resource) AS resources,
            array_agg(amount ORDER BY resource) AS amounts,
-           array_agg(used ORDER BY resource) AS used
+           array_agg(used ORDER BY resource) AS used,
+           array_agg(reserved ORDER BY resource) AS reserved
     FROM toolkit_tenant_budgets
     WHERE tenant = tn.tenant
 ) budgets ON true
