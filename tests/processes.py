@@ -20,7 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
-    """Start ``python -m toolkit ARGS`` against ``dsn`` with the tests' apps importable."""
+    """Start ``python -m toolkit ARGS`` against ``dsn`` with the tests' apps importable.
+
+    Its stdout and stderr are pipes unless ``kwargs`` (passed to `subprocess.Popen`) say
+    otherwise."""
     env = {
         **os.environ,
         "TOOLKIT_DSN": dsn,
@@ -30,10 +33,8 @@ def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[
         [sys.executable, "-m", "toolkit", *args],
         env=env,
         cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         text=True,
-        **kwargs,  # type: ignore[arg-type]
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs},  # type: ignore[arg-type]
     )
 
 

@@ -68,9 +68,12 @@ def assert_nothing_ran_twice(dsn: str) -> None:
         assert calls <= 1 + failed + lost, f"{key}: {calls} calls, {failed} failed, {lost} lost"
 
 
-def stop_worker(worker: subprocess.Popen[str]) -> tuple[str, str]:
+def stop_worker(worker: subprocess.Popen[str], log: Path | None = None) -> tuple[str, str]:
+    """SIGTERM the worker; its stdout and stderr (read from ``log`` when it went there)."""
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=30)
+    if log is not None:
+        err = log.read_text()
     assert worker.returncode == 0, err
     assert "Traceback" not in err, err
     return out, err
@@ -126,17 +129,19 @@ def test_server_restart_mid_run(private_server: PrivateServer, definitions_file:
 
 
 def test_sigterm_during_an_outage_exits_zero_promptly(
-    private_server: PrivateServer, definitions_file: Path
+    private_server: PrivateServer, definitions_file: Path, tmp_path: Path
 ) -> None:
     dsn = private_server.dsn
     submit_tasks(dsn, FIVE_SLOW_STEPS, [{"seconds": 0.2}])
-    worker = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file))
+    log = tmp_path / "worker.log"
+    with log.open("w") as stderr:
+        worker = toolkit_process(dsn, *RUN, "--definitions", str(definitions_file), stderr=stderr)
     try:
         wait_for(lambda: bool(query(dsn, "SELECT 1 FROM test_calls")), what="handlers running")
         private_server.stop()
-        time.sleep(1.0)
+        wait_for(lambda: "database unavailable" in log.read_text(), what="the outage noticed")
         started = time.monotonic()
-        out, err = stop_worker(worker)
+        out, err = stop_worker(worker, log)
         assert time.monotonic() - started < 10
     finally:
         if worker.poll() is None:
