@@ -1048,6 +1048,41 @@ def test_a_wait_with_any_is_not_an_end() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("head", "step_a", "path"),
+    [
+        ("start: a\n", "{effect: h, idempotent: true, next: shipp}", "$.steps.a.next"),
+        (
+            "start: a\n",
+            "{wait: {any: [{signal: s, next: shipp}, {duration: 1h, next: late}]}}",
+            "$.steps.a.wait.any[0].next",
+        ),
+        (
+            "start: a\n",
+            "{effect: h, idempotent: true, catch: [{errors: [E], next: shipp}], next: late}",
+            "$.steps.a.catch[0].next",
+        ),
+        ("timeout: 1h\non_timeout: lat\nstart: a\n", "{effect: h, idempotent: true, next: ship}",
+         "$.on_timeout"),
+        ("start: aa\n", "{effect: h, idempotent: true, next: ship}", "$.start"),
+    ],
+)
+def test_a_misspelt_target_is_one_fault_not_a_cascade(head: str, step_a: str, path: str) -> None:
+    """The step a misspelt target likely means (the one suggested) is not also reported
+    unreachable, nor are the steps after it (``late`` may be, where nothing goes to it)."""
+    text = (
+        f"name: x\nversion: 1\n{head}steps:\n  a: {step_a}\n"
+        "  ship: {effect: h.ship, idempotent: true, next: done}\n"
+        "  late: {effect: h.late, idempotent: true, next: done}\n"
+        "  done: {succeed: {}}\n"
+    )
+    faults = faults_of(text)
+    (fault,) = [f for f in faults if f.path == path]
+    assert "did you mean" in fault.message, fault
+    unreachable = {f.path for f in faults if "unreachable" in f.message}
+    assert not unreachable & {"$.steps.ship", "$.steps.done"}, faults
+
+
 # --- input ------------------------------------------------------------------------------------
 
 

@@ -62,10 +62,16 @@ def short(value: Any) -> str:
     return _short.repr(value)
 
 
+def closest(word: str, choices: Iterator[str] | list[str]) -> str | None:
+    """The choice closest to ``word`` (a likely misspelling of it), or None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
 def suggest(word: str, choices: Iterator[str] | list[str]) -> str:
     """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    meant = closest(word, choices)
+    return f"; did you mean {meant!r}?" if meant else ""
 
 
 def json_type(value: Any) -> str:
@@ -352,9 +358,11 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     on_timeout = doc.get("on_timeout")
     entries = []
     if isinstance(on_timeout, str) and isinstance(steps, dict) and steps:
-        if on_timeout in steps:
-            entries.append(on_timeout)
-        else:
+        # A misspelt on_timeout enters the step it likely means: no cascade of "unreachable".
+        meant = on_timeout if on_timeout in steps else closest(on_timeout, list(steps))
+        if meant is not None:
+            entries.append(meant)
+        if on_timeout not in steps:
             problems.append(
                 Problem(
                     ("on_timeout",),
@@ -576,6 +584,9 @@ def _graph_problems(
                 graph[step_id].append(target)
             else:
                 able.add(step_id)
+                meant = closest(target, known)
+                if meant is not None:  # reach the step it likely means: no cascade
+                    graph[step_id].append(meant)
                 hint = suggest(target, known)
                 if not hint and scope and target in scope.outside:
                     hint = ": a branch can only go to its own steps"
@@ -592,11 +603,10 @@ def _graph_problems(
         )
         if terminal or step_id in faulty:
             able.add(step_id)
-    reachable = (
-        _closure([start, *entries], graph)
-        if isinstance(start, str) and start in steps
-        else set(steps)
-    )
+    first = start if isinstance(start, str) and start in steps else None
+    if first is None and isinstance(start, str):
+        first = closest(start, known)  # a misspelt start: begin at the step it likely means
+    reachable = _closure([first, *entries], graph) if first is not None else set(steps)
     also = "".join(f" or on_timeout {entry!r}" for entry in entries)
     for step_id in steps:
         if step_id not in reachable and not blind & reachable:
