@@ -1105,11 +1105,12 @@ def test_validate_input_applies_nested_defaults() -> None:
 @pytest.mark.parametrize(
     ("value", "path", "fragment"),
     [
-        ({}, "$", "'customer' is a required property"),
-        ({"customer": {"id": 5}}, "$.customer.id", "5 is not of type 'string'"),
+        ({}, "$", 'missing required field "customer"'),
+        ({"customer": {"id": 5}}, "$.customer.id", "expected string, got integer 5"),
+        ({"customer": {"id": None}}, "$.customer.id", "expected string, got null"),
         ({"customer": {"id": "c"}, "priority": -1}, "$.priority", "less than the minimum"),
-        ({"customer": {"id": "c"}, "options": {"channel": "fax"}}, "$.options.channel", "fax"),
-        ("text", "$", "is not of type 'object'"),
+        ({"customer": {"id": "c"}, "options": {"channel": "fax"}}, "$.options.channel", '"fax"'),
+        ("text", "$", 'expected object, got string "text"'),
     ],
 )
 def test_validate_input_errors(value: Any, path: str, fragment: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import json
 import reprlib
 from collections import deque
 from collections.abc import Collection, Iterator, Mapping
@@ -955,6 +956,34 @@ def input_schema_problems(
 def input_validator(schema: Mapping[str, Any] | bool) -> Draft202012Validator:
     """A validator for task input that never fetches remote references."""
     return Draft202012Validator(schema, registry=Registry())
+
+
+def json_text(value: Any, limit: int = 60) -> str:
+    """``value`` written as JSON (``null``, ``"a"``, ``[1, 2]``), cut to ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def payload_fault(error: ValidationError) -> str:
+    """The message of a task input's or signal payload's fault, in JSON's words.
+
+    The people who read it wrote JSON: ``null`` not ``None``, ``"a"`` not ``'a'``. The
+    common keywords are worded here; any other keeps jsonschema's message.
+    """
+    keyword, wanted, value = error.validator, error.validator_value, error.instance
+    if keyword == "type":
+        types = " or ".join(wanted) if isinstance(wanted, list) else str(wanted)
+        got = "null" if value is None else f"{json_type(value)} {json_text(value)}"
+        return f"expected {types}, got {got}"
+    if keyword == "enum" and isinstance(wanted, list):
+        return f"{json_text(value)} is not one of {', '.join(json_text(w) for w in wanted)}"
+    if keyword == "const":
+        return f"expected {json_text(wanted)}, got {json_text(value)}"
+    if keyword == "required" and isinstance(value, dict) and isinstance(wanted, list):
+        missing = [name for name in wanted if name not in value]
+        if missing:
+            return f"missing required field {json_text(missing[0])}"
+    return error.message
 
 
 def _subschemas(

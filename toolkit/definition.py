@@ -568,22 +568,9 @@ class WorkflowDefinition:
                 relevant fault, and the message names it. Also for an input nested too
                 deeply to validate (the store refuses deeper than 64 levels before this).
         """
-        try:
-            filled = _apply_defaults(self.input_schema, copy.deepcopy(value))
-            error = best_match(self._input_validator.iter_errors(filled))
-        except RecursionError:
-            raise InputError(
-                f"invalid input for {self.name} v{self.version}: $: the input is nested too "
-                "deeply to validate",
-                path="$",
-            ) from None
-        if error is not None:
-            raise InputError(
-                f"invalid input for {self.name} v{self.version}: {error.json_path}:"
-                f" {error.message}",
-                path=error.json_path,
-            )
-        return filled
+        return _checked(
+            self._input_validator, value, f"input for {self.name} v{self.version}"
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, WorkflowDefinition):
@@ -623,15 +610,23 @@ def validate_payload(schema: Mapping[str, Any], value: Any, what: str) -> Any:
         InputError: The value does not match; ``path`` is the JSON path of the most relevant
             fault, and the message names it.
     """
+    return _checked(checks.input_validator(schema), value, what)
+
+
+def _checked(validator: Draft202012Validator, value: Any, what: str) -> Any:
+    """``value`` with the defaults of the validator's schema applied, once it is valid.
+
+    Raises:
+        InputError: ``invalid WHAT: PATH: message`` for the most relevant fault.
+    """
     try:
-        filled = _apply_defaults(schema, copy.deepcopy(value))
-        error = best_match(checks.input_validator(schema).iter_errors(filled))
+        filled = _apply_defaults(validator.schema, copy.deepcopy(value))
+        error = best_match(validator.iter_errors(filled))
     except RecursionError:
         raise InputError(f"invalid {what}: $: nested too deeply to validate", path="$") from None
     if error is not None:
-        raise InputError(
-            f"invalid {what}: {error.json_path}: {error.message}", path=error.json_path
-        )
+        message = checks.payload_fault(error)
+        raise InputError(f"invalid {what}: {error.json_path}: {message}", path=error.json_path)
     return filled
 
 
