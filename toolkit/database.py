@@ -108,7 +108,8 @@ def translated_errors(dsn: str) -> Iterator[None]:
                 f"PostgreSQL rolled the transaction back ({sqlstate}), try again: "
                 f"{_first_line(exc)}"
             ) from exc
-        raise StoreError(f"database error {sqlstate or ''}: {_first_line(exc)}".strip()) from exc
+        what = f"database error {sqlstate}" if sqlstate else "database error"
+        raise StoreError(f"{what}: {_first_line(exc)}") from exc
 
 
 def _first_line(exc: BaseException) -> str:

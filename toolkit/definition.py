@@ -706,18 +706,24 @@ def load_definitions(paths: Iterable[str | os.PathLike[str]]) -> list[WorkflowDe
         The definitions in load order.
 
     Raises:
-        DefinitionError: With the faults of all files together.
+        DefinitionError: With the faults of all files together (a folder without a
+            definition file is one).
     """
     files: list[pathlib.Path] = []
+    faults: list[DefinitionFault] = []
     for entry in map(pathlib.Path, paths):
         if entry.is_dir():
-            files += sorted(
+            found = sorted(
                 p for p in entry.iterdir() if p.suffix in (".yaml", ".yml") and p.is_file()
             )
+            if not found:
+                faults.append(
+                    DefinitionFault(str(entry), None, "$", "no *.yaml or *.yml file in this folder")
+                )
+            files += found
         else:
             files.append(entry)
     definitions: list[WorkflowDefinition] = []
-    faults: list[DefinitionFault] = []
     seen_files: set[str] = set()
     first_file: dict[tuple[str, int], str] = {}
     for file in files:

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from toolkit.durations import format_duration
+
 _KINDS = {
     "EffectStep": "effect",
     "ChoiceStep": "choice",
@@ -89,15 +91,6 @@ def _source(template: object) -> object:
     return getattr(template, "source", template)
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if value >= size and value % size == 0:
-            return f"{value / size:g}{unit}"
-    return f"{value:g}s"
-
-
 class _Drawing:
     """Mermaid text of one graph (and its branch subgraphs)."""
 
@@ -151,7 +144,7 @@ class _Drawing:
                 parts.append(f"retry x{retry}")
             timeout = getattr(step, "timeout", None)
             if timeout:
-                parts.append(f"timeout {_seconds(timeout)}")
+                parts.append(f"timeout {format_duration(timeout)}")
             label = "<br/>".join(parts)
             css = "effect" if idempotent else "unsafe"
             self.lines.append(f'{indent}{node}["{label}"]:::{css}')
@@ -203,11 +196,11 @@ def _wait_text(step: Any) -> str:
     if signal:
         timeout = getattr(step, "timeout", None)
         return f"wait signal {_text(signal)}" + (
-            f", timeout {_seconds(timeout)}" if timeout else ""
+            f", timeout {format_duration(timeout)}" if timeout else ""
         )
     duration = getattr(step, "duration", None)
     if duration:
-        return f"wait {_seconds(duration)}"
+        return f"wait {format_duration(duration)}"
     until = getattr(step, "until", None)
     if until is not None:
         return f"wait until {_text(_source(until), 30)}"
@@ -221,7 +214,7 @@ def _event_label(event: Any) -> str:
     if getattr(event, "signal", None):
         return f"signal {event.signal}"
     if getattr(event, "duration", None):
-        return f"after {_seconds(event.duration)}"
+        return f"after {format_duration(event.duration)}"
     return f"at {_source(getattr(event, 'until', None))}"
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["DURATION_PATTERN", "parse_duration"]
+__all__ = ["DURATION_PATTERN", "format_duration", "parse_duration"]
 
 _NUMBER = r"\d+(?:\.\d+)?"
 
@@ -82,3 +82,15 @@ def parse_duration(value: str | int | float) -> float:
 def _is_plain_number(text: str) -> bool:
     """Tell whether ``text`` is a bare number, so the error can suggest adding a unit."""
     return re.fullmatch(r"\s*[-+]?\d+(?:\.\d+)?\s*", text) is not None
+
+
+def format_duration(seconds: float) -> str:
+    """``seconds`` written as a duration, e.g. ``30d``, ``90m``, ``45s``, ``0.5s``.
+
+    The largest whole unit of ``d``, ``h`` and ``m``, else seconds; `parse_duration` reads
+    it back.
+    """
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"

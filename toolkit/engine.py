@@ -1432,8 +1432,10 @@ class Interpreter:
             cp.wait["timer"] = index
             run_at = moments[index].isoformat()
         until = None if run_at == NEVER else run_at
-        cycle.events.append(Event("waiting", {"step": step.id, "signals": names, "until": until}))
         reason = "signal" if names else "timer"
+        cycle.events.append(
+            Event("waiting", {"step": step.id, "signals": names, "until": until, "reason": reason})
+        )
         await self._commit(cycle, state="waiting", wait_reason=reason, run_at=run_at)
         if names:
             await self._wake_if_signalled(cycle, names)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from toolkit.database import Database
+from toolkit.durations import format_duration
 from toolkit.errors import ConfigError, NotExported
 from toolkit.export import MANIFEST_NAME, read_manifest
 
@@ -111,8 +112,8 @@ async def prune(
                 else "no export folder was given"
             )
             raise NotExported(
-                f"{refused} terminal tasks older than {older_than:g} s are not exported "
-                f"({where}); run `toolkit export` first, give --exported-to, or --force"
+                f"{refused} terminal tasks older than {format_duration(older_than)} are not "
+                f"exported ({where}); run `toolkit export` first, give --exported-to, or --force"
             )
 
     totals = {"tasks": 0, "events": 0, "evidence": 0, "signals": 0}
