@@ -77,6 +77,16 @@ async def test_retired_version_takes_no_new_submissions(store: Store) -> None:
     assert (await store.definitions.submittable("three-steps")).version == 1
     with pytest.raises(DefinitionRetired, match="version 2 is retired"):
         await store.definitions.submittable("three-steps", 2)
+    # Every version retired: the refusal says so (not "deploy it") and names the newest.
+    await store.definitions.retire("three-steps", 1)
+    with pytest.raises(DefinitionRetired, match="every version of 'three-steps' is retired"):
+        await store.definitions.submittable("three-steps")
+    await store.definitions.restore("three-steps", 2)
+    assert (await store.definitions.submittable("three-steps")).version == 2
+    with pytest.raises(UnknownDefinition):
+        await store.definitions.restore("three-steps", 3)
+    with pytest.raises(UnknownDefinition, match="run `toolkit deploy`"):
+        await store.definitions.submittable("never-deployed")
 
 
 async def test_submit_with_an_idempotency_key(store: Store) -> None:

@@ -123,15 +123,27 @@ class DefinitionCatalog:
 
         Raises:
             UnknownDefinition: nothing is registered under that name (and version).
-            DefinitionRetired: ``version`` is retired.
+            DefinitionRetired: ``version`` is retired, or (``version`` None) every version is.
         """
         if version is not None:
             row = await self._db.fetch_one("get_definition", {"name": name, "version": version})
             if row is not None and row["retired_at"] is not None:
                 raise DefinitionRetired(
-                    f"{name} version {version} is retired: submit to a newer version"
+                    f"{name} version {version} is retired: submit to a newer version, or "
+                    f"restore it (`toolkit definitions restore {name} {version}`)"
                 )
-        return await self.get(name, version)
+            return await self.get(name, version)
+        try:
+            return await self.get(name)
+        except UnknownDefinition:
+            newest = await self._db.fetch_one("newest_version", {"name": name})
+            if newest is None or not newest["retired"]:
+                raise
+            raise DefinitionRetired(
+                f"every version of {name!r} is retired (the newest is {newest['version']}):"
+                " deploy a new version, or restore one (`toolkit definitions restore"
+                f" {name} {newest['version']}`)"
+            ) from None
 
     async def retire(self, name: str, version: int) -> None:
         """Stop new submissions to a version; its tasks run on.
@@ -141,6 +153,18 @@ class DefinitionCatalog:
         """
         if (
             await self._db.fetch_one("retire_definition", {"name": name, "version": version})
+            is None
+        ):
+            raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
+
+    async def restore(self, name: str, version: int) -> None:
+        """Take new submissions to a retired version again (undoes :meth:`retire`).
+
+        Raises:
+            UnknownDefinition: no such version.
+        """
+        if (
+            await self._db.fetch_one("restore_definition", {"name": name, "version": version})
             is None
         ):
             raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")

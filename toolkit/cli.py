@@ -226,7 +226,7 @@ def deploy(settings: Settings, paths: Sequence[Path]) -> None:
 
 @cli.group()
 def definitions() -> None:
-    """Registered definition versions: list, retire, delete."""
+    """Registered definition versions: list, retire, restore, delete."""
 
 
 @definitions.command("list")
@@ -269,6 +269,21 @@ def definitions_retire(settings: Settings, name: str, version: int) -> None:
 
     _run_async(main)
     click.echo(f"retired: {name} v{version}")
+
+
+@definitions.command("restore")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_restore(settings: Settings, name: str, version: int) -> None:
+    """Take new submissions to a retired NAME VERSION again."""
+
+    async def main() -> None:
+        async with await settings.open_store() as store:
+            await store.definitions.restore(name, version)
+
+    _run_async(main)
+    click.echo(f"restored: {name} v{version}")
 
 
 @definitions.command("delete")

@@ -42,6 +42,21 @@ SET retired_at = coalesce(retired_at, clock_timestamp())
 WHERE name = %(name)s AND version = %(version)s
 RETURNING name;
 
+-- name: restore_definition
+-- A retired version takes new submissions again.
+UPDATE toolkit_definitions
+SET retired_at = NULL
+WHERE name = %(name)s AND version = %(version)s
+RETURNING name;
+
+-- name: newest_version
+-- The newest version of a name, retired or not (why nothing is submittable).
+SELECT version, retired_at IS NOT NULL AS retired
+FROM toolkit_definitions
+WHERE name = %(name)s
+ORDER BY version DESC
+LIMIT 1;
+
 -- name: delete_definition
 -- Deletes a version only when no queued, leased (recoverable included) or waiting task
 -- references it; returns the live counts either way (deleted tells which happened).
