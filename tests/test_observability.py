@@ -98,6 +98,23 @@ def test_doctor_flags_an_expired_lease_and_an_unavailable_definition(dsn: str) -
     assert "FIX  expired_leases" in text and "slow-metrics v1 (1)" in text
 
 
+def test_doctor_judges_the_oldest_due_task_of_tenants_that_are_not_paused(dsn: str) -> None:
+    (task_id,) = submit_tasks(dsn, SLOW, [{}])
+    query(
+        dsn,
+        "UPDATE toolkit_tasks SET run_at = clock_timestamp() - interval '1 hour' WHERE id = %s"
+        " RETURNING tenant",
+        (task_id,),
+    )
+    result = CliRunner().invoke(cli, ["doctor", "--json"], env={"TOOLKIT_DSN": dsn})
+    oldest = {f["check"]: f for f in json.loads(result.stdout)}["oldest_queued"]
+    assert oldest["level"] == "warning" and oldest["value"] > 3500
+    query(dsn, "UPDATE toolkit_tenants SET paused = true RETURNING tenant")
+    result = CliRunner().invoke(cli, ["doctor", "--json"], env={"TOOLKIT_DSN": dsn})
+    oldest = {f["check"]: f for f in json.loads(result.stdout)}["oldest_queued"]
+    assert (oldest["level"], oldest["value"]) == ("ok", None)  # no worker may claim it
+
+
 def test_doctor_on_an_unreachable_database_never_shows_the_password() -> None:
     result = CliRunner().invoke(
         cli,

@@ -53,11 +53,14 @@ WHERE stopped_at IS NULL AND expires_at > clock_timestamp()
 ORDER BY worker_id;
 
 -- name: health_counts
--- The figures `toolkit doctor` judges: the oldest due task's age (seconds), tasks in
--- reconciliation, expired leases not reclaimed.
+-- The figures `toolkit doctor` judges: the oldest due task's age (seconds; tasks of paused
+-- tenants are not due to any worker), tasks in reconciliation, expired leases not reclaimed.
 SELECT
     (SELECT extract(epoch FROM clock_timestamp() - min(run_at))::float8
-     FROM toolkit_tasks WHERE state = 'queued' AND run_at <= clock_timestamp()) AS oldest_due_age,
+     FROM toolkit_tasks
+     WHERE state = 'queued' AND run_at <= clock_timestamp()
+       AND tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused)))
+        AS oldest_due_age,
     (SELECT count(*) FROM toolkit_tasks
      WHERE state = 'waiting' AND wait_reason = 'reconciliation') AS reconciliation,
     (SELECT count(*) FROM toolkit_tasks
