@@ -354,9 +354,11 @@ def test_cli_sets_and_lists_tenants(dsn: str, tmp_path: Path) -> None:
     assert (
         out == "tenant acme: max active 4, weight 2, paused; budgets: cost 0/2.5, tokens 0/10000\n"
     )
-    code, out, _ = invoke(dsn, "tenants", "set", "acme", "--no-max-active", "--resumed",
-                          "--clear-budget", "cost")  # fmt: skip
-    assert out == "tenant acme: no limit, weight 2; budgets: tokens 0/10000\n"
+    code, out, err = invoke(dsn, "tenants", "set", "acme", "--no-max-active", "--resumed",
+                            "--clear-budget", "cost")  # fmt: skip
+    assert out == "tenant acme: no limit, weight 2; budgets: tokens 0/10000\n" and err == ""
+    code, out, err = invoke(dsn, "tenants", "set", "acme", "--clear-budget", "cost")
+    assert code == 0 and err == "note: tenant acme had no budget 'cost' to clear\n"
     code, out, _ = invoke(dsn, "tenants", "list")
     lines = out.splitlines()
     assert lines[0].split() == [

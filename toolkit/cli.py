@@ -27,7 +27,7 @@ from toolkit.definition import load_definitions
 from toolkit.doctor import diagnose
 from toolkit.durations import parse_duration
 from toolkit.embedded import start_embedded, stop_embedded
-from toolkit.errors import ConfigError, ToolkitError
+from toolkit.errors import ConfigError, ToolkitError, UnknownTenant
 from toolkit.limits import LimitRecord
 from toolkit.log_format import JsonFormatter, TextFormatter
 from toolkit.metrics import WorkerMetrics
@@ -921,11 +921,18 @@ def tenants_set(
     if paused is not None:
         changes["paused"] = paused
 
-    async def main() -> TenantRecord:
+    async def main() -> tuple[set[str], TenantRecord]:
         async with await settings.open_store() as store:
-            return await store.tenants.set(tenant, budgets=amounts, **changes)
+            try:
+                before = set((await store.tenants.get(tenant)).budgets)
+            except UnknownTenant:
+                before = set()
+            return before, await store.tenants.set(tenant, budgets=amounts, **changes)
 
-    record = _run_async(main)
+    before, record = _run_async(main)
+    for resource in cleared:
+        if resource not in before:
+            click.echo(f"note: tenant {tenant} had no budget {resource!r} to clear", err=True)
     limit = "no limit" if record.max_active is None else f"max active {record.max_active}"
     click.echo(
         f"tenant {record.tenant}: {limit}, weight {record.weight}"
