@@ -96,6 +96,11 @@ def test_validate_refuses_a_folder_without_definitions(tmp_path: Path) -> None:
     assert err == f"error: {tmp_path}: $: no *.yaml or *.yml file in this folder\n"
 
 
+def test_demo_without_its_definitions_folder_says_where_to_run_it(tmp_path: Path) -> None:
+    code, out, err = invoke("demo", "--definitions", str(tmp_path / "none"), dsn=UNREACHABLE)
+    assert (code, out) == (1, "") and "run it from the repository's root" in err
+
+
 def test_tasks_refuses_a_limit_below_one() -> None:
     code, _, err = invoke("tasks", "--limit", "-1", dsn=UNREACHABLE)
     assert code == 2 and "Invalid value for '--limit'" in err and "Traceback" not in err

@@ -1238,6 +1238,13 @@ def demo(settings: Settings, definitions_dir: Path, concurrency: int) -> None:
     """Deploy the example definitions, submit tasks on real input, run a worker until drained."""
     from toolkit.demo import run_demo
 
+    if not definitions_dir.is_dir():
+        raise ConfigError(
+            f"--definitions {definitions_dir}: no such folder; the demo reads the repository's"
+            " definitions/ (and definitions/data/): run it from the repository's root, or give"
+            " --definitions"
+        )
+
     async def main() -> str:
         async with await settings.open_store(pool_size=concurrency + 2) as store:
             summary = await run_demo(
