@@ -221,7 +221,7 @@ async def test_all_or_nothing_over_several_limits(store: Store) -> None:
 
 async def test_a_worker_refuses_a_limit_declared_nowhere(store: Store) -> None:
     app = App("t")
-    app.add("lim.solo", lambda ctx: None, limits=["nowhere"])
+    app.add("lim.solo", lambda ctx, **args: None, limits=["nowhere"])
     worker = Worker(store, app, [definition(SOLO)], worker_id="w1")
     with pytest.raises(MissingLimits, match=r"handler 'lim\.solo' of app 't': limit 'nowhere'"):
         await worker.register(1, 30)

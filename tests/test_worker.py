@@ -8,6 +8,7 @@ import anyio
 import pytest
 
 from tests.apps.counting import app
+from tests.inprocess import drain
 from tests.processes import eventually
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit.errors import ConfigError, MissingHandlers, WorkerIdInUse
@@ -232,6 +233,68 @@ async def test_worker_refuses_missing_handlers_and_bad_config(store: Store) -> N
         Worker(store, App("empty"), [definition(THREE_STEPS)])
     with pytest.raises(ConfigError, match="at most a third of the lease"):
         SupervisorConfig(lease=3, heartbeat=2)
+
+
+UNFIT = """
+name: unfit
+version: 1
+start: a
+steps:
+  a: {effect: fit.one, idempotent: true, args: {y: 1}, next: b}
+  b: {effect: fit.one, idempotent: true, next: c}
+  c: {effect: fit.one, idempotent: true, args: {x: "${ input.x }"}, next: d}
+  d: {effect: fit.any, idempotent: true, args: {y: 1, z: 2}, next: e}
+  e: {effect: fit.one, idempotent: true, args: "${ input }"}
+"""
+
+
+async def test_worker_refuses_handlers_whose_signature_cannot_take_the_args(
+    store: Store,
+) -> None:
+    """Keys of ``args`` known before it renders are checked against the signature at start;
+    an ``args`` expression is checked at the call: the step fails at once, no retry."""
+    fit = App("fit")
+
+    @fit.effect("fit.one")
+    async def one(ctx: Any, x: int) -> int:
+        return x
+
+    @fit.effect("fit.any")
+    async def any_args(ctx: Any, **kwargs: Any) -> int:
+        return len(kwargs)
+
+    @fit.effect("fit.inner")
+    def inner(ctx: Any) -> None:
+        raise TypeError("a fault of the handler's own")
+
+    with pytest.raises(MissingHandlers) as caught:
+        Worker(store, fit, [definition(UNFIT)])
+    assert str(caught.value).splitlines() == [
+        "<test>: $.steps.a.args: handler 'fit.one' cannot take these arguments: it has no"
+        " parameter 'y'; it needs 'x'",
+        "<test>: $.steps.b.args: handler 'fit.one' cannot take these arguments: it needs 'x'",
+    ]
+    late = UNFIT.replace("args: {y: 1}, next: b", "args: {x: 1}, next: b").replace(
+        "idempotent: true, next: c", "idempotent: true, args: {x: 2}, next: c"
+    )
+    (task_id,) = await submit(store, late, [{"x": 3, "w": 4}])
+    report = await drain(store, late, handlers=fit)
+    task = await store.tasks.get(task_id)
+    assert report.failed == 1 and task.error["name"] == "HandlerArgumentsMismatch", task.error
+    assert task.error["message"] == "handler 'fit.one': it has no parameter 'w'"
+    assert task.error["attempts"] == 1  # never retried
+    # A TypeError the handler raises itself is its own error: retried as any other.
+    inner_text = """
+name: inner
+version: 1
+start: a
+steps:
+  a: {effect: fit.inner, idempotent: true, retry: {max_attempts: 2, initial: 10ms}}
+"""
+    (task_id,) = await submit(store, inner_text, [{}])
+    await drain(store, inner_text, handlers=fit)
+    error = (await store.tasks.get(task_id)).error
+    assert (error["name"], error["attempts"]) == ("TypeError", 2), error
 
 
 async def test_second_live_worker_with_same_id_is_refused(store: Store) -> None:

@@ -95,7 +95,7 @@ BUDGET_RECHECK_MAX = 60.0
 #: again, seconds (a branch keeps the task's lease, so no released slot can wake it).
 LIMIT_BRANCH_RECHECK = 1.0
 #: Error names never retried: a budget does not grow by calling again.
-NEVER_RETRIED = frozenset({"BudgetExceeded"})
+NEVER_RETRIED = frozenset({"BudgetExceeded", "HandlerArgumentsMismatch"})
 
 ConnectionFactory = Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]]
 Error = dict[str, Any]

@@ -34,6 +34,7 @@ __all__ = [
     "EffectCancelled",
     "ExpressionError",
     "ExpressionSyntaxError",
+    "HandlerArgumentsMismatch",
     "HandlerNotFound",
     "HistoryError",
     "InputError",
@@ -260,7 +261,15 @@ class HandlerNotFound(ToolkitError):
 
 
 class MissingHandlers(ToolkitError):
-    """Effects of the loaded definitions name handlers the application does not register."""
+    """Effects of the loaded definitions name handlers missing here, or unfit for their args."""
+
+
+class HandlerArgumentsMismatch(ToolkitError):
+    """A handler was called with arguments its signature does not take.
+
+    For example ``args`` names a parameter the handler does not have, or leaves out one
+    without a default. Recorded as the step's error and never retried: calling again cannot help.
+    """
 
 
 class MissingLimits(ToolkitError):

@@ -22,6 +22,7 @@ from toolkit.errors import (
     BudgetExceeded,
     ConfigError,
     EffectCancelled,
+    HandlerArgumentsMismatch,
     HandlerNotFound,
     MissingHandlers,
     MissingLimits,
@@ -214,12 +215,65 @@ class Handler:
     limits: tuple[str, ...] = ()
 
     def call(self, ctx: EffectContext, args: Any) -> Awaitable[Any] | Any:
-        """Call the function: ``func(ctx, **args)`` for a mapping, ``func(ctx, args)`` else."""
-        if isinstance(args, dict):
-            return self.func(ctx, **args)
-        if args is None:
-            return self.func(ctx)
-        return self.func(ctx, args)
+        """Call the function: ``func(ctx, **args)`` for a mapping, ``func(ctx, args)`` else.
+
+        Raises:
+            HandlerArgumentsMismatch: the function's signature does not take ``args``.
+        """
+        try:
+            if isinstance(args, dict):
+                return self.func(ctx, **args)
+            if args is None:
+                return self.func(ctx)
+            return self.func(ctx, args)
+        except TypeError as exc:
+            fault = self.arguments_fault(args)
+            if fault is None:
+                raise  # raised inside the function
+            raise HandlerArgumentsMismatch(f"handler {self.name!r}: {fault}") from exc
+
+    def arguments_fault(self, args: Any) -> str | None:
+        """Why the function's signature cannot take ``args`` as `call` passes them.
+
+        None when it can, or when its signature cannot be read.
+        """
+        try:
+            signature = inspect.signature(self.func)
+        except (TypeError, ValueError):
+            return None
+        try:
+            if isinstance(args, dict):
+                signature.bind(None, **args)
+            elif args is None:
+                signature.bind(None)
+            else:
+                signature.bind(None, args)
+        except TypeError as exc:
+            return _named_faults(signature, args or {}) or str(exc)
+        return None
+
+
+def _named_faults(signature: inspect.Signature, args: Any) -> str | None:
+    """The names ``args`` gives that the signature lacks, and those it needs but lacks.
+
+    The first parameter takes the context. None when there are neither.
+    """
+    if not isinstance(args, dict):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = list(signature.parameters.values())[1:]
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    names = {p.name for p in params if p.kind in named}
+    unknown = [key for key in args if key not in names] if not takes_any else []
+    missing = [
+        p.name for p in params if p.kind in named and p.default is p.empty and p.name not in args
+    ]
+    faults = []
+    if unknown:
+        faults.append("it has no parameter " + ", ".join(map(repr, unknown)))
+    if missing:
+        faults.append("it needs " + ", ".join(map(repr, missing)))
+    return "; ".join(faults) or None
 
 
 class App:
@@ -407,23 +461,39 @@ class App:
             ) from None
 
     def check(self, definitions: Iterable[WorkflowDefinition]) -> None:
-        """Check that every effect of every definition, and every compensation, has a handler here.
+        """Check that every effect and compensation has a handler here that takes its args.
+
+        The handler's signature is checked against the step's ``args`` when its keys are
+        known before it renders (a mapping, or no ``args``).
 
         Raises:
-            MissingHandlers: one line per missing handler, naming the file and step.
+            MissingHandlers: one line per missing or unfit handler, naming the file and step.
         """
         lines = []
         for definition in definitions:
             where = definition.source or f"{definition.name} v{definition.version}"
             for path, step in _effect_steps(definition):
-                needed = [(f"{path}.effect", step.handler)]
+                needed = [(path, step.handler, step.args.source)]
                 if step.compensate is not None:
-                    needed.append((f"{path}.compensate.effect", step.compensate.handler))
-                lines += [
-                    f"{where}: {field}: no handler {handler!r} is registered in app {self.name!r}"
-                    for field, handler in needed
-                    if handler not in self._handlers
-                ]
+                    undo = step.compensate
+                    needed.append((f"{path}.compensate", undo.handler, undo.args.source))
+                for at, name, args in needed:
+                    handler = self._handlers.get(name)
+                    if handler is None:
+                        lines.append(
+                            f"{where}: {at}.effect: no handler {name!r} is registered in app"
+                            f" {self.name!r}"
+                        )
+                        continue
+                    # The keys of args are known before it renders; an expression is not.
+                    if isinstance(args, dict) or args is None:
+                        shape = None if args is None else dict.fromkeys(args)
+                        fault = handler.arguments_fault(shape)
+                        if fault is not None:
+                            lines.append(
+                                f"{where}: {at}.args: handler {name!r} cannot take these"
+                                f" arguments: {fault}"
+                            )
         if lines:
             raise MissingHandlers("\n".join(lines))
 
