@@ -590,7 +590,7 @@ def test_model_of_child_workflows() -> None:
     [
         "wait: {duration: 1s}",
         "parallel: {branches: {}}",
-        "map: {items: '${ a }'}",
+        "map: {items: '${ input.a }'}",
         "workflow: {name: y}",
     ],
 )
@@ -1081,6 +1081,45 @@ def test_a_misspelt_target_is_one_fault_not_a_cascade(head: str, step_a: str, pa
     assert "did you mean" in fault.message, fault
     unreachable = {f.path for f in faults if "unreachable" in f.message}
     assert not unreachable & {"$.steps.ship", "$.steps.done"}, faults
+
+
+def test_expressions_that_read_nothing_are_reported() -> None:
+    """A misspelt root, a step no graph has, or true/false read as a field are null for every
+    task; names inside projections and filters read the elements and are not checked."""
+    text = """\
+name: x
+version: 1
+start: a
+steps:
+  a:
+    effect: h
+    idempotent: true
+    args:
+      typo: "${ stpes.a.total }"
+      gone: "total ${ steps.reserv.total }"
+      flag: "${ input.flag == true }"
+      fine: "${ input.items[?price > `1`].name || input.x == null }"
+      branch: "${ steps.b.value }"
+      ctx: "${ context.step }"
+    next: fan
+  fan:
+    parallel:
+      branches:
+        one:
+          start: b
+          steps:
+            b: {effect: h, idempotent: true}
+"""
+    faults = {f.path: f.message for f in faults_of(text)}
+    assert set(faults) == {"$.steps.a.args.typo", "$.steps.a.args.gone", "$.steps.a.args.flag"}
+    assert faults["$.steps.a.args.typo"].endswith(
+        "reads 'stpes', which is nothing: an expression reads input, steps or context;"
+        " did you mean 'steps'?"
+    )
+    assert "reads step 'reserv', which no graph of this definition has" in faults[
+        "$.steps.a.args.gone"
+    ]
+    assert "write `true` in backquotes" in faults["$.steps.a.args.flag"]
 
 
 # --- input ------------------------------------------------------------------------------------

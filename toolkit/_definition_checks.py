@@ -26,7 +26,7 @@ from referencing.jsonschema import DRAFT202012
 from toolkit._paths import JsonPath, format_path
 from toolkit._yaml_source import Problem
 from toolkit.durations import parse_duration
-from toolkit.expressions import check_template, compile_template
+from toolkit.expressions import check_template, compile_template, scope_reads
 
 _ENDS_WITHOUT_NEXT = ("effect", "wait", "parallel", "map", "workflow", "set")
 """Step kinds that end the workflow (or the branch) when they have no ``next`` (a wait with
@@ -372,6 +372,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
                 )
             )
     problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
+    problems += reference_problems(steps)
     problems += _duration_problems((), {k: v for k, v in doc.items() if k == "timeout"})
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):
@@ -850,6 +851,75 @@ def _catch_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
             )
         caught.update(errors)
     return problems
+
+
+#: What an expression can read: the task input, the steps' outputs, the context.
+SCOPE_NAMES = ("input", "steps", "context")
+
+
+def reference_problems(steps: Any) -> list[Problem]:
+    """Names no expression can ever read, which are null for every task: mistakes.
+
+    A name outside `SCOPE_NAMES` (``stpes.a``), ``true`` / ``false`` read as fields, or a
+    step that no graph of the definition has (``steps.reserv``).
+
+    Args:
+        steps: The document's ``steps`` (raw); branches are searched too.
+    """
+    known = sorted(_step_ids(steps))
+    problems = []
+    for path, text in _expression_strings(steps, ("steps",)):
+        for expression, name, field in scope_reads(text):
+            if name == "null":
+                continue  # a field no scope has: null, as `null` is (a common idiom)
+            if name in ("true", "false"):
+                problems.append(Problem(path, (
+                    f"expression {expression!r} reads a field named {name!r}, which is null,"
+                    f" not the value {name}: write `{name}` in backquotes"
+                )))  # fmt: skip
+            elif name not in SCOPE_NAMES:
+                problems.append(Problem(path, (
+                    f"expression {expression!r} reads {name!r}, which is nothing: an "
+                    f"expression reads input, steps or context{suggest(name, list(SCOPE_NAMES))}"
+                )))  # fmt: skip
+            elif name == "steps" and field is not None and field not in known:
+                problems.append(Problem(path, (
+                    f"expression {expression!r} reads step {field!r}, which no graph of this "
+                    f"definition has{suggest(field, known)}"
+                )))  # fmt: skip
+    return problems
+
+
+def _step_ids(steps: Any) -> set[str]:
+    """Every step id of a ``steps`` mapping and of its branches, at any depth."""
+    if not isinstance(steps, dict):
+        return set()
+    ids = {str(step_id) for step_id in steps}
+    for step in steps.values():
+        if not isinstance(step, dict):
+            continue
+        branches = step.get("parallel", {}).get("branches") if isinstance(
+            step.get("parallel"), dict) else None
+        graphs = list(branches.values()) if isinstance(branches, dict) else []
+        if isinstance(step.get("map"), dict):
+            graphs.append(step["map"].get("branch"))
+        for graph in graphs:
+            if isinstance(graph, dict):
+                ids |= _step_ids(graph.get("steps"))
+    return ids
+
+
+def _expression_strings(value: Any, path: JsonPath) -> Iterator[tuple[JsonPath, str]]:
+    """Every string holding ``${`` inside ``value``, with its path."""
+    if isinstance(value, str):
+        if "${" in value:
+            yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _expression_strings(item, (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _expression_strings(item, (*path, i))
 
 
 def template_problems(path: JsonPath, value: Any) -> list[Problem]:

@@ -223,6 +223,69 @@ def check_template(value: Any, *, path: str = "$") -> list[ExpressionSyntaxError
     return errors
 
 
+def scope_reads(text: str) -> list[tuple[str, str, str | None]]:
+    """What the expressions in a string read from the scope, by name.
+
+    Args:
+        text: A string that may hold ``${ }`` expressions (one with a syntax error is
+            skipped: `check_template` reports it).
+
+    Returns:
+        ``(expression, name, field)`` for each name an expression reads from the scope
+        itself (``input``, ``steps``, ``context`` ...), with the field it reads next
+        (``steps.reserve.total`` gives ``("steps", "reserve")``), or None. Names inside
+        projections, filters and ``&`` references read the elements, not the scope, and are
+        not listed.
+    """
+    errors: list[ExpressionSyntaxError] = []
+    node = _compile_string(text, "$", errors)
+    exprs = [node] if isinstance(node, _Expr) else []
+    if isinstance(node, _Interpolation):
+        exprs = [part for part in node.parts if isinstance(part, _Expr)]
+    return [
+        (expr.text, name, field)
+        for expr in exprs
+        for name, field in _reads(expr.parsed.parsed, at_scope=True)
+    ]
+
+
+#: Node types whose first child is evaluated where the node is, and the rest on its result.
+_CHAINED = frozenset(
+    {"subexpression", "index_expression", "projection", "value_projection",
+     "filter_projection", "flatten", "pipe"}
+)  # fmt: skip
+
+
+def _reads(node: Any, *, at_scope: bool) -> list[tuple[str, str | None]]:
+    """``(name, next field)`` of the fields of a JMESPath AST read from the scope."""
+    if not isinstance(node, dict):
+        return []
+    kind, children = node.get("type"), node.get("children") or []
+    if kind == "field":
+        return [(node["value"], None)] if at_scope else []
+    if kind == "expref":
+        return []
+    if kind in _CHAINED and children:
+        first, rest = children[0], children[1:]
+        if at_scope and kind == "subexpression" and first.get("type") == "field":
+            found = [(first["value"], _first_field(rest[0]) if rest else None)]
+        else:
+            found = _reads(first, at_scope=at_scope)
+        return found + [read for child in rest for read in _reads(child, at_scope=False)]
+    return [read for child in children for read in _reads(child, at_scope=at_scope)]
+
+
+def _first_field(node: Any) -> str | None:
+    """The field a chain starts with (``a`` of ``a.b[0]``), or None."""
+    while isinstance(node, dict):
+        if node.get("type") == "field":
+            return str(node["value"])
+        if node.get("type") not in ("subexpression", "index_expression"):
+            return None
+        node = (node.get("children") or [None])[0]
+    return None
+
+
 def is_truthy(value: Any) -> bool:
     """Apply JMESPath truthiness: false, null, ``""``, ``[]`` and ``{}`` are false.
 
