@@ -101,6 +101,16 @@ def test_demo_without_its_definitions_folder_says_where_to_run_it(tmp_path: Path
     assert (code, out) == (1, "") and "run it from the repository's root" in err
 
 
+def test_submit_refuses_a_budget_without_a_resource_or_a_number() -> None:
+    for text, message in [
+        ("=5", "error: --budget =5: expected RESOURCE=AMOUNT"),
+        ("tokens=", "error: --budget tokens=: expected RESOURCE=AMOUNT"),
+        ("tokens=lots", "error: --budget tokens=lots: 'lots' is not a number"),
+    ]:
+        code, out, err = invoke("submit", "x", "--budget", text, dsn=UNREACHABLE)
+        assert (code, out) == (1, "") and err.startswith(message), err
+
+
 def test_tasks_refuses_a_limit_below_one() -> None:
     code, _, err = invoke("tasks", "--limit", "-1", dsn=UNREACHABLE)
     assert code == 2 and "Invalid value for '--limit'" in err and "Traceback" not in err

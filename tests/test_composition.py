@@ -14,6 +14,8 @@ from tests.inprocess import deploy_submit, drain, kinds, sql
 from tests.processes import eventually
 from tests.workflows import definition
 from toolkit.budgets import Budgets, ReservationOutcome
+from toolkit.leases import FencedWrite
+from toolkit.registry import SpendLedger, SpendMeter
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -259,6 +261,14 @@ async def test_an_effect_spending_past_the_budget_fails_with_a_budget_error(stor
     assert spend == [{"tokens": 60}, {"tokens": 60}]
 
 
+def test_a_spend_must_be_a_finite_number() -> None:
+    meter = SpendMeter(dict, SpendLedger())
+    for bad in (float("nan"), float("inf"), -1, "5", True):
+        with pytest.raises(ValueError, match="must be a finite number >= 0"):
+            meter.add({"tokens": bad})
+    assert meter.spent == {}  # nothing recorded
+
+
 async def test_a_submit_overrides_the_budget(store: Store) -> None:
     (task_id,) = await deploy_submit(store, SPEND, [{}], budget={"tokens": 500})
     await drain(store, SPEND)
@@ -404,8 +414,10 @@ async def test_a_task_cancelled_mid_step_returns_its_reservation(store: Store) -
         await eventually(two_slow_calls, what="both branches in their slow call")
         assert await tenant_use(store, "acme") == (100, 100)
         assert await store.tasks.cancel(task_id) == "requested"
-    assert (await store.tasks.get(task_id)).state == "cancelled"
+    task = await store.tasks.get(task_id)
+    assert task.state == "cancelled"
     assert await tenant_use(store, "acme") == (30, 0)
+    assert task.checkpoint["fanout"]["reserved"] is None  # the task's own record says so too
 
 
 async def test_a_task_cancelled_after_its_worker_died_mid_step_returns_its_reservation(
@@ -456,6 +468,105 @@ async def test_the_migration_counts_the_reservations_live_tasks_hold(empty_dsn: 
         assert await tenant_use(store, "acme") == (400, 150)
         budget = (await store.tenants.get("acme")).budgets["usd"]
         assert (budget.used, budget.reserved) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("budget", "reserve"),
+    [("", "      reserve: {total: {tokens: 100}}\n"), ("budget: {tokens: 100}\n", "")],
+    ids=["a shared reservation", "the task's budget"],
+)
+async def test_concurrent_branches_never_spend_past_what_they_share(
+    store: Store, budget: str, reserve: str
+) -> None:
+    """Two branches at once spend 80 each of the 100 they share: the second call's report
+    sees the first's, so the step fails with BudgetExceeded (both spends still count)."""
+    await set_tenant_budget(store, "acme", 1000)
+    text = (
+        f"name: shared\nversion: 1\n{budget}start: fan\nsteps:\n  fan:\n    map:\n"
+        f"      items: '${{ input.items }}'\n{reserve}      branch:\n        start: call\n"
+        "        steps:\n          call: {effect: count.spend, idempotent: true,"
+        " args: {tokens: '${ context.item }'}}\n"
+    )
+    (task_id,) = await deploy_submit(store, text, [{"items": [80, 80]}], tenant="acme")
+    await drain(store, text)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.error["name"]) == ("failed", "BudgetExceeded"), task.error
+    assert await tenant_use(store, "acme") == (160, 0)
+
+
+async def test_a_task_the_engine_fails_mid_step_returns_its_reservation(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An engine fault after the reservation's own write fails the task over its stored
+    checkpoint, which records the reservation: the task's end returns it."""
+    from toolkit.engine import Interpreter
+
+    async def broken(*args: Any) -> None:
+        raise RuntimeError("a fault of the engine")
+
+    monkeypatch.setattr(Interpreter, "_end_fanout", broken)
+    await set_tenant_budget(store, "acme", 100)
+    (task_id,) = await deploy_submit(store, RESERVE, [{"items": [10, 20]}], tenant="acme")
+    await drain(store, RESERVE)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.error["name"]) == ("failed", "InternalError"), task.error
+    assert await tenant_use(store, "acme") == (30, 0)
+
+
+async def test_a_budget_set_while_a_reservation_is_out_counts_only_the_spend(
+    store: Store,
+) -> None:
+    """A reservation taken while the tenant had no tokens budget holds none of the budget
+    set later: its release counts what it spent, and takes nothing back it never took."""
+    d = definition(RESERVE)
+    await store.definitions.deploy(d)
+    ended = []
+    for items in ([10, 20], [5]):
+        await store.tasks.submit(d, [{"items": items}], tenant="acme")
+        (task,) = await store.leases.claim("w", [d.digest], 1, 60)
+        fanout = {"occurrence": "fan#1", "branches": {}, "winner": None,
+                  "reserved": {"tokens": 100}, "spent": {"tokens": float(sum(items))}}  # fmt: skip
+        outcome, _ = await Budgets(store.db).reserve(
+            "w", task.id, task.token, "acme", {"tokens": 100},
+            {**task.checkpoint, "fanout": fanout}, f"{task.token}:1", {},
+        )  # fmt: skip
+        assert outcome is ReservationOutcome.RESERVED  # no tokens budget: nothing taken
+        ended.append((task, fanout))
+    await set_tenant_budget(store, "acme", 1000)
+    (first, fanout), (second, _) = ended
+    # The step ends: the engine's release (30 spent, 100 returned).
+    release = FencedWrite(
+        first.id, first.token, {**first.checkpoint, "fanout": None}, state="succeeded",
+        budget_delta={"tokens": -70.0}, budget_released={"tokens": 100.0},
+    )  # fmt: skip
+    assert await store.leases.commit("w", release) == "succeeded"
+    assert await tenant_use(store, "acme") == (30, 0)
+    # The task ends holding it (cancelled once its lease expired): the trigger's release.
+    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+              second.id)  # fmt: skip
+    assert await store.tasks.cancel(second.id) == "cancelled"
+    assert await tenant_use(store, "acme") == (35, 0)
+
+
+async def test_a_reservation_that_can_never_fit_on_one_resource_is_not_deferred(
+    store: Store,
+) -> None:
+    """``tokens`` is held by another task now, ``zeta`` can never give 1000: never, not later
+    (though ``tokens`` comes first)."""
+    await set_tenant_budget(store, "acme", 100, used=95, reserved=95)
+    await sql(
+        store,
+        "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount) VALUES ('acme', 'zeta', 50)",
+    )
+    d = definition(RESERVE)
+    await store.definitions.deploy(d)
+    await store.tasks.submit(d, [{"items": [1]}], tenant="acme")
+    (task,) = await store.leases.claim("w", [d.digest], 1, 60)
+    outcome = await Budgets(store.db).reserve(
+        "w", task.id, task.token, "acme", {"tokens": 10, "zeta": 1000},
+        task.checkpoint, f"{task.token}:1", {},
+    )  # fmt: skip
+    assert outcome == (ReservationOutcome.NEVER, "zeta")
 
 
 async def test_concurrent_reservations_never_over_commit_a_tenant_budget(store: Store) -> None:

@@ -60,9 +60,12 @@ def test_rates_parse_to_calls_per_second() -> None:
     assert parse_rate("20/s") == 20.0
     assert parse_rate("5/h") == pytest.approx(5 / 3600)
     assert parse_rate(2.5) == 2.5
-    for bad in ("20", "20/day", "-1/s", "0/s", True, 0):
+    assert parse_rate("1/h") == pytest.approx(1 / 3600)
+    for bad in ("20", "20/day", "-1/s", "0/s", True, 0, "0.00000001/h", 1e-21):
         with pytest.raises(ConfigError):
             parse_rate(bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"at least 1/day \(1.16e-05/s\), not '0.01/h'"):
+        parse_rate("0.01/h")  # one in 100 hours
 
 
 def test_app_limit_declarations_are_checked() -> None:
@@ -276,6 +279,8 @@ def test_cli_sets_and_lists_limits(dsn: str) -> None:
     for args, message in [
         (["--rate", "fast"], "error: rate of limit 'llm' must be like '600/min'"),
         (["--rate", "1/s", "--no-rate"], "error: give --rate or --no-rate, not both"),
+        (["--max-concurrency", "99999999999"], "error: max_concurrency of limit 'llm' must be"
+         " from 1 to 2147483647, not 99999999999"),
         (["--max-concurrency", "1", "--no-max-concurrency"], "error: give --max-concurrency"),
         (["--no-rate", "--burst", "5"], "error: burst of limit 'llm' needs a rate; removing"),
     ]:

@@ -89,11 +89,12 @@ class Budgets:
                 query("lock_tenant_budgets"),
                 {"tenant": tenant, "resources": sorted(amounts)},
             )
-            for resource, amount, used, reserved in await cursor.fetchall():
-                wanted = float(amounts[resource])
-                if wanted > amount - (used - reserved) + 1e-9:
+            rows = await cursor.fetchall()
+            for resource, amount, used, reserved in rows:  # never, on any resource, first
+                if float(amounts[resource]) > amount - (used - reserved) + 1e-9:
                     return ReservationOutcome.NEVER, resource
-                if wanted > amount - used + 1e-9:
+            for resource, amount, used, _ in rows:
+                if float(amounts[resource]) > amount - used + 1e-9:
                     return ReservationOutcome.LATER, resource
             await conn.execute(
                 query("take_tenant_budgets"),

@@ -115,6 +115,21 @@ def _print_errors(errors: Sequence[BaseException]) -> None:
             click.echo(f"error: {line}", err=True)
 
 
+def _resource_amounts(texts: Sequence[str]) -> dict[str, str]:
+    """``--budget RESOURCE=AMOUNT`` options as resource to amount text.
+
+    Raises:
+        ConfigError: one is not of that form.
+    """
+    amounts = {}
+    for text in texts:
+        resource, sep, amount = text.partition("=")
+        if not sep or not resource.strip() or not amount.strip():
+            raise ConfigError(f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000")
+        amounts[resource.strip()] = amount.strip()
+    return amounts
+
+
 def _clip(value: Any, limit: int) -> str:
     """``value`` as one line of JSON, cut to ``limit`` characters with an ellipsis.
 
@@ -343,14 +358,11 @@ def submit(
     if input_json is not None and input_file is not None:
         raise ConfigError("give --input or --input-file, not both")
     budget: dict[str, float] = {}
-    for text in budgets:
-        resource, _, amount = text.partition("=")
+    for resource, amount in _resource_amounts(budgets).items():
         try:
-            budget[resource.strip()] = float(amount)
+            budget[resource] = float(amount)
         except ValueError:
-            raise ConfigError(
-                f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000"
-            ) from None
+            raise ConfigError(f"--budget {resource}={amount}: {amount!r} is not a number") from None
     timeout = None
     if timeout_text is not None:
         try:
@@ -903,12 +915,7 @@ def tenants_set(
     """
     if max_active is not None and no_max_active:
         raise ConfigError("give --max-active or --no-max-active, not both")
-    amounts: dict[str, str | None] = {}
-    for text in budgets:
-        resource, sep, amount = text.partition("=")
-        if not sep or not resource.strip() or not amount.strip():
-            raise ConfigError(f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000")
-        amounts[resource.strip()] = amount.strip()
+    amounts: dict[str, str | None] = dict(_resource_amounts(budgets))
     for resource in cleared:
         if resource in amounts:
             raise ConfigError(f"budget {resource!r}: given to --budget and --clear-budget")

@@ -19,7 +19,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -75,7 +75,7 @@ from toolkit.leases import (
 from toolkit.limits import LimitDeferral, Limits
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
-from toolkit.registry import App, EffectContext, Handler, SpendMeter
+from toolkit.registry import App, EffectContext, Handler, SpendLedger, SpendLimits, SpendMeter
 from toolkit.tasks import Tasks
 
 logger = logging.getLogger(__name__)
@@ -183,6 +183,8 @@ class _Cycle:
         self.budget_delta: dict[str, float] = {}
         #: Reservations returned by steps that ended, by resource (see `FencedWrite`).
         self.budget_released: dict[str, float] = {}
+        #: What concurrent calls reported and is not charged yet (see `SpendLedger`).
+        self.spend_ledger = SpendLedger()
         self.cancelled_at_commit = False
         self.writes = 0
         #: The branches of the parallel or map step in progress, by name (their JSON is
@@ -277,10 +279,10 @@ class _Cycle:
                 self.checkpoint.budget[resource]["spent"] += amount
             self.budget_delta[resource] = self.budget_delta.get(resource, 0.0) + amount
 
-    def remaining(self) -> dict[str, float]:
+    def spend_limits(self) -> dict[str, tuple[Hashable, float]]:
         """What the task may still spend outside reservations, by budgeted resource."""
         return {
-            resource: entry["limit"] - entry["spent"] - entry["reserved"]
+            resource: (("task", resource), entry["limit"] - entry["spent"] - entry["reserved"])
             for resource, entry in self.checkpoint.budget.items()
         }
 
@@ -407,19 +409,19 @@ class Interpreter:
     async def _fail_cleanly(
         self, task: ClaimedTask, control: CycleControl, name: str, message: str
     ) -> CycleOutcome:
-        """Fail the task over the checkpoint its cycle started from.
+        """Fail the task over the checkpoint it has in the store.
 
         Used when the database refused a write (a value it cannot store) or the engine
-        failed: nothing of the cycle's progress is written, so the task never stays stuck on
-        a write that cannot succeed.
+        failed: nothing more of the cycle's progress is written, so the task never stays
+        stuck on a write that cannot succeed. What the cycle did write stays consistent with
+        the checkpoint (a reservation it took is returned as the task ends).
         """
         step = task.checkpoint.get("cursor") if isinstance(task.checkpoint, dict) else None
         error = {"name": name, "message": storable_text(message), "step": step}
-        base = task.checkpoint if isinstance(task.checkpoint, dict) else {}
         write = FencedWrite(
             task_id=task.id,
             token=task.token,
-            checkpoint={**base, "cursor": None},
+            checkpoint=None,
             state="failed",
             error=error,
             events=(Event("failed", {"error": error}),),
@@ -590,7 +592,7 @@ class Interpreter:
     ) -> CycleOutcome | None:
         cp = cycle.checkpoint
         done = await self._attempt(
-            cycle, cp, step, control, cycle.scope(), cycle.remaining(), cycle.charge
+            cycle, cp, step, control, cycle.scope(), cycle.spend_limits, cycle.charge
         )
         if done.kind == "completed":
             return await self._advance(cycle, step, done.result)
@@ -698,15 +700,16 @@ class Interpreter:
         step: EffectStep,
         control: CycleControl,
         scope: dict[str, Any],
-        remaining: dict[str, float],
+        spend_limits: Callable[[], SpendLimits],
         charge: Callable[[dict[str, float]], None],
         args: Any = None,
     ) -> _Attempt:
         """One attempt at an effect in ``frame`` (the task's graph or a branch's).
 
         Records the intent (not idempotent), calls the handler, appends the evidence with
-        what the call spent, and charges the spend (``charge``). ``remaining`` caps the spend
-        by resource. An intent found without outcome is applied from the operator's
+        what the call spent, and charges the spend (``charge``). ``spend_limits`` caps the spend
+        by resource: read at each report, less what other calls of the cycle have in
+        flight. An intent found without outcome is applied from the operator's
         resolution, or reported ``reconcile``. For a step with ``callback``, the handler's
         return is followed by the callback's completion (kind ``callback`` while it has not
         come). ``args``, when given, are used as they are instead of rendering the step's
@@ -744,12 +747,12 @@ class Interpreter:
         if args is None:
             context = {**scope["context"], "attempt": attempt}
             args = step.args.render({**scope, "context": context})
-        meter = SpendMeter(remaining)
+        meter = SpendMeter(spend_limits, cycle.spend_ledger)
 
         def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
             spend = dict(meter.spent) or None
-            if spend is not None and kind != "started":
-                charge(spend)
+            if kind != "started":
+                meter.settle(charge)
             return EvidenceRecord(
                 occurrence=occurrence, step=step.id, handler=step.handler,
                 idempotent=step.idempotent, idempotency_key=key, record=kind,
@@ -816,6 +819,7 @@ class Interpreter:
             error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
             if not step.idempotent:
                 # The call may or may not have had its effect: uncertain, so reconcile.
+                meter.settle()
                 return _Attempt("reconcile", occurrence, attempt, error=error)
             cp.callbacks.pop(occurrence, None)
             cycle.evidence.append(record("failed", error=error))
@@ -828,6 +832,9 @@ class Interpreter:
             return _Attempt(
                 "failed", occurrence, attempt, error=error, final=error["name"] in NEVER_RETRIED
             )
+        except BaseException:  # cancelled: no evidence, so its spend is not charged
+            meter.settle()
+            raise
         finally:
             if self._metrics is not None:
                 self._metrics.step_duration.labels(cycle.definition.name, step.id, outcome).observe(
@@ -966,7 +973,7 @@ class Interpreter:
                 _lost_attempt(cycle, frame, step)
             first = False
             done = await self._attempt(
-                cycle, frame, step, control, cycle.scope(), {}, cycle.charge, entry["args"]
+                cycle, frame, step, control, cycle.scope(), dict, cycle.charge, entry["args"]
             )
             if done.kind == "reconcile":
                 return await self._reconcile(cycle, step, done.occurrence, done.error)
@@ -1480,6 +1487,8 @@ class Interpreter:
         reason = request.get("reason") if isinstance(request, dict) else None
         error = {"name": "Cancelled", "message": reason or "cancelled by request"}
         error["step"] = cycle.checkpoint.cursor
+        if cycle.checkpoint.fanout is not None:  # its reservation returns, its budget says so
+            self._release(cycle, cycle.checkpoint.fanout)
         cycle.events.append(Event("cancelled", {"reason": error["message"]}))
         await self._commit(cycle, state="cancelled", error=error)
         return CycleOutcome.CANCELLED
@@ -1671,16 +1680,18 @@ class _FanOut:
         index = int(name)
         return {"branch": name, "index": index, "item": self.items[index]}
 
-    def remaining(self, frame: BranchFrame) -> dict[str, float]:
+    def spend_limits(self, frame: BranchFrame) -> dict[str, tuple[Hashable, float]]:
         """What an effect of ``frame`` may spend: its reservation's rest, else the task's."""
-        remaining = self.cycle.remaining()
+        limits = self.cycle.spend_limits()
         for resource, amount in self.reserved.items():
             if self.per_branch:
-                remaining[resource] = amount - frame.spent.get(resource, 0.0)
+                share = amount - frame.spent.get(resource, 0.0)
+                limits[resource] = (("branch", id(frame), resource), share)
             else:
                 total = self.fan["reserved"][resource]
-                remaining[resource] = total - self.fan["spent"].get(resource, 0.0)
-        return remaining
+                rest = total - self.fan["spent"].get(resource, 0.0)
+                limits[resource] = (("reservation", resource), rest)
+        return limits
 
     def charge(self, frame: BranchFrame, spend: dict[str, float]) -> None:
         """Charge a branch's spend: to the reservation when it covers the resource."""
@@ -1761,8 +1772,8 @@ class _FanOut:
                     self.enter(frame, inner.next)
                 continue
             done = await interpreter._attempt(
-                cycle, frame, inner, self.control, scope, self.remaining(frame),
-                functools.partial(self.charge, frame),
+                cycle, frame, inner, self.control, scope,
+                functools.partial(self.spend_limits, frame), functools.partial(self.charge, frame),
             )  # fmt: skip
             if done.kind == "callback":  # no lease to release in a branch: look again soon
                 assert inner.callback is not None

@@ -93,7 +93,8 @@ class FencedWrite:
     Attributes:
         task_id: the task.
         token: the fencing token the writer holds.
-        checkpoint: the new checkpoint JSON.
+        checkpoint: the new checkpoint JSON; None keeps the stored one, its cursor cleared
+            (a task failed over what it has in the store).
         state: the task's next state; ``leased`` keeps the lease, any other releases it.
         wait_reason: required with ``waiting``.
         run_at: when set, the new ``run_at``: an ISO-8601 timestamp (:data:`NEVER` for none).
@@ -122,7 +123,7 @@ class FencedWrite:
 
     task_id: int
     token: int
-    checkpoint: Mapping[str, Any]
+    checkpoint: Mapping[str, Any] | None
     state: TaskState = "leased"
     wait_reason: WaitReason | None = None
     run_at: str | None = None

@@ -200,7 +200,10 @@ class Limits:
             if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
                 raise ConfigError(f"max_concurrency of limit {name!r} must be an integer")
             if not 1 <= max_concurrency <= 2**31 - 1:
-                raise ConfigError(f"max_concurrency of limit {name!r} must be at least 1")
+                raise ConfigError(
+                    f"max_concurrency of limit {name!r} must be from 1 to {2**31 - 1},"
+                    f" not {max_concurrency}"
+                )
         per_second = None
         if not isinstance(rate, _Keep) and rate is not None:
             per_second = parse_rate(rate, f"rate of limit {name!r}")

@@ -11,7 +11,7 @@ import inspect
 import math
 import re
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
@@ -32,43 +32,94 @@ HandlerFunc = Callable[..., Any]
 F = TypeVar("F", bound=HandlerFunc)
 
 
-class SpendMeter:
-    """What one effect call spends, against what remained for it when it started.
+#: Where a spend limit applies: a key naming the counter several calls may share (the
+#: task's budget of a resource, a step's total reservation, one branch's share of it).
+Pool = Hashable
+#: What the calls of a cycle may still spend, by resource: ``(pool, amount)``.
+SpendLimits = Mapping[str, tuple[Pool, float]]
 
-    Args:
-        remaining: resource to the amount the call may use (absent: no limit).
+
+class SpendLedger:
+    """The spend that concurrent calls of one cycle reported and that is not charged yet.
+
+    Branches of a parallel or map step run their calls at once against the same budget: a
+    call's limit is what remains of its pool less what the other calls of that pool have
+    reported meanwhile, so together they never spend past it. ``lock`` also covers the
+    charge that moves a call's spend out of the ledger (see `SpendMeter.settle`).
     """
 
-    def __init__(self, remaining: Mapping[str, float]) -> None:
-        self.remaining = dict(remaining)
+    def __init__(self) -> None:
+        self.lock = threading.Lock()  # sync handlers report from their worker threads
+        self.in_flight: dict[Pool, dict[int, float]] = {}
+
+    def others(self, pool: Pool, meter: SpendMeter) -> float:
+        """What the other calls of ``pool`` reported and is not charged yet."""
+        return sum(v for m, v in self.in_flight.get(pool, {}).items() if m != id(meter))
+
+
+class SpendMeter:
+    """What one effect call spends, against what remains of its pools (DESIGN §2-3).
+
+    Args:
+        limits: the pools and amounts the call may use now, read at each report (absent
+            resource: no limit).
+        ledger: the cycle's in-flight spend, shared by its concurrent calls.
+    """
+
+    def __init__(self, limits: Callable[[], SpendLimits], ledger: SpendLedger) -> None:
+        self._limits = limits
+        self._ledger = ledger
         self.spent: dict[str, float] = {}
-        self._lock = threading.Lock()  # a sync handler reports from its worker thread
 
     def add(self, amounts: Mapping[str, float]) -> None:
         """Record ``amounts``; raise once one is over what remains (see `EffectContext.spend`).
 
         Raises:
-            BudgetExceeded: over what remained for the call.
-            ValueError: a negative or non-numeric amount.
+            BudgetExceeded: over what remained for the call (the amounts are recorded).
+            ValueError: a negative, infinite or non-numeric amount (nothing recorded).
         """
         for resource, amount in amounts.items():
-            if isinstance(amount, bool) or not isinstance(amount, int | float) or amount < 0:
-                raise ValueError(f"spend of {resource!r} must be a number >= 0, got {amount!r}")
+            if (
+                isinstance(amount, bool)
+                or not isinstance(amount, int | float)
+                or not math.isfinite(amount)
+                or amount < 0
+            ):
+                raise ValueError(
+                    f"spend of {resource!r} must be a finite number >= 0, got {amount!r}"
+                )
         over = None
-        with self._lock:
+        with self._ledger.lock:
+            limits = self._limits()
             for resource, amount in amounts.items():
                 total = self.spent.get(resource, 0.0) + float(amount)
                 self.spent[resource] = total
-                limit = self.remaining.get(resource)
-                if limit is not None and total > limit + 1e-9 and over is None:
-                    over = (resource, total, limit)
+                if resource not in limits:
+                    continue
+                pool, limit = limits[resource]
+                left = limit - self._ledger.others(pool, self)
+                self._ledger.in_flight.setdefault(pool, {})[id(self)] = total
+                if total > left + 1e-9 and over is None:
+                    over = (resource, total, left)
         if over is not None:
-            resource, total, limit = over
+            resource, total, left = over
             raise BudgetExceeded(
-                f"spending {total:g} {resource} exceeds the {max(limit, 0):g} that remained of "
+                f"spending {total:g} {resource} exceeds the {max(left, 0):g} that remained of "
                 "the budget",
-                resource=resource, wanted=total, remaining=limit,
+                resource=resource, wanted=total, remaining=left,
             )  # fmt: skip
+
+    def settle(self, charge: Callable[[dict[str, float]], None] | None = None) -> None:
+        """Leave the ledger, charging the spend with ``charge`` at the same moment.
+
+        So no other call counts it twice or not at all. Without ``charge`` (the call was
+        abandoned), the spend is dropped with the call.
+        """
+        with self._ledger.lock:
+            if charge is not None and self.spent:
+                charge(dict(self.spent))
+            for calls in self._ledger.in_flight.values():
+                calls.pop(id(self), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +208,10 @@ _RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "min
                "h": 3600.0, "hour": 3600.0}  # fmt: skip
 
 
+#: The lowest rate a limit takes, calls per second: one a day (a token's wait stays a day).
+MIN_RATE = 1 / 86400
+
+
 def parse_rate(rate: str | float, what: str = "rate") -> float:
     """A rate as calls per second: ``"600/min"`` → 10.0, ``"20/s"`` → 20.0, ``"5/h"``, or a number.
 
@@ -166,10 +221,10 @@ def parse_rate(rate: str | float, what: str = "rate") -> float:
         what: how the value is named in the error message.
 
     Returns:
-        Calls per second, a finite number > 0.
+        Calls per second, a finite number >= `MIN_RATE`.
 
     Raises:
-        ConfigError: not a rate, or not above zero.
+        ConfigError: not a rate, or below one a day.
     """
     if isinstance(rate, bool):
         raise ConfigError(f"{what} must be like '600/min', '20/s' or '5/h', not {rate!r}")
@@ -180,8 +235,8 @@ def parse_rate(rate: str | float, what: str = "rate") -> float:
         if match is None:
             raise ConfigError(f"{what} must be like '600/min', '20/s' or '5/h', not {rate!r}")
         per_second = float(match["calls"]) / _RATE_UNITS[match["unit"]]
-    if not math.isfinite(per_second) or per_second <= 0:
-        raise ConfigError(f"{what} must be above zero, not {rate!r}")
+    if not math.isfinite(per_second) or per_second < MIN_RATE:
+        raise ConfigError(f"{what} must be at least 1/day ({MIN_RATE:.3g}/s), not {rate!r}")
     return per_second
 
 

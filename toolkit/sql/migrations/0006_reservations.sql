@@ -27,10 +27,12 @@ WHERE b.tenant = r.tenant AND b.resource = r.resource;
 CREATE FUNCTION toolkit_return_reservation() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
+    -- held: what the row really holds of it (a budget set after the reservation was taken
+    -- holds none); the spend counts either way.
     UPDATE toolkit_tenant_budgets b
-    SET used = b.used - (r.value::numeric
-                         - coalesce((NEW.checkpoint #>> ARRAY['fanout', 'spent', r.key])::numeric, 0)),
-        reserved = greatest(b.reserved - r.value::numeric, 0)
+    SET used = b.used - least(r.value::numeric, b.reserved)
+               + coalesce((NEW.checkpoint #>> ARRAY['fanout', 'spent', r.key])::numeric, 0),
+        reserved = b.reserved - least(r.value::numeric, b.reserved)
     FROM jsonb_each_text(NEW.checkpoint #> '{fanout,reserved}') AS r
     WHERE b.tenant = NEW.tenant AND b.resource = r.key;
     RETURN NULL;

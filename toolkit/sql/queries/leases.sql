@@ -199,6 +199,7 @@ RETURNING t.id, t.cancel_requested;
 -- later than the task's workflow deadline (deadline_at), unless the write clears it.
 -- Completed or failed evidence releases the downstream-limit slots of its occurrence and
 -- wakes a task waiting for each (docs/limits.md).
+-- A write without a checkpoint keeps the stored one, its cursor cleared.
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -230,8 +231,9 @@ WITH w AS (
     WHERE c.parent_id IS NOT NULL AND w.state IN ('succeeded', 'failed', 'cancelled')
 ), guard AS (
     UPDATE toolkit_tasks t
-    SET checkpoint = CASE WHEN w.write_id IS NULL THEN w.checkpoint
-                          ELSE w.checkpoint || jsonb_build_object('write', w.write_id) END,
+    SET checkpoint = coalesce(w.checkpoint, t.checkpoint || '{"cursor": null}')
+                     || CASE WHEN w.write_id IS NULL THEN '{}'
+                             ELSE jsonb_build_object('write', w.write_id) END,
         state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
@@ -286,8 +288,10 @@ WITH w AS (
         spend jsonb)
 ), budget_use AS (
     UPDATE toolkit_tenant_budgets b
-    SET used = b.used + d.delta,
-        reserved = greatest(b.reserved - d.released, 0)
+    -- A released reservation leaves used by what the row really held of it (none when the
+    -- budget was set after the reservation was taken): its spend counts either way.
+    SET used = b.used + d.delta + (d.released - least(d.released, b.reserved)),
+        reserved = b.reserved - least(d.released, b.reserved)
     FROM (
         SELECT g.tenant, k.resource, sum(k.delta) AS delta, sum(k.released) AS released
         FROM guard g
