@@ -141,6 +141,12 @@ def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps
         "run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn
     )
     assert code == 1 and "cannot import 'no.such.module'" in err
+    for spec, message in [
+        ("tests.apps.counting:nope", "module 'tests.apps.counting' has no 'nope' (it has app)"),
+        ("tests.apps.counting:CREATE_CALLS", "tests.apps.counting.CREATE_CALLS is a str, not a"),
+    ]:
+        code, _, err = invoke("run", "--app", spec, "--definitions", str(three_steps), dsn=dsn)
+        assert code == 1 and message in err, err
     code, _, err = invoke(
         "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),
         "--lease", "3", "--heartbeat", "2", dsn=dsn,

@@ -710,9 +710,16 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
-    app = getattr(module, attr or "app", None)
+    name = attr or "app"
+    if not hasattr(module, name):
+        apps = sorted(key for key, value in vars(module).items() if isinstance(value, App))
+        hint = f" (it has {', '.join(apps)})" if apps else ""
+        raise ConfigError(f"--app {spec}: module {module_name!r} has no {name!r}{hint}")
+    app = getattr(module, name)
     if not isinstance(app, App):
-        raise ConfigError(f"--app {spec}: {module_name}.{attr or 'app'} is not a toolkit.App")
+        raise ConfigError(
+            f"--app {spec}: {module_name}.{name} is a {type(app).__name__}, not a toolkit.App"
+        )
     return app
 
 
