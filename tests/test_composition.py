@@ -382,22 +382,13 @@ async def test_a_reservation_past_what_the_tenant_spent_for_good_fails_the_step(
     assert await tenant_use(store, "acme") == (150, 0)
 
 
-RESERVE_SLOW = """
-name: reserve-slow
-version: 1
-start: fan
-steps:
-  fan:
-    map:
-      items: "${ input.items }"
-      reserve: {per_branch: {tokens: 50}}
-      branch:
-        start: call
-        steps:
-          call: {effect: count.spend, idempotent: true, args: {tokens: "${ context.item }"},
-                 next: slow}
-          slow: {effect: count.work, idempotent: true, args: {seconds: 60}}
-"""
+# RESERVE with a minute-long call after the spend: the step is still running when cancelled.
+RESERVE_SLOW = RESERVE.replace("name: reserve\n", "name: reserve-slow\n").replace(
+    'args: {tokens: "${ context.item }"}}',
+    'args: {tokens: "${ context.item }"},\n'
+    "                 next: slow}\n"
+    "          slow: {effect: count.work, idempotent: true, args: {seconds: 60}}",
+)
 
 
 async def test_a_task_cancelled_mid_step_returns_its_reservation(store: Store) -> None:

@@ -151,11 +151,7 @@ class DefinitionCatalog:
         Raises:
             UnknownDefinition: no such version.
         """
-        if (
-            await self._db.fetch_one("retire_definition", {"name": name, "version": version})
-            is None
-        ):
-            raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
+        await self._mark(name, version, "retire_definition")
 
     async def restore(self, name: str, version: int) -> None:
         """Take new submissions to a retired version again (undoes :meth:`retire`).
@@ -163,10 +159,10 @@ class DefinitionCatalog:
         Raises:
             UnknownDefinition: no such version.
         """
-        if (
-            await self._db.fetch_one("restore_definition", {"name": name, "version": version})
-            is None
-        ):
+        await self._mark(name, version, "restore_definition")
+
+    async def _mark(self, name: str, version: int, statement: str) -> None:
+        if await self._db.fetch_one(statement, {"name": name, "version": version}) is None:
             raise UnknownDefinition(f"no definition {name!r} version {version} is deployed")
 
     async def delete(self, name: str, version: int) -> None:
