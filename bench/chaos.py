@@ -94,6 +94,25 @@ SELECT count(*) FILTER (WHERE l.calls IS NOT NULL) AS called,
 FROM toolkit_tasks t
 LEFT JOIN chaos_ledger l ON l.idempotency_key = t.id || ':' || (t.checkpoint ->> 'pending')
 WHERE t.state = 'waiting' AND t.wait_reason = 'reconciliation'"""
+UNSETTLED_SQL: LiteralString = """
+SELECT t.id, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.attempts,
+       round(extract(epoch FROM t.lease_expires_at - clock_timestamp())::numeric, 1)
+           AS lease_expires_in,
+       round(extract(epoch FROM t.run_at - clock_timestamp())::numeric, 1) AS due_in,
+       t.cancel_requested IS NOT NULL AS cancel_requested,
+       t.checkpoint ->> 'cursor' AS cursor, t.checkpoint ->> 'pending' AS pending,
+       t.checkpoint -> 'wait' AS wait,
+       (SELECT array_agg(s.name || CASE WHEN s.consumed_at IS NULL THEN '' ELSE '(consumed)' END
+                         ORDER BY s.id)
+        FROM toolkit_signals s WHERE s.task_id = t.id) AS signals,
+       (SELECT array_agg(e.kind || ':' || coalesce(e.worker_id, '-') || ':'
+                         || coalesce(e.fencing_token::text, '-') ORDER BY e.id)
+        FROM (SELECT * FROM toolkit_task_events x WHERE x.task_id = t.id
+              ORDER BY x.id DESC LIMIT 12) e) AS last_events
+FROM toolkit_tasks t
+WHERE t.state NOT IN ('succeeded', 'failed', 'cancelled')
+  AND NOT (t.state = 'waiting' AND t.wait_reason = 'reconciliation')
+ORDER BY t.id"""
 FAILED_SQL: LiteralString = """
 SELECT error ->> 'name' AS name, error ->> 'step' AS step, count(*)
 FROM toolkit_tasks WHERE state = 'failed' GROUP BY 1, 2 ORDER BY 3 DESC"""
@@ -583,6 +602,8 @@ async def measure(dsn: str, figures: Figures) -> None:
         f"chaos: in reconciliation: {uncertain[0].get('called')} whose call did happen, "
         f"{uncertain[0].get('not_called')} whose call did not (per the ledger)"
     )
+    for task in await fetch(dsn, UNSETTLED_SQL) or []:
+        note(f"chaos: unsettled task: {task}")
     for failure in await fetch(dsn, FAILED_SQL) or []:
         note(f"chaos: failed tasks: {failure}")
     for violation in figures.audit.violations[:20]:

@@ -128,8 +128,3 @@ class Callbacks:
     async def expire(self, token: str) -> None:
         """Refuse any later completion of ``token`` (its attempt timed out)."""
         await self._db.execute("expire_callback", {"token": token})
-
-    async def wake_if_completed(self, task_id: int, token: str) -> bool:
-        """Make a task that just started waiting for ``token`` due if it is completed."""
-        row = await self._db.fetch_one("wake_if_completed", {"task_id": task_id, "token": token})
-        return row is not None

@@ -929,14 +929,6 @@ class Interpreter:
                 cycle, state="waiting", wait_reason="callback",
                 delay_seconds=step.callback.timeout,
             )  # fmt: skip
-        try:  # a completion that came while the write waited for the row
-            await self._callbacks.wake_if_completed(cycle.task.id, token)
-        except (DatabaseUnavailable, StoreError) as exc:
-            logger.info(
-                "could not look for a callback completion after the wait was committed: %s",
-                exc,
-                extra={"action": "wake_check_failed", "task_id": cycle.task.id},
-            )
         return CycleOutcome.WAITING
 
     # --- compensation -------------------------------------------------------------------------
@@ -1352,7 +1344,6 @@ class Interpreter:
                 await self._commit(
                     cycle, state="waiting", wait_reason="signal", delay_seconds=step.timeout
                 )
-            await self._wake_if_signalled(cycle, [step.signal])
             return CycleOutcome.WAITING
         if resumed:  # a timer wait is only claimed again once its run_at has passed
             cp.wait = None
@@ -1385,22 +1376,6 @@ class Interpreter:
         signal_id, name, payload = found
         cycle.signals.append((signal_id, occurrence))
         return name, payload
-
-    async def _wake_if_signalled(self, cycle: _Cycle, names: list[str]) -> None:
-        """After a signal wait is committed: wake the task if a signal came in meanwhile.
-
-        The write woke the task if the signal was stored before it; one sent while the write
-        waited for the row is caught here. The wait is committed either way: a failure here
-        is no reason to report the cycle as anything but waiting.
-        """
-        try:
-            await self._leases.wake_if_signalled(cycle.task.id, names)
-        except (DatabaseUnavailable, StoreError) as exc:
-            logger.info(
-                "could not look for a signal after the wait was committed: %s",
-                exc,
-                extra={"action": "wake_check_failed", "task_id": cycle.task.id},
-            )
 
     async def _wait_any(self, cycle: _Cycle, step: WaitStep) -> CycleOutcome | None:
         """``wait: {any: [...]}``: the first of several signals and timers decides where to go.
@@ -1444,8 +1419,6 @@ class Interpreter:
             Event("waiting", {"step": step.id, "signals": names, "until": until, "reason": reason})
         )
         await self._commit(cycle, state="waiting", wait_reason=reason, run_at=run_at)
-        if names:
-            await self._wake_if_signalled(cycle, names)
         return CycleOutcome.WAITING
 
     async def _route(

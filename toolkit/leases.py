@@ -28,6 +28,10 @@ NEVER = "9999-12-31T00:00:00+00:00"
 
 TaskState = Literal["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]
 WaitReason = Literal["timer", "signal", "callback", "child", "budget", "limit", "reconciliation"]
+#: Waits that something sent from outside ends (a signal, a callback completion): the commit
+#: of such a wait looks for what was sent while it queued for the task's row (see
+#: :meth:`Leases.commit_many`).
+_RACED: frozenset[str] = frozenset({"signal", "callback"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,8 +121,9 @@ class FencedWrite:
             through ``budget_delta``). None: nothing.
         clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
 
-    A signal wait (``waiting``, reason ``signal``) is made due at once by the write itself
-    when a signal of that name is already stored and not consumed by this write.
+    A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
+    at once, in the transaction that commits it, when a signal it waits for is stored and not
+    consumed by this write, or its callback is completed.
     """
 
     task_id: int
@@ -301,7 +306,11 @@ class Leases:
         """Apply fenced writes of several tasks in one statement (group commit).
 
         Each write is fenced on its own: one whose lease is lost changes nothing, the others
-        apply. All applied writes commit together. A write whose ``write_id`` is already
+        apply. All applied writes commit together. A batch with signal or callback waits is
+        one transaction of two statements: the second makes such a wait due when what it
+        waits for was sent while the first queued for the task's row (the sender then saw
+        the task leased, and the first statement's snapshot predates the send); so a wait
+        and its wake-up commit together or not at all. A write whose ``write_id`` is already
         stored (it was applied by an earlier send) is reported with the task's state and
         applied again never.
 
@@ -319,11 +328,19 @@ class Leases:
             StoreError: the database refused the batch (e.g. a value it cannot store);
                 nothing of the batch was written.
         """
-        rows = await self._db.fetch_all(
-            "commit_fenced",
-            {"worker_id": worker_id, "writes": Jsonb([_write_json(w) for w in writes])},
-        )
-        return {row["id"]: row["state"] for row in rows}
+        params = {"worker_id": worker_id, "writes": Jsonb([_write_json(w) for w in writes])}
+        waits = [w.task_id for w in writes if w.state == "waiting" and w.wait_reason in _RACED]
+        if not waits:  # the hot path: one statement
+            rows = await self._db.fetch_all("commit_fenced", params)
+            return {row["id"]: row["state"] for row in rows}
+        async with self._db.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(query("commit_fenced"), params)
+            applied = {row["id"]: row["state"] for row in await cursor.fetchall()}
+            raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
+            if raced:
+                await cursor.execute(query("wake_raced_waits"), {"task_ids": raced})
+        return applied
 
     async def next_signal(
         self, task_id: int, names: Sequence[str], taken: Sequence[int] = ()
@@ -348,17 +365,6 @@ class Leases:
         row = await self._db.fetch_one("database_now")
         assert row is not None
         return row["now"]  # type: ignore[no-any-return]
-
-    async def wake_if_signalled(self, task_id: int, names: Sequence[str]) -> bool:
-        """Make a task that just started waiting for signals due if one of ``names`` is stored.
-
-        Returns:
-            True if the task was woken.
-        """
-        row = await self._db.fetch_one(
-            "wake_if_signalled", {"task_id": task_id, "names": list(names)}
-        )
-        return row is not None
 
 
 def _write_json(write: FencedWrite) -> dict[str, Any]:

@@ -30,21 +30,30 @@ JOIN toolkit_tasks t ON t.id = c.task_id
 WHERE c.token = %(token)s;
 
 -- name: complete_callback
--- Completes an open callback once, and wakes its task if it already waits for it.
-WITH completed AS (
+-- Completes an open callback once, and wakes its task if it already waits for it. The task
+-- row is locked first and whether it waits is read from that latest version, as
+-- send_signal does: a wait committed while this statement queued for the row is woken; one
+-- committed after this statement is woken by the worker's own commit (wake_raced_waits).
+WITH target AS (
+    SELECT t.id, t.state, t.wait_reason
+    FROM toolkit_callbacks c
+    JOIN toolkit_tasks t ON t.id = c.task_id
+    WHERE c.token = %(token)s
+    FOR NO KEY UPDATE OF t
+), completed AS (
     UPDATE toolkit_callbacks
     SET state = 'completed', result = %(result)s::jsonb, error = %(error)s::jsonb,
         completed_at = clock_timestamp()
-    WHERE token = %(token)s AND state = 'open'
-      AND EXISTS (SELECT 1 FROM toolkit_tasks t
-                  WHERE t.id = toolkit_callbacks.task_id
-                    AND t.state IN ('queued', 'leased', 'waiting'))
-    RETURNING task_id, occurrence
+    FROM target
+    WHERE token = %(token)s AND toolkit_callbacks.state = 'open'
+      AND target.state IN ('queued', 'leased', 'waiting')
+    RETURNING toolkit_callbacks.task_id, occurrence
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM completed c
-    WHERE t.id = c.task_id AND t.state = 'waiting' AND t.wait_reason = 'callback'
+    FROM completed c, target
+    WHERE t.id = c.task_id AND target.id = c.task_id
+      AND target.state = 'waiting' AND target.wait_reason = 'callback'
     RETURNING t.id
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)
@@ -60,15 +69,3 @@ FROM completed;
 
 -- name: expire_callback
 UPDATE toolkit_callbacks SET state = 'expired' WHERE token = %(token)s AND state = 'open';
-
--- name: wake_if_completed
--- Run right after a task starts waiting for a callback: a completion that arrived while the
--- task was still leased makes it due at once.
-UPDATE toolkit_tasks
-SET run_at = clock_timestamp()
-WHERE id = %(task_id)s
-  AND state = 'waiting'
-  AND wait_reason = 'callback'
-  AND EXISTS (SELECT 1 FROM toolkit_callbacks
-              WHERE token = %(token)s AND state = 'completed')
-RETURNING id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;

@@ -189,8 +189,8 @@ RETURNING t.id, t.cancel_requested;
 -- database now + delay_seconds when given, else stays. A task with a cancel request that would go on waiting or queued ends cancelled
 -- instead, so no request is lost between two heartbeats. Rows are locked in id order.
 -- A write with a write_id is stored with it (checkpoint ->> 'write'); sent again after its
--- outcome was lost with a connection, it is found applied and applied again never. A signal
--- wait is due at once when a signal of its name is stored and not consumed by this write.
+-- outcome was lost with a connection, it is found applied and applied again never. (A signal
+-- or callback wait whose signal or completion is stored is made due by wake_raced_waits.)
 -- A wait for a child (reason child) is due at once when a child ended while the task held
 -- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
 -- (a different row: a parent written by this statement is not touched twice). A write's
@@ -238,17 +238,6 @@ WITH w AS (
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
         run_at = LEAST(CASE
-            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'signal'
-                 AND EXISTS (
-                     SELECT 1 FROM toolkit_signals s
-                     WHERE s.task_id = t.id
-                       AND (s.name = w.checkpoint -> 'wait' ->> 'signal'
-                            OR coalesce(w.checkpoint -> 'wait' -> 'signals' ? s.name, false))
-                       AND s.consumed_at IS NULL
-                       AND NOT EXISTS (
-                           SELECT 1 FROM jsonb_to_recordset(w.signals) AS c(id bigint)
-                           WHERE c.id = s.id))
-                THEN clock_timestamp()
             WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'child'
                  AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
                 THEN clock_timestamp()
@@ -379,18 +368,29 @@ WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS
 ORDER BY id
 LIMIT 1;
 
--- name: wake_if_signalled
--- Run right after a task starts waiting for a signal: a signal that arrived while the task
--- was still leased makes it due at once (the sender only wakes tasks already waiting).
-UPDATE toolkit_tasks
+-- name: wake_raced_waits
+-- The second statement of a group commit whose batch has signal or callback waits, in the
+-- same transaction (%(task_ids)s: the tasks whose write applied such a wait). A signal or a
+-- callback completion committed while the commit queued for the task's row lock is not in
+-- commit_fenced's snapshot, and its sender saw the task leased; this statement's snapshot,
+-- taken after the row locks were granted, has it. It makes such a wait due at once, in the
+-- transaction that commits the wait, so no crash or outage between the two can lose it.
+UPDATE toolkit_tasks t
 SET run_at = clock_timestamp()
-WHERE id = %(task_id)s
-  AND state = 'waiting'
-  AND wait_reason = 'signal'
-  AND EXISTS (SELECT 1 FROM toolkit_signals
-              WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[])
-                AND consumed_at IS NULL)
-RETURNING id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.state = 'waiting'
+  AND t.run_at > clock_timestamp()
+  AND CASE t.wait_reason
+      WHEN 'signal' THEN EXISTS (
+          SELECT 1 FROM toolkit_signals s
+          WHERE s.task_id = t.id AND s.consumed_at IS NULL
+            AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
+                 OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
+      WHEN 'callback' THEN EXISTS (
+          SELECT 1 FROM toolkit_callbacks c
+          WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
+      ELSE false END
+RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 
 -- name: database_now
 -- The database's clock (time is always the database's, DESIGN §2).

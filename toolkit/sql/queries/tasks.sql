@@ -134,9 +134,14 @@ SELECT EXISTS (
         WHERE NOT tn.paused) AS next_due;
 
 -- name: send_signal
--- Stores a signal for a live task and wakes it when it already waits for that name.
+-- Stores a signal for a live task and wakes it when it already waits for that name. Whether
+-- it waits is read from the row as locked here (its latest version), never from this
+-- statement's snapshot: a wait committed while this statement queued for the row lock is
+-- seen and woken. A wait committed after this statement finds it (the task was leased) is
+-- woken by the worker's own commit (wake_raced_waits).
 WITH target AS (
-    SELECT id, state FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
+    SELECT id, state, wait_reason, checkpoint -> 'wait' AS wait
+    FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
 ), inserted AS (
     INSERT INTO toolkit_signals (task_id, name, payload)
     SELECT id, %(name)s, %(payload)s FROM target
@@ -145,12 +150,12 @@ WITH target AS (
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM inserted i
-    WHERE t.id = i.task_id
-      AND t.state = 'waiting'
-      AND t.wait_reason = 'signal'
-      AND (t.checkpoint -> 'wait' ->> 'signal' = %(name)s
-           OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
+    FROM inserted i, target
+    WHERE t.id = i.task_id AND target.id = i.task_id
+      AND target.state = 'waiting'
+      AND target.wait_reason = 'signal'
+      AND (target.wait ->> 'signal' = %(name)s
+           OR coalesce(target.wait -> 'signals' ? %(name)s, false))
     RETURNING t.id
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)
