@@ -1,8 +1,13 @@
-"""The package façade: `toolkit.__all__` is exact, and every error class is exported."""
+"""The public surface: `toolkit.__all__` is exact, every error class is exported, and every
+name the docs and tutorials use is pinned and imports."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import json
+import re
+from pathlib import Path
 
 import toolkit
 from toolkit import errors
@@ -22,3 +27,94 @@ def test_every_error_a_user_catches_is_exported() -> None:
     }
     missing = sorted(classes - set(toolkit.__all__) - internal)
     assert not missing, f"toolkit.__all__ lacks {missing}"
+
+
+# --- what users import: pinned, so that moving a module is a deliberate, visible change ---------
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: ``toolkit.__all__``, exactly.
+EXPORTS = [
+    "App", "BudgetExceeded", "CallbackRefused", "CancellationToken", "ConfigError",
+    "DatabaseUnavailable", "DefinitionConflict", "DefinitionError", "DefinitionInUse",
+    "DefinitionRetired", "EffectCancelled", "EffectContext", "ExpressionError",
+    "HandlerArgumentsMismatch", "HandlerNotFound", "HistoryError", "InputError", "LeaseLost",
+    "MissingHandlers", "MissingLimits", "NotExported", "NotReconcilable", "PayloadRefused",
+    "ResultNotJson", "ResultTooLarge", "Store", "SubmitConflict", "SupervisorConfig",
+    "SupervisorReport", "TaskTerminal", "ToolkitError", "UnknownDefinition", "UnknownLimit",
+    "UnknownTask", "UnknownTenant", "Worker", "WorkerIdInUse", "WorkflowDefinition",
+    "WorkflowSupervisor", "load_definition", "load_definitions", "parse_definition",
+    "start_embedded", "stop_embedded",
+]  # fmt: skip
+
+#: Every dotted name the docs (API reference included), the README and the tutorials import
+#: or name. A module that moves keeps these working (a re-export) or the docs change with it.
+DOCUMENTED = [
+    "toolkit", "toolkit.audit.AuditReport", "toolkit.audit.Violation", "toolkit.audit.audit_all",
+    "toolkit.audit.audit_task", "toolkit.catalog.DefinitionCatalog",
+    "toolkit.definition.schema_path", "toolkit.diagram", "toolkit.diagram.mermaid",
+    "toolkit.diagram.step_kind", "toolkit.errors.DefinitionFault",
+    "toolkit.errors.EffectCancelled", "toolkit.errors.HistoryError",
+    "toolkit.errors.NotExported", "toolkit.errors.NotReconcilable",
+    "toolkit.errors.TaskTerminal", "toolkit.export", "toolkit.export.EXPORT_COLUMNS",
+    "toolkit.export.export_history", "toolkit.faults.fault_point", "toolkit.history",
+    "toolkit.history.open", "toolkit.log_format.JsonFormatter", "toolkit.notebook",
+    "toolkit.notebook.ScratchDatabase", "toolkit.notebook.TaskBrowser",
+    "toolkit.notebook.plot_history", "toolkit.retention", "toolkit.tasks.TaskRecord",
+    "toolkit.tasks.Tasks", "toolkit.tenants.Budget", "toolkit.tenants.TenantRecord",
+    "toolkit.tenants.Tenants",
+    *(f"toolkit.{name}" for name in EXPORTS),
+]  # fmt: skip
+
+_REFERENCE = re.compile(r"::: (toolkit[\w.]*)|`(toolkit\.[a-z_]+\.\w+)")
+_FROM_IMPORT = re.compile(r"^\s*from (toolkit[\w.]*) import \(?([\w, \n]+?)\)?\s*$", re.M)
+_IMPORT = re.compile(r"^\s*import (toolkit[\w.]*)", re.M)
+
+
+def documented_names() -> set[str]:
+    """The dotted toolkit names the docs, the README and the tutorials use."""
+    texts = [path.read_text() for path in [*ROOT.glob("docs/**/*.md"), ROOT / "README.md"]]
+    for notebook in ROOT.glob("notebooks/*.ipynb"):
+        cells = json.loads(notebook.read_text())["cells"]
+        texts += ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+    names: set[str] = set()
+    for text in texts:
+        names.update(a or b for a, b in _REFERENCE.findall(text))
+        for module, imported in _FROM_IMPORT.findall(text):
+            names.update(f"{module}.{n.strip()}" for n in imported.split(",") if n.strip())
+        names.update(_IMPORT.findall(text))
+    return names
+
+
+def resolve(dotted: str) -> object:
+    """The object a dotted name denotes: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[cut:]:
+            value = getattr(value, attribute)
+        return value
+    raise ModuleNotFoundError(dotted)
+
+
+def test_the_package_exports_exactly_the_pinned_names() -> None:
+    assert list(toolkit.__all__) == EXPORTS
+
+
+def test_every_documented_name_resolves() -> None:
+    broken = []
+    for name in DOCUMENTED:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError) as exc:
+            broken.append(f"{name}: {exc}")
+    assert not broken, "documented names that no longer import:\n" + "\n".join(broken)
+
+
+def test_the_docs_and_tutorials_use_only_pinned_names() -> None:
+    unpinned = sorted(documented_names() - set(DOCUMENTED))
+    assert not unpinned, f"pin these in DOCUMENTED (or fix the docs): {unpinned}"
