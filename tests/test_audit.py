@@ -93,7 +93,7 @@ async def crash_at(store: Store, text: str, step: str) -> int:
 
     (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0)
     with pytest.raises(Crash):
-        await Interpreter(store.leases, crashing, "dead", store.db.connection).execute(task, d)
+        await Interpreter(store, crashing, "dead").execute(task, d)
     await expire_leases(store)
     return task.id
 
@@ -155,15 +155,14 @@ async def test_a_stale_writer_refused_by_the_fence_leaves_a_sound_history(store:
     (fresh,) = await store.leases.claim("fresh", [digest], 1, 30.0)
     assert (stale.token, fresh.token) == (1, 2)
     late = FencedWrite(
-        task_id=task_id,
-        token=stale.token,
+        fence=stale.fence("stale"),
         checkpoint=stale.checkpoint,
         state="failed",
         error={"name": "Late", "message": "written after the lease moved on"},
         events=(Event("failed"),),
     )
     with pytest.raises(LeaseLost):
-        await store.leases.commit("stale", late)
+        await store.leases.commit(late)
     await expire_leases(store)
     await drain(store, THREE_STEPS)
     assert (await store.tasks.get(task_id)).state == "succeeded"

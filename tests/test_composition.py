@@ -424,7 +424,7 @@ async def test_a_task_cancelled_after_its_worker_died_mid_step_returns_its_reser
     fanout = {"occurrence": "fan#1", "branches": {}, "winner": None,
               "reserved": {"tokens": 100}, "spent": {"tokens": 40}}  # fmt: skip
     outcome, _ = await Budgets(store.db).reserve(
-        "dead", task.id, task.token, "acme", {"tokens": 100},
+        task.fence("dead"), {"tokens": 100},
         {**task.checkpoint, "fanout": fanout}, f"{task.token}:1", {},
     )  # fmt: skip
     assert outcome is ReservationOutcome.RESERVED
@@ -490,12 +490,12 @@ async def test_a_task_the_engine_fails_mid_step_returns_its_reservation(
 ) -> None:
     """An engine fault after the reservation's own write fails the task over its stored
     checkpoint, which records the reservation: the task's end returns it."""
-    from toolkit.engine import Interpreter
+    from toolkit.engine.steps.fanout import Branches
 
-    async def broken(*args: Any) -> None:
+    def broken(*args: Any) -> None:
         raise RuntimeError("a fault of the engine")
 
-    monkeypatch.setattr(Interpreter, "_end_fanout", broken)
+    monkeypatch.setattr(Branches, "end", broken)
     await set_tenant_budget(store, "acme", 100)
     (task_id,) = await deploy_submit(store, RESERVE, [{"items": [10, 20]}], tenant="acme")
     await drain(store, RESERVE)
@@ -518,7 +518,7 @@ async def test_a_budget_set_while_a_reservation_is_out_counts_only_the_spend(
         fanout = {"occurrence": "fan#1", "branches": {}, "winner": None,
                   "reserved": {"tokens": 100}, "spent": {"tokens": float(sum(items))}}  # fmt: skip
         outcome, _ = await Budgets(store.db).reserve(
-            "w", task.id, task.token, "acme", {"tokens": 100},
+            task.fence("w"), {"tokens": 100},
             {**task.checkpoint, "fanout": fanout}, f"{task.token}:1", {},
         )  # fmt: skip
         assert outcome is ReservationOutcome.RESERVED  # no tokens budget: nothing taken
@@ -527,10 +527,10 @@ async def test_a_budget_set_while_a_reservation_is_out_counts_only_the_spend(
     (first, fanout), (second, _) = ended
     # The step ends: the engine's release (30 spent, 100 returned).
     release = FencedWrite(
-        first.id, first.token, {**first.checkpoint, "fanout": None}, state="succeeded",
+        first.fence("w"), {**first.checkpoint, "fanout": None}, state="succeeded",
         budget_delta={"tokens": -70.0}, budget_released={"tokens": 100.0},
     )  # fmt: skip
-    assert await store.leases.commit("w", release) == "succeeded"
+    assert await store.leases.commit(release) == "succeeded"
     assert await tenant_use(store, "acme") == (30, 0)
     # The task ends holding it (cancelled once its lease expired): the trigger's release.
     await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
@@ -554,7 +554,7 @@ async def test_a_reservation_that_can_never_fit_on_one_resource_is_not_deferred(
     await store.tasks.submit(d, [{"items": [1]}], tenant="acme")
     (task,) = await store.leases.claim("w", [d.digest], 1, 60)
     outcome = await Budgets(store.db).reserve(
-        "w", task.id, task.token, "acme", {"tokens": 10, "zeta": 1000},
+        task.fence("w"), {"tokens": 10, "zeta": 1000},
         task.checkpoint, f"{task.token}:1", {},
     )  # fmt: skip
     assert outcome == (ReservationOutcome.NEVER, "zeta")
@@ -573,7 +573,7 @@ async def test_concurrent_reservations_never_over_commit_a_tenant_budget(store: 
 
     async def reserve(task: Any) -> None:
         outcome, _ = await budgets.reserve(
-            "racer", task.id, task.token, "acme", {"tokens": 100},
+            task.fence("racer"), {"tokens": 100},
             {**task.checkpoint, "reserved": True}, f"{task.token}:1", {},
         )  # fmt: skip
         outcomes.append(outcome)

@@ -130,7 +130,9 @@ async def test_signals_are_kept_consumed_once_in_order_and_wake_the_task(store: 
         await store.tasks.signal(10**9, "go")
 
 
-async def test_a_signal_racing_the_wait_commit_is_not_lost(store: Store) -> None:
+async def test_a_signal_racing_the_wait_commit_is_not_lost(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A signal stored while the task still holds its lease wakes it right after it waits."""
     (task_id,) = await deploy_submit(store, SIGNALLED, [{}])
     d = definition(SIGNALLED)
@@ -142,8 +144,8 @@ async def test_a_signal_racing_the_wait_commit_is_not_lost(store: Store) -> None
             await store.tasks.signal(task_id, names[0], "raced")  # arrives after the look
             return found
 
-    racing = Racing(store.db)
-    await Interpreter(racing, app, "w", store.db.connection).execute(task, d)
+    monkeypatch.setattr(store, "leases", Racing(store.db))
+    await Interpreter(store, app, "w").execute(task, d)
     record = await store.tasks.get(task_id)
     assert record.state == "waiting"
     due = await sql(
@@ -218,7 +220,7 @@ async def _leave_uncertain(store: Store, count: int) -> list[int]:
 
     for task in await store.leases.claim("dead", [d.digest], count, 30.0):
         with pytest.raises(Crash):
-            await Interpreter(store.leases, crashing, "dead", store.db.connection).execute(task, d)
+            await Interpreter(store, crashing, "dead").execute(task, d)
     await sql(
         store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
     )
@@ -387,7 +389,7 @@ steps:
 
     (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0)
     with pytest.raises(Crash):
-        await Interpreter(store.leases, crashing, "dead", store.db.connection).execute(task, d)
+        await Interpreter(store, crashing, "dead").execute(task, d)
     await sql(
         store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
     )

@@ -701,7 +701,7 @@ async def limit_deferral(run: Run) -> None:
     await run.store.limits.sync(LIMITS.limit_specs)
     (task,) = await run.store.leases.claim("ghost", [holder.digest], 1, 30.0)
     taken = await run.store.limits.acquire(
-        "ghost", task.id, task.token, task.tenant, "call#1", ("golden.one-at-a-time",), 0
+        task.fence("ghost"), "call#1", ("golden.one-at-a-time",), 0
     )
     assert not isinstance(taken, LimitDeferral)
     run.definitions.clear()

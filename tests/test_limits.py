@@ -7,6 +7,7 @@ themselves recorded (``tests/apps/limited.py``), never what the store claims abo
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import signal
@@ -109,9 +110,7 @@ async def claimed(store: Store, text: str, n: int, tenant: str = "default") -> l
 
 
 async def acquire(store: Store, task: ClaimedTask, *names: str) -> LimitGrant | LimitDeferral:
-    return await store.limits.acquire(
-        "w", task.id, task.token, task.tenant, OCCURRENCE, names or ("solo",)
-    )
+    return await store.limits.acquire(task.fence("w"), OCCURRENCE, names or ("solo",))
 
 
 async def test_sync_stores_app_limits_and_keeps_an_operators(store: Store) -> None:
@@ -155,10 +154,8 @@ async def test_a_full_limit_defers_and_the_outcome_releases_the_slot(store: Stor
     # The second task waits for the limit; the first one's outcome frees the slot and wakes it.
     wait = {"occurrence": OCCURRENCE, "limit": "solo", "scope": ""}
     await store.leases.commit(
-        "w",
         FencedWrite(
-            second.id,
-            second.token,
+            second.fence("w"),
             {**second.checkpoint, "wait": wait},
             state="waiting",
             wait_reason="limit",
@@ -168,7 +165,7 @@ async def test_a_full_limit_defers_and_the_outcome_releases_the_slot(store: Stor
     assert (await store.limits.get("solo")).waiting == 1
     record = EvidenceRecord(OCCURRENCE, "call", "lim.solo", True, "k", "completed", 1, result=1)
     await store.leases.commit(
-        "w", FencedWrite(first.id, first.token, first.checkpoint, evidence=(record,))
+        FencedWrite(first.fence("w"), first.checkpoint, evidence=(record,))
     )
     assert (await store.limits.get("solo")).in_use == 0
     assert query(
@@ -238,7 +235,8 @@ async def test_the_lease_fences_an_acquisition(store: Store) -> None:
     from toolkit.errors import LeaseLost
 
     with pytest.raises(LeaseLost):
-        await store.limits.acquire("w", task.id, task.token + 1, task.tenant, OCCURRENCE, ["solo"])
+        stale = dataclasses.replace(task.fence("w"), token=task.token + 1)
+        await store.limits.acquire(stale, OCCURRENCE, ["solo"])
     assert (await store.limits.get("solo")).in_use == 0
 
 

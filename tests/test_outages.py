@@ -21,7 +21,8 @@ from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit import supervisor as supervisor_module
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import DatabaseUnavailable, StoreError
-from toolkit.leases import Event, EvidenceRecord, FencedWrite, GroupCommit, TaskState
+from toolkit.leases import Event, EvidenceRecord, FencedWrite, GroupCommit
+from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.registry import App, EffectContext
 from toolkit.store import Store
@@ -171,7 +172,7 @@ async def test_claim_loop_survives_a_refused_claim(
 
 
 async def _running_writer(tg: TaskGroup, store: Store) -> GroupCommit:
-    writer = GroupCommit(store.leases, "w")
+    writer = GroupCommit(store.leases)
     tg.start_soon(writer.run)
     await anyio.wait_all_tasks_blocked()
     return writer
@@ -205,14 +206,14 @@ async def test_group_commit_writer_survives_a_write_the_driver_cannot_send(store
         results = await _commit_all(
             writer,
             {
-                "good": FencedWrite(a.id, a.token, a.checkpoint, state="succeeded", result=1),
-                "bad": FencedWrite(b.id, b.token, {**b.checkpoint, "x": object()}),
+                "good": FencedWrite(a.fence("w"), a.checkpoint, state="succeeded", result=1),
+                "bad": FencedWrite(b.fence("w"), {**b.checkpoint, "x": object()}),
             },
         )
         assert results["good"] == "succeeded"
         assert isinstance(results["bad"], StoreError)
         # The writer still runs: the task of the refused write can still be failed cleanly.
-        failed = FencedWrite(b.id, b.token, b.checkpoint, state="failed", error={"name": "X"})
+        failed = FencedWrite(b.fence("w"), b.checkpoint, state="failed", error={"name": "X"})
         assert await writer.commit(failed) == "failed"
         tg.cancel_scope.cancel()
 
@@ -228,10 +229,10 @@ async def test_two_writes_of_one_task_in_one_batch_apply_in_order(store: Store) 
         idempotency_key=f"{task.id}:first#1", record="completed", attempt=1, result={"v": 1},
     )  # fmt: skip
     progress = FencedWrite(
-        task.id, task.token, {**task.checkpoint, "cursor": "second"}, evidence=(record,)
+        task.fence("w"), {**task.checkpoint, "cursor": "second"}, evidence=(record,)
     )
     release = FencedWrite(
-        task.id, task.token, {**task.checkpoint, "cursor": "second", "steps_run": 1},
+        task.fence("w"), {**task.checkpoint, "cursor": "second", "steps_run": 1},
         state="queued", delay_seconds=0, events=(Event("released"),),
     )  # fmt: skip
     async with anyio.create_task_group() as tg:
@@ -258,23 +259,23 @@ async def test_a_write_sent_again_after_a_lost_reply_applies_once(store: Store) 
         idempotency_key=f"{task_id}:first#1", record="completed", attempt=1, result={"v": 1},
     )  # fmt: skip
     progress = FencedWrite(
-        task_id, task.token, {**task.checkpoint, "cursor": "second"},
+        task.fence("w"), {**task.checkpoint, "cursor": "second"},
         evidence=(record,), events=(Event("progress"),), write_id=f"{task.token}:1",
     )  # fmt: skip
-    assert await store.leases.commit_many("w", [progress]) == {task_id: "leased"}
-    assert await store.leases.commit_many("w", [progress]) == {task_id: "leased"}
+    assert await store.leases.commit_many([progress]) == {task_id: "leased"}
+    assert await store.leases.commit_many([progress]) == {task_id: "leased"}
     done = FencedWrite(
-        task_id, task.token, {**task.checkpoint, "cursor": None}, state="succeeded",
+        task.fence("w"), {**task.checkpoint, "cursor": None}, state="succeeded",
         result={"v": 1}, events=(Event("succeeded"),), write_id=f"{task.token}:2",
     )  # fmt: skip
-    assert await store.leases.commit("w", done) == "succeeded"
-    assert await store.leases.commit("w", done) == "succeeded"  # applied, though no lease now
+    assert await store.leases.commit(done) == "succeeded"
+    assert await store.leases.commit(done) == "succeeded"  # applied, though no lease now
     assert len(await store.tasks.evidence(task_id)) == 1
     kinds = [e["kind"] for e in await store.tasks.events(task_id)]
     assert kinds == ["submitted", "claimed", "progress", "succeeded"]
     # Without a write id nothing tells a second send from a new write: the fence decides.
-    stale = FencedWrite(task_id, task.token, task.checkpoint, state="failed")
-    assert await store.leases.commit_many("w", [stale]) == {}
+    stale = FencedWrite(task.fence("w"), task.checkpoint, state="failed")
+    assert await store.leases.commit_many([stale]) == {}
 
 
 class FlakyCommit:
@@ -291,9 +292,9 @@ class FlakyCommit:
         if self.failures:
             self.failures -= 1
             if self.applied_before_failing:  # the reply was lost, not the write
-                await self._store.leases.commit("worker", write)
+                await self._store.leases.commit(write)
             raise DatabaseUnavailable("cannot reach PostgreSQL: connection lost")
-        return await self._store.leases.commit("worker", write)
+        return await self._store.leases.commit(write)
 
 
 @pytest.mark.parametrize("applied_before_failing", [False, True])
@@ -306,7 +307,7 @@ async def test_a_cycle_writes_through_a_short_outage_within_its_lease(
     (task_id,) = await submit(store, THREE_STEPS, [{"n": 3}])
     (task,) = await store.leases.claim("worker", [d.digest], 1, 30.0)
     flaky = FlakyCommit(store, 3, applied_before_failing=applied_before_failing)
-    interpreter = Interpreter(store.leases, app, "worker", store.db.connection, commit=flaky)
+    interpreter = Interpreter(store, app, "worker", commit=flaky)
     control = CycleControl(lease_deadline=anyio.current_time() + 25)
     assert await interpreter.execute(task, d, control) is CycleOutcome.SUCCEEDED
     assert flaky.failures == 0 and flaky.calls > 3
@@ -325,7 +326,7 @@ async def test_a_cycle_gives_up_at_its_lease_deadline_and_writes_nothing(store: 
     (task_id,) = await submit(store, THREE_STEPS, [{"n": 3}])
     (task,) = await store.leases.claim("worker", [d.digest], 1, 30.0)
     flaky = FlakyCommit(store, 1_000, applied_before_failing=False)
-    interpreter = Interpreter(store.leases, app, "worker", store.db.connection, commit=flaky)
+    interpreter = Interpreter(store, app, "worker", commit=flaky)
     control = CycleControl(lease_deadline=anyio.current_time() + 0.5)
     started = time.monotonic()
     assert await interpreter.execute(task, d, control) is CycleOutcome.LEASE_LOST
@@ -333,9 +334,7 @@ async def test_a_cycle_gives_up_at_its_lease_deadline_and_writes_nothing(store: 
     assert (await store.tasks.get(task_id)).state == "leased"  # it lapses on its own
     assert await store.tasks.evidence(task_id) == []
     # Without a deadline (no supervisor renewing the lease) it does not try again.
-    outcome = await Interpreter(
-        store.leases, app, "worker", store.db.connection, commit=flaky
-    ).execute(task, d)
+    outcome = await Interpreter(store, app, "worker", commit=flaky).execute(task, d)
     assert outcome is CycleOutcome.DATABASE_UNAVAILABLE
 
 
@@ -366,7 +365,7 @@ async def test_a_signal_wait_is_not_stuck_when_the_wake_check_fails(
         return found
 
     monkeypatch.setattr(store.leases, "next_signal", next_signal)
-    interpreter = Interpreter(store.leases, app, "worker", store.db.connection)
+    interpreter = Interpreter(store, app, "worker")
     assert await interpreter.execute(task, d) is CycleOutcome.WAITING
     monkeypatch.undo()
     (due,) = await sql(
@@ -397,7 +396,7 @@ async def test_a_signal_look_up_is_tried_again_within_the_lease(
         return await real_next_signal(task_id, name, taken)
 
     monkeypatch.setattr(store.leases, "next_signal", next_signal)
-    interpreter = Interpreter(store.leases, app, "worker", store.db.connection)
+    interpreter = Interpreter(store, app, "worker")
     control = CycleControl(lease_deadline=anyio.current_time() + 25)
     assert await interpreter.execute(task, d, control) is CycleOutcome.SUCCEEDED
     assert failures == 0 and (await store.tasks.get(task_id)).result == {"ok": 1}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 
@@ -85,8 +87,7 @@ async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_ref
 
     before = await store.tasks.get(task_id)
     stale = FencedWrite(
-        task_id=task_id,
-        token=first.token,
+        fence=first.fence("old"),
         checkpoint={**Checkpoint.initial("second").to_json()},
         state="succeeded",
         result={"stale": True},
@@ -94,7 +95,7 @@ async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_ref
         events=[Event("succeeded")],
     )
     with pytest.raises(LeaseLost):
-        await store.leases.commit("old", stale)
+        await store.leases.commit(stale)
     after = await store.tasks.get(task_id)
     assert after == before  # nothing changed
     assert await store.tasks.evidence(task_id) == []
@@ -104,7 +105,7 @@ async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_ref
         "recovered",
     ]
     # The same write under the current token applies.
-    await store.leases.commit("new", FencedWrite(**{**stale.__dict__, "token": second.token}))
+    await store.leases.commit(dataclasses.replace(stale, fence=second.fence("new")))
     assert (await store.tasks.get(task_id)).state == "succeeded"
 
 
@@ -114,18 +115,19 @@ async def test_write_after_expiry_is_refused_even_without_a_new_claim(store: Sto
     (task,) = await store.leases.claim("w", [d.digest], 1, LEASE)
     await _expire(store, task_id)
     with pytest.raises(LeaseLost):
-        await store.leases.commit("w", FencedWrite(task_id, task.token, task.checkpoint))
+        await store.leases.commit(FencedWrite(task.fence("w"), task.checkpoint))
 
 
 async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> None:
     d = await _deployed(store)
     ids = await store.tasks.submit(d, [{"n": i} for i in range(3)])
     claimed = await store.leases.claim("w", [d.digest], 3, 5.0)
-    held = {t.id: t.token for t in claimed}
+    held = [t.fence("w") for t in claimed]
     assert await store.leases.renew("w", held, 60.0) == {i: None for i in ids}
     # A wrong token, another owner, or an expired lease is not renewed.
     await _expire(store, ids[0])
-    renewed = await store.leases.renew("w", {**held, ids[1]: held[ids[1]] + 1}, 60.0)
+    wrong = dataclasses.replace(held[1], token=held[1].token + 1)
+    renewed = await store.leases.renew("w", [held[0], wrong, held[2]], 60.0)
     assert renewed == {ids[2]: None}
     assert await store.leases.renew("someone-else", held, 60.0) == {}
 

@@ -36,8 +36,8 @@ async def _deployed(store: Store) -> WorkflowDefinition:
 async def _finish(store: Store, worker: str, tasks: list[ClaimedTask]) -> None:
     """Release the leases the way a worker does: a fenced write to a terminal state."""
     for task in tasks:
-        write = FencedWrite(task.id, task.token, {"cursor": None}, state="succeeded", result={})
-        assert await store.leases.commit(worker, write) == "succeeded"
+        write = FencedWrite(task.fence(worker), {"cursor": None}, state="succeeded", result={})
+        assert await store.leases.commit(write) == "succeeded"
 
 
 async def _expire(store: Store, task_ids: list[int]) -> None:
@@ -181,10 +181,10 @@ async def test_a_waiting_task_holds_no_slot(store: Store) -> None:
     (first,) = await store.leases.claim("w", [d.digest], 10, LEASE)
     assert await store.leases.claim("w", [d.digest], 10, LEASE) == []
     write = FencedWrite(
-        first.id, first.token, {"cursor": "first"}, state="waiting", wait_reason="timer",
+        first.fence("w"), {"cursor": "first"}, state="waiting", wait_reason="timer",
         delay_seconds=3600,
     )  # fmt: skip
-    assert await store.leases.commit("w", write) == "waiting"
+    assert await store.leases.commit(write) == "waiting"
     (second,) = await store.leases.claim("w", [d.digest], 10, LEASE)
     assert second.id != first.id
     record = await store.tenants.get("capped")

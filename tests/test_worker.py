@@ -170,7 +170,7 @@ async def test_started_without_outcome_on_non_idempotent_effect_fails_closed(sto
 
     (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0)
     with pytest.raises(Crash):
-        await Interpreter(store.leases, crashing, "dead", store.db.connection).execute(task, d)
+        await Interpreter(store, crashing, "dead").execute(task, d)
     async with store.db.connection() as conn:
         await conn.execute(
             "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"

@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.errors import LeaseLost
+from toolkit.fence import Fence
 from toolkit.queries import query
 
 
@@ -42,10 +43,7 @@ class Budgets:
 
     async def reserve(
         self,
-        worker_id: str,
-        task_id: int,
-        token: int,
-        tenant: str,
+        fence: Fence,
         amounts: Mapping[str, float],
         checkpoint: Mapping[str, Any],
         write_id: str,
@@ -56,10 +54,7 @@ class Budgets:
         Resources the tenant has no budget row for are not limited at the tenant level.
 
         Args:
-            worker_id: the lease holder.
-            task_id: the task reserving.
-            token: the fencing token of the lease.
-            tenant: the task's tenant.
+            fence: the lease of the task reserving (its tenant's budgets are used).
             amounts: resource to amount (≥ 0).
             checkpoint: the checkpoint recording the reservation (stored only if it is
                 taken), JSON.
@@ -78,16 +73,16 @@ class Budgets:
         async with self._db.transaction() as conn:
             cursor = await conn.execute(
                 query("lock_leased_task"),
-                {"task_id": task_id, "token": token, "worker_id": worker_id},
+                {"task_id": fence.task_id, "token": fence.token, "worker_id": fence.worker_id},
             )
             row = await cursor.fetchone()
             if row is None:
-                raise LeaseLost(f"task {task_id}: lease lost before its budget reservation")
+                raise LeaseLost(f"task {fence.task_id}: lease lost before its budget reservation")
             if row[1] == write_id:
                 return ReservationOutcome.RESERVED, None
             cursor = await conn.execute(
                 query("lock_tenant_budgets"),
-                {"tenant": tenant, "resources": sorted(amounts)},
+                {"tenant": fence.tenant, "resources": sorted(amounts)},
             )
             rows = await cursor.fetchall()
             for resource, amount, used, reserved in rows:  # never, on any resource, first
@@ -98,14 +93,14 @@ class Budgets:
                     return ReservationOutcome.LATER, resource
             await conn.execute(
                 query("take_tenant_budgets"),
-                {"tenant": tenant, "amounts": Jsonb(dict(amounts))},
+                {"tenant": fence.tenant, "amounts": Jsonb(dict(amounts))},
             )
             await conn.execute(
                 query("write_reservation"),
                 {
-                    "task_id": task_id,
-                    "token": token,
-                    "worker_id": worker_id,
+                    "task_id": fence.task_id,
+                    "token": fence.token,
+                    "worker_id": fence.worker_id,
                     "checkpoint": Jsonb(checkpoint),
                     "write_id": write_id,
                     "detail": Jsonb(detail),

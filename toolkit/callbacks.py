@@ -17,6 +17,7 @@ from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.errors import CallbackRefused, LeaseLost
+from toolkit.fence import Fence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +56,8 @@ class Callbacks:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def create(
-        self, worker_id: str, task_id: int, lease_token: int, occurrence: str, attempt: int,
-        token: str,
-    ) -> None:  # fmt: skip
-        """Register ``token`` for an attempt (fenced); expire earlier attempts' tokens.
+    async def create(self, fence: Fence, occurrence: str, attempt: int, token: str) -> None:
+        """Register callback ``token`` for an attempt (fenced); expire earlier attempts' tokens.
 
         Raises:
             LeaseLost: the lease is no longer held; nothing was registered.
@@ -67,12 +65,15 @@ class Callbacks:
         row = await self._db.fetch_one(
             "create_callback",
             {
-                "task_id": task_id, "lease_token": lease_token, "worker_id": worker_id,
-                "occurrence": occurrence, "attempt": attempt, "token": token,
+                "task_id": fence.task_id, "lease_token": fence.token,
+                "worker_id": fence.worker_id, "occurrence": occurrence, "attempt": attempt,
+                "token": token,
             },
         )  # fmt: skip
         if row is None or row["task_id"] is None:
-            raise LeaseLost(f"task {task_id}: lease lost before its callback was registered")
+            raise LeaseLost(
+                f"task {fence.task_id}: lease lost before its callback was registered"
+            )
 
     async def get(self, token: str) -> CallbackRecord | None:
         """The callback ``token``, or None when there is no such token."""

@@ -4,17 +4,168 @@ It holds the cursor (the next step to run), the recorded outputs of finished ste
 times each step has been entered (so each entry is its own *occurrence* with its own
 idempotency key), the attempts made at the current occurrence, and the occurrence whose
 intent is recorded without an outcome; the same for each branch of a parallel or map step in
-progress; and the task's budget.
+progress; what the task waits for; and the task's budget.
+
+Each part is a typed value with its stored JSON form (``to_json`` / ``from_json``). The JSON
+is the store's contract: the SQL reads parts of it (``checkpoint -> 'wait'``), stored tasks
+hold it, and the golden histories (``tests/corpus/golden/``) pin it. A change of that JSON
+is a new :data:`CHECKPOINT_FORMAT` with a migration of stored checkpoints.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Mapping
 from typing import Any
 
 #: Version of the checkpoint layout, stored in every checkpoint.
 CHECKPOINT_FORMAT = 1
+
+Json = dict[str, Any]
+
+
+# --- what a task waits for ---------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TimerWait:
+    """A durable timer of step occurrence ``occurrence`` (reason ``timer``)."""
+
+    occurrence: str
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "timer": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class SignalWait:
+    """A wait for signal ``signal`` (reason ``signal``), with or without a timeout."""
+
+    occurrence: str
+    signal: str
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "signal": self.signal}
+
+
+@dataclasses.dataclass(frozen=True)
+class AnyWait:
+    """``wait: {any}``: the first of ``signals`` or of the timers decides where to go.
+
+    The reason is ``signal`` (or ``timer`` with no signal); ``timer`` is the index among the
+    step's timers of the earliest one, whose moment is the task's ``run_at`` (None when the
+    step has no timer).
+    """
+
+    occurrence: str
+    signals: tuple[str, ...]
+    timer: int | None = None
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        data: Json = {"occurrence": self.occurrence, "signals": list(self.signals), "any": True}
+        if self.timer is not None:
+            data["timer"] = self.timer
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackWait:
+    """The completion of callback token ``callback`` of an effect occurrence."""
+
+    occurrence: str
+    callback: str
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "callback": self.callback}
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildWait:
+    """The end of child task ``child`` started by a ``workflow`` step occurrence."""
+
+    occurrence: str
+    child: int
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "child": self.child}
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetWait:
+    """Room for the reservation of a parallel or map step occurrence.
+
+    ``deferrals``: how many in a row so far (the next look is later each time).
+    """
+
+    occurrence: str
+    deferrals: int
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "budget": self.deferrals}
+
+
+@dataclasses.dataclass(frozen=True)
+class LimitWait:
+    """A slot or token of downstream limit ``limit`` in ``scope`` (``""`` or the tenant).
+
+    ``deferrals``: how many in a row, the first at ``since`` (ISO-8601, database time).
+    """
+
+    occurrence: str
+    limit: str
+    scope: str
+    deferrals: int
+    since: str | None
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {
+            "occurrence": self.occurrence, "limit": self.limit, "scope": self.scope,
+            "deferrals": self.deferrals, "since": self.since,
+        }  # fmt: skip
+
+
+Wait = TimerWait | SignalWait | AnyWait | CallbackWait | ChildWait | BudgetWait | LimitWait
+
+
+def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
+    """The wait a checkpoint's ``wait`` JSON describes (None for none).
+
+    Raises:
+        ValueError: the JSON is no known wait.
+    """
+    if not data:
+        return None
+    occurrence = str(data.get("occurrence"))
+    if data.get("any"):
+        timer = data.get("timer")
+        return AnyWait(occurrence, tuple(data.get("signals") or ()), timer)
+    if "signal" in data:
+        return SignalWait(occurrence, data["signal"])
+    if "callback" in data:
+        return CallbackWait(occurrence, data["callback"])
+    if "child" in data:
+        return ChildWait(occurrence, int(data["child"]))
+    if "budget" in data:
+        return BudgetWait(occurrence, int(data["budget"]))
+    if "limit" in data:
+        return LimitWait(
+            occurrence, data["limit"], data.get("scope") or "", int(data.get("deferrals", 0)),
+            data.get("since"),
+        )  # fmt: skip
+    if data.get("timer"):
+        return TimerWait(occurrence)
+    raise ValueError(f"unknown wait in a checkpoint: {dict(data)!r}")
+
+
+# --- graphs and branches -----------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -49,19 +200,29 @@ class Frame:
             self.visits[step] = self.visits.get(step, 0) + 1
 
 
+class BranchStatus(enum.StrEnum):
+    """Where a branch of a parallel or map step stands."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: an effect of the branch waits for reconciliation
+    BLOCKED = "blocked"
+
+
 @dataclasses.dataclass
 class BranchFrame(Frame):
     """One branch of a parallel or map step, kept in the checkpoint while the step runs.
 
     Attributes:
-        status: ``running``, ``succeeded``, ``failed``, ``cancelled``, or ``blocked`` (an
-            effect of the branch waits for reconciliation).
+        status: where the branch stands.
         output: the branch's output once it succeeded.
         error: the branch's error once it failed.
         spent: resources spent by the branch's effects (``{"tokens": 120}``).
     """
 
-    status: str = "running"
+    status: BranchStatus = BranchStatus.RUNNING
     output: Any = None
     error: dict[str, Any] | None = None
     spent: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -69,7 +230,7 @@ class BranchFrame(Frame):
     @property
     def ended(self) -> bool:
         """Whether the branch has finished (succeeded, failed or cancelled)."""
-        return self.status in ("succeeded", "failed", "cancelled")
+        return self.status in (BranchStatus.SUCCEEDED, BranchStatus.FAILED, BranchStatus.CANCELLED)
 
     @classmethod
     def start(cls, start: str, prefix: str) -> BranchFrame:
@@ -86,13 +247,13 @@ class BranchFrame(Frame):
             attempts=dict(data.get("attempts", {})),
             pending=data.get("pending"),
             prefix=data["prefix"],
-            status=data["status"],
+            status=BranchStatus(data["status"]),
             output=data.get("output"),
             error=data.get("error"),
             spent=dict(data.get("spent", {})),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Json:
         """The branch as stored under ``checkpoint.fanout.branches``."""
         return {
             "cursor": self.cursor,
@@ -101,11 +262,188 @@ class BranchFrame(Frame):
             "attempts": self.attempts,
             "pending": self.pending,
             "prefix": self.prefix,
-            "status": self.status,
+            "status": str(self.status),
             "output": self.output,
             "error": self.error,
             "spent": self.spent,
         }
+
+
+@dataclasses.dataclass
+class FanOut:
+    """The parallel or map step occurrence in progress.
+
+    Attributes:
+        occurrence: the step's occurrence.
+        branches: the branches begun so far, by name (a map item's name is its index).
+        winner: the branch that won a ``first_success`` race, once one has.
+        reserved: what the step reserved from the budgets, by resource; None until it has
+            (or when it reserves nothing).
+        spent: what its branches spent of the reservation, by resource.
+    """
+
+    occurrence: str
+    branches: dict[str, BranchFrame] = dataclasses.field(default_factory=dict)
+    winner: str | None = None
+    reserved: dict[str, float] | None = None
+    spent: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> FanOut:
+        """Rebuild the step's state from its stored JSON."""
+        return cls(
+            occurrence=data["occurrence"],
+            branches={
+                name: BranchFrame.from_json(branch)
+                for name, branch in (data.get("branches") or {}).items()
+            },
+            winner=data.get("winner"),
+            reserved=dict(data["reserved"]) if data.get("reserved") is not None else None,
+            spent=dict(data.get("spent") or {}),
+        )
+
+    def to_json(self) -> Json:
+        """The step's state as stored under ``checkpoint.fanout``."""
+        return {
+            "occurrence": self.occurrence,
+            "branches": {name: branch.to_json() for name, branch in self.branches.items()},
+            "winner": self.winner,
+            "reserved": self.reserved,
+            "spent": self.spent,
+        }
+
+
+# --- budgets, callbacks, resolutions, compensation --------------------------------------------
+
+
+@dataclasses.dataclass
+class BudgetLine:
+    """The task's budget of one resource, in the resource's unit.
+
+    ``limit``: the amount; ``spent``: what it spent for good; ``reserved``: what its steps
+    hold reserved.
+    """
+
+    limit: float
+    spent: float = 0.0
+    reserved: float = 0.0
+
+    @property
+    def left(self) -> float:
+        """What may still be spent or reserved."""
+        return self.limit - self.spent - self.reserved
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"limit": self.limit, "spent": self.spent, "reserved": self.reserved}
+
+
+@dataclasses.dataclass
+class CallbackState:
+    """The callback of an effect occurrence in progress.
+
+    ``token``: its token; ``attempt``: the attempt it belongs to; ``called``: whether the
+    handler has returned.
+    """
+
+    token: str
+    attempt: int
+    called: bool = False
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"token": self.token, "attempt": self.attempt, "called": self.called}
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolution:
+    """An operator's reconciliation of the pending occurrence, for the interpreter to apply.
+
+    ``outcome`` is ``completed`` (with ``result``), ``failed`` (with ``error``) or ``retry``
+    (``toolkit reconcile``).
+    """
+
+    occurrence: str
+    outcome: str
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Resolution:
+        """Rebuild it from its stored JSON."""
+        return cls(data["occurrence"], data["outcome"], data.get("result"), data.get("error"))
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {
+            "occurrence": self.occurrence, "outcome": self.outcome, "result": self.result,
+            "error": self.error,
+        }  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class Compensable:
+    """How to undo a completed effect.
+
+    Its compensating handler, and the arguments rendered when the effect completed.
+    """
+
+    step: str
+    occurrence: str
+    handler: str
+    idempotent: bool
+    args: Any
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Compensable:
+        """Rebuild it from its stored JSON."""
+        return cls(
+            data["step"], data["occurrence"], data["handler"], bool(data["idempotent"]),
+            data.get("args"),
+        )  # fmt: skip
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {
+            "step": self.step, "occurrence": self.occurrence, "handler": self.handler,
+            "idempotent": self.idempotent, "args": self.args,
+        }  # fmt: skip
+
+
+@dataclasses.dataclass
+class Compensation:
+    """The compensation in progress once the task failed.
+
+    Attributes:
+        error: the task's error (it ends with it, marked with how compensation went).
+        outcomes: what each compensation came to, oldest first (``{"step", "occurrence",
+            "handler", "outcome", "result" | "error"}``).
+        frame: the compensation being run, with its own attempts and pending intent.
+    """
+
+    error: dict[str, Any]
+    outcomes: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    frame: BranchFrame | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Compensation:
+        """Rebuild it from its stored JSON."""
+        frame = data.get("frame")
+        return cls(
+            error=dict(data["error"]),
+            outcomes=list(data.get("outcomes") or []),
+            frame=BranchFrame.from_json(frame) if frame is not None else None,
+        )
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        data: Json = {"error": self.error, "outcomes": self.outcomes}
+        if self.frame is not None:
+            data["frame"] = self.frame.to_json()
+        return data
+
+
+# --- the task's checkpoint ---------------------------------------------------------------------
 
 
 @dataclasses.dataclass
@@ -116,33 +454,25 @@ class Checkpoint(Frame):
 
     Attributes:
         steps_run: steps executed so far, pure ones included.
-        wait: the wait in progress: ``{"occurrence": ..., "signal": name}``,
-            ``{"occurrence": ..., "timer": true}``, ``{"occurrence": ..., "child": id}``
-            or ``{"occurrence": ..., "budget": n}`` (the n-th deferral).
-        resolution: an operator's reconciliation of the pending occurrence, for the
-            interpreter to apply: ``{"occurrence", "outcome", "result", "error"}``.
-        fanout: the parallel or map step in progress: ``{"occurrence", "branches": {name:
-            BranchFrame JSON}, "winner", "reserved", "spent"}``; None when there is none.
-        budget: the task's budget by resource: ``{"tokens": {"limit", "spent",
-            "reserved"}}`` (amounts in the resource's unit).
+        wait: what the task waits for (one of the :data:`Wait` variants), or None.
+        resolution: an operator's reconciliation of the pending occurrence, to apply.
+        fanout: the parallel or map step in progress, or None.
+        budget: the task's budget by resource.
         started_at: when the task first ran (ISO-8601), recorded once: ``context.started_at``.
-        compensable: the compensations of completed effects, oldest first: ``{"step",
-            "occurrence", "handler", "args", "idempotent"}`` (args already rendered).
-        compensating: the compensation in progress once the task failed: ``{"error",
-            "outcomes", "frame"}``; None while the task has not failed.
-        callbacks: the callbacks of effect occurrences in progress, by occurrence:
-            ``{"token", "attempt", "called"}`` (``called``: the handler has returned).
+        compensable: the compensations of completed effects, oldest first.
+        compensating: the compensation in progress once the task failed; None before.
+        callbacks: the callbacks of effect occurrences in progress, by occurrence.
     """
 
     steps_run: int = 0
-    wait: dict[str, Any] | None = None
-    resolution: dict[str, Any] | None = None
-    fanout: dict[str, Any] | None = None
-    budget: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    wait: Wait | None = None
+    resolution: Resolution | None = None
+    fanout: FanOut | None = None
+    budget: dict[str, BudgetLine] = dataclasses.field(default_factory=dict)
     started_at: str | None = None
-    compensable: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    compensating: dict[str, Any] | None = None
-    callbacks: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    compensable: list[Compensable] = dataclasses.field(default_factory=list)
+    compensating: Compensation | None = None
+    callbacks: dict[str, CallbackState] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def initial(cls, start: str, budget: Mapping[str, float] | None = None) -> Checkpoint:
@@ -152,11 +482,8 @@ class Checkpoint(Frame):
             start: the first step.
             budget: the task's budget by resource (amounts), or None for none.
         """
-        limits = {
-            resource: {"limit": float(amount), "spent": 0.0, "reserved": 0.0}
-            for resource, amount in (budget or {}).items()
-        }
-        return cls(cursor=start, visits={start: 1}, budget=limits)
+        lines = {resource: BudgetLine(float(amount)) for resource, amount in (budget or {}).items()}
+        return cls(cursor=start, visits={start: 1}, budget=lines)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Checkpoint:
@@ -167,6 +494,9 @@ class Checkpoint(Frame):
         """
         if data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"unknown checkpoint format {data.get('format')!r}")
+        resolution = data.get("resolution")
+        fanout = data.get("fanout")
+        compensating = data.get("compensating")
         return cls(
             cursor=data["cursor"],
             outputs=dict(data.get("outputs", {})),
@@ -174,19 +504,25 @@ class Checkpoint(Frame):
             attempts=dict(data.get("attempts", {})),
             pending=data.get("pending"),
             steps_run=int(data.get("steps_run", 0)),
-            wait=data.get("wait"),
-            resolution=data.get("resolution"),
-            fanout=data.get("fanout"),
-            budget=dict(data.get("budget") or {}),
+            wait=wait_from_json(data.get("wait")),
+            resolution=Resolution.from_json(resolution) if resolution else None,
+            fanout=FanOut.from_json(fanout) if fanout is not None else None,
+            budget={
+                resource: BudgetLine(*(float(line[k]) for k in ("limit", "spent", "reserved")))
+                for resource, line in (data.get("budget") or {}).items()
+            },
             started_at=data.get("started_at"),
-            compensable=list(data.get("compensable") or []),
-            compensating=data.get("compensating"),
-            callbacks=dict(data.get("callbacks") or {}),
+            compensable=[Compensable.from_json(entry) for entry in data.get("compensable") or []],
+            compensating=Compensation.from_json(compensating) if compensating else None,
+            callbacks={
+                occurrence: CallbackState(entry["token"], int(entry["attempt"]), entry["called"])
+                for occurrence, entry in (data.get("callbacks") or {}).items()
+            },
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Json:
         """The JSON stored in ``toolkit_tasks.checkpoint``."""
-        data = {
+        data: Json = {
             "format": CHECKPOINT_FORMAT,
             "cursor": self.cursor,
             "outputs": self.outputs,
@@ -194,17 +530,21 @@ class Checkpoint(Frame):
             "attempts": self.attempts,
             "pending": self.pending,
             "steps_run": self.steps_run,
-            "wait": self.wait,
-            "resolution": self.resolution,
+            "wait": self.wait.to_json() if self.wait is not None else None,
+            "resolution": self.resolution.to_json() if self.resolution is not None else None,
         }
         if self.fanout is not None:
-            data["fanout"] = self.fanout
+            data["fanout"] = self.fanout.to_json()
         if self.budget:
-            data["budget"] = self.budget
-        for key in ("started_at", "compensable", "compensating", "callbacks"):
-            value = getattr(self, key)
-            if value:
-                data[key] = value
+            data["budget"] = {resource: line.to_json() for resource, line in self.budget.items()}
+        if self.started_at:
+            data["started_at"] = self.started_at
+        if self.compensable:
+            data["compensable"] = [entry.to_json() for entry in self.compensable]
+        if self.compensating:
+            data["compensating"] = self.compensating.to_json()
+        if self.callbacks:
+            data["callbacks"] = {occ: state.to_json() for occ, state in self.callbacks.items()}
         return data
 
     def enter(self, step: str | None) -> None:

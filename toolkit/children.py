@@ -18,6 +18,7 @@ from toolkit.checkpoint import Checkpoint
 from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import LeaseLost
+from toolkit.fence import Fence
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,9 +55,7 @@ class Children:
 
     async def start(
         self,
-        worker_id: str,
-        parent_id: int,
-        token: int,
+        fence: Fence,
         occurrence: str,
         definition: WorkflowDefinition,
         child_input: Any,
@@ -64,9 +63,7 @@ class Children:
         """Start the child of ``occurrence`` unless it exists; return it.
 
         Args:
-            worker_id: the parent's lease holder.
-            parent_id: the parent task.
-            token: the parent's fencing token.
+            fence: the parent's lease (the child gets its tenant).
             occurrence: the parent's step occurrence (e.g. ``"pay#1"``).
             definition: the child's definition (the version it is pinned to).
             child_input: the child's input, already validated against its schema.
@@ -78,9 +75,9 @@ class Children:
         row = await self._db.fetch_one(
             "start_child",
             {
-                "parent_id": parent_id,
-                "token": token,
-                "worker_id": worker_id,
+                "parent_id": fence.task_id,
+                "token": fence.token,
+                "worker_id": fence.worker_id,
                 "occurrence": occurrence,
                 "name": definition.name,
                 "version": definition.version,
@@ -93,8 +90,8 @@ class Children:
             },
         )
         if row is None or row["parent_id"] is None:
-            raise LeaseLost(f"task {parent_id}: lease lost before its child started")
-        child = await self.get(parent_id, occurrence)
+            raise LeaseLost(f"task {fence.task_id}: lease lost before its child started")
+        child = await self.get(fence.task_id, occurrence)
         assert child is not None, "a child just started or found is there"
         return child
 

@@ -19,6 +19,8 @@ from psycopg.types.json import Jsonb
 
 from toolkit.database import Database
 from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError, ToolkitError
+from toolkit.fence import Fence
+from toolkit.lifecycle import EventKind, TaskState, WaitReason
 from toolkit.payload import PayloadLimits
 from toolkit.queries import query
 
@@ -26,12 +28,10 @@ from toolkit.queries import query
 #: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
 NEVER = "9999-12-31T00:00:00+00:00"
 
-TaskState = Literal["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]
-WaitReason = Literal["timer", "signal", "callback", "child", "budget", "limit", "reconciliation"]
 #: Waits that something sent from outside ends (a signal, a callback completion): the commit
 #: of such a wait looks for what was sent while it queued for the task's row (see
 #: :meth:`Leases.commit_many`).
-_RACED: frozenset[str] = frozenset({"signal", "callback"})
+_RACED = frozenset({WaitReason.SIGNAL, WaitReason.CALLBACK})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +65,10 @@ class ClaimedTask:
     cancel_requested: Any = None
     deadline_in: float | None = None
 
+    def fence(self, worker_id: str) -> Fence:
+        """The fence of this lease, held by ``worker_id``."""
+        return Fence(worker_id, self.id, self.tenant, self.token)
+
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceRecord:
@@ -86,7 +90,7 @@ class EvidenceRecord:
 class Event:
     """One task event to append (the history of transitions)."""
 
-    kind: str
+    kind: EventKind
     detail: Mapping[str, Any] | None = None
 
 
@@ -95,8 +99,7 @@ class FencedWrite:
     """Everything one fenced statement writes for one task.
 
     Attributes:
-        task_id: the task.
-        token: the fencing token the writer holds.
+        fence: the lease the writer holds.
         checkpoint: the new checkpoint JSON; None keeps the stored one, its cursor cleared
             (a task failed over what it has in the store).
         state: the task's next state; ``leased`` keeps the lease, any other releases it.
@@ -126,10 +129,9 @@ class FencedWrite:
     consumed by this write, or its callback is completed.
     """
 
-    task_id: int
-    token: int
+    fence: Fence
     checkpoint: Mapping[str, Any] | None
-    state: TaskState = "leased"
+    state: TaskState = TaskState.LEASED
     wait_reason: WaitReason | None = None
     run_at: str | None = None
     delay_seconds: float | None = None
@@ -250,18 +252,18 @@ class Leases:
         return rows
 
     async def renew(
-        self, worker_id: str, held: Mapping[int, int], lease_seconds: float
+        self, worker_id: str, fences: Sequence[Fence], lease_seconds: float
     ) -> dict[int, Any]:
-        """Extend every lease in ``held`` in one statement (the heartbeat).
+        """Extend every lease of ``fences`` in one statement (the heartbeat).
 
         Args:
-            worker_id: the holder.
-            held: task id to fencing token of every lease the process holds.
+            worker_id: the holder (it renews its registration too, with no lease held).
+            fences: every lease the process holds, all held by ``worker_id``.
             lease_seconds: new lease duration from database now, seconds.
 
         Returns:
             For each task whose lease was renewed, its cancel request (``{"reason", "at"}``)
-            or None; any task of ``held`` missing here has lost its lease.
+            or None; any task of ``fences`` missing here has lost its lease.
 
         Runs on the database's reserved connection, so handlers holding every connection of
         the main pool do not starve it. Idempotent: safe to send again.
@@ -273,15 +275,15 @@ class Leases:
             "renew_leases",
             {
                 "worker_id": worker_id,
-                "task_ids": list(held),
-                "tokens": list(held.values()),
+                "task_ids": [fence.task_id for fence in fences],
+                "tokens": [fence.token for fence in fences],
                 "lease_seconds": lease_seconds,
             },
             reserved=True,
         )
         return {row["id"]: row["cancel_requested"] for row in rows}
 
-    async def commit(self, worker_id: str, write: FencedWrite) -> TaskState:
+    async def commit(self, write: FencedWrite) -> TaskState:
         """Apply one fenced write: checkpoint, evidence, events and next state, atomically.
 
         Returns:
@@ -289,20 +291,18 @@ class Leases:
             request and the write would have left it queued or waiting.
 
         Raises:
-            LeaseLost: the lease is no longer held by ``(worker_id, write.token)`` or has
-                expired; nothing was written.
+            LeaseLost: the lease of ``write.fence`` is no longer held or has expired;
+                nothing was written.
             DatabaseUnavailable: the database cannot be reached (the write may or may not
                 have committed; the fence makes a retry safe, and a write with a
                 ``write_id`` is applied at most once).
         """
-        applied = await self.commit_many(worker_id, [write])
-        if write.task_id not in applied:
-            raise LeaseLost(task_id=write.task_id, token=write.token)
-        return applied[write.task_id]
+        applied = await self.commit_many([write])
+        if write.fence.task_id not in applied:
+            raise LeaseLost(task_id=write.fence.task_id, token=write.fence.token)
+        return applied[write.fence.task_id]
 
-    async def commit_many(
-        self, worker_id: str, writes: Sequence[FencedWrite]
-    ) -> dict[int, TaskState]:
+    async def commit_many(self, writes: Sequence[FencedWrite]) -> dict[int, TaskState]:
         """Apply fenced writes of several tasks in one statement (group commit).
 
         Each write is fenced on its own: one whose lease is lost changes nothing, the others
@@ -315,8 +315,7 @@ class Leases:
         applied again never.
 
         Args:
-            worker_id: the writer; every write carries its own task and token.
-            writes: at most one write per task.
+            writes: at most one write per task, all by one worker (each with its fence).
 
         Returns:
             Task id to applied state, for every write that applied; a missing id is a lost
@@ -328,15 +327,20 @@ class Leases:
             StoreError: the database refused the batch (e.g. a value it cannot store);
                 nothing of the batch was written.
         """
+        (worker_id,) = {write.fence.worker_id for write in writes}
         params = {"worker_id": worker_id, "writes": Jsonb([_write_json(w) for w in writes])}
-        waits = [w.task_id for w in writes if w.state == "waiting" and w.wait_reason in _RACED]
+        waits = [
+            w.fence.task_id
+            for w in writes
+            if w.state == TaskState.WAITING and w.wait_reason in _RACED
+        ]
         if not waits:  # the hot path: one statement
             rows = await self._db.fetch_all("commit_fenced", params)
-            return {row["id"]: row["state"] for row in rows}
+            return {row["id"]: TaskState(row["state"]) for row in rows}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(query("commit_fenced"), params)
-            applied = {row["id"]: row["state"] for row in await cursor.fetchall()}
+            applied = {row["id"]: TaskState(row["state"]) for row in await cursor.fetchall()}
             raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
             if raced:
                 await cursor.execute(query("wake_raced_waits"), {"task_ids": raced})
@@ -369,8 +373,9 @@ class Leases:
 
 def _write_json(write: FencedWrite) -> dict[str, Any]:
     return {
-        "task_id": write.task_id,
-        "token": write.token,
+        "task_id": write.fence.task_id,
+        "tenant": write.fence.tenant,
+        "token": write.fence.token,
         "checkpoint": write.checkpoint,
         "state": write.state,
         "wait_reason": write.wait_reason,
@@ -414,13 +419,11 @@ class GroupCommit:
 
     Args:
         leases: the store's leases.
-        worker_id: the writer.
         max_batch: most writes per statement.
     """
 
-    def __init__(self, leases: Leases, worker_id: str, max_batch: int = 256) -> None:
+    def __init__(self, leases: Leases, max_batch: int = 256) -> None:
         self._leases = leases
-        self._worker_id = worker_id
         self._max_batch = max_batch
         self._queue: list[_PendingWrite] = []
         self._ready = anyio.Event()
@@ -434,7 +437,7 @@ class GroupCommit:
         Falls back to a statement of its own when no writer runs.
         """
         if not self._running:
-            return await self._leases.commit(self._worker_id, write)
+            return await self._leases.commit(write)
         pending = _PendingWrite(write)
         self._queue.append(pending)
         self._ready.set()
@@ -445,7 +448,7 @@ class GroupCommit:
         if pending.error is not None:
             raise pending.error
         if pending.state is None:
-            raise LeaseLost(task_id=write.task_id, token=write.token)
+            raise LeaseLost(task_id=write.fence.task_id, token=write.fence.token)
         return pending.state
 
     def stop_soon(self, grace: float) -> None:
@@ -493,8 +496,8 @@ class GroupCommit:
         later: list[_PendingWrite] = []
         tasks: set[int] = set()
         for pending in self._queue:
-            if len(batch) < self._max_batch and pending.write.task_id not in tasks:
-                tasks.add(pending.write.task_id)
+            if len(batch) < self._max_batch and pending.write.fence.task_id not in tasks:
+                tasks.add(pending.write.fence.task_id)
                 batch.append(pending)
             else:
                 later.append(pending)
@@ -503,7 +506,7 @@ class GroupCommit:
 
     async def _apply(self, batch: list[_PendingWrite]) -> None:
         try:
-            applied = await self._leases.commit_many(self._worker_id, [p.write for p in batch])
+            applied = await self._leases.commit_many([p.write for p in batch])
         except StoreError as exc:
             if len(batch) == 1:
                 batch[0].finish(error=exc)
@@ -523,7 +526,7 @@ class GroupCommit:
             batch[0].finish(error=StoreError(f"the write could not be sent: {exc!r}"))
             return
         for pending in batch:
-            pending.finish(state=applied.get(pending.write.task_id))
+            pending.finish(state=applied.get(pending.write.fence.task_id))
 
 
 def _writer_stopped() -> DatabaseUnavailable:

@@ -26,6 +26,7 @@ from psycopg.rows import DictRow, dict_row
 
 from toolkit.database import Database
 from toolkit.errors import ConfigError, LeaseLost, UnknownLimit
+from toolkit.fence import Fence
 from toolkit.queries import query
 from toolkit.registry import LimitSpec, parse_rate
 
@@ -265,10 +266,7 @@ class Limits:
 
     async def acquire(
         self,
-        worker_id: str,
-        task_id: int,
-        token: int,
-        tenant: str,
+        fence: Fence,
         occurrence: str,
         names: Sequence[str],
         deferrals: int = 0,
@@ -283,10 +281,7 @@ class Limits:
         (a token may be taken twice: a bucket errs on the safe side).
 
         Args:
-            worker_id: the lease holder.
-            task_id: the task.
-            token: the fencing token of its lease.
-            tenant: the task's tenant (the scope of per-tenant limits).
+            fence: the task's lease (its tenant is the scope of per-tenant limits).
             occurrence: the step occurrence the slots are taken for; its evidence releases them.
             names: the step's limit names; a name the store does not hold limits nothing.
             deferrals: how many times this occurrence was deferred in a row (the slot
@@ -304,10 +299,14 @@ class Limits:
         try:
             async with self._db.transaction() as conn:
                 cursor = conn.cursor(row_factory=dict_row)
-                fence = {"task_id": task_id, "token": token, "worker_id": worker_id}
+                task_id, tenant = fence.task_id, fence.tenant
                 await cursor.execute(
-                    query("lock_task_for_limits"), {**fence, "tenant": tenant, "names": names}
-                )
+                    query("lock_task_for_limits"),
+                    {
+                        "task_id": task_id, "token": fence.token, "worker_id": fence.worker_id,
+                        "tenant": tenant, "names": names,
+                    },
+                )  # fmt: skip
                 if await cursor.fetchone() is None:
                     raise LeaseLost(f"task {task_id}: lease lost before its limits were taken")
                 await cursor.execute(query("lock_limit_scopes"), {"tenant": tenant, "names": names})
@@ -320,7 +319,7 @@ class Limits:
                         "names": list(scopes),
                         "scopes": list(scopes.values()),
                         "task_id": task_id,
-                        "token": token,
+                        "token": fence.token,
                         "occurrence": occurrence,
                     },
                 )
@@ -343,7 +342,7 @@ class Limits:
                         "slotted": [s["name"] for s in slotted],
                         "slotted_scopes": [s["scope"] for s in slotted],
                         "task_id": task_id,
-                        "token": token,
+                        "token": fence.token,
                         "occurrence": occurrence,
                     },
                 )

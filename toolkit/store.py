@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from types import TracebackType
 
+from toolkit.budgets import Budgets
 from toolkit.callbacks import Callbacks
 from toolkit.catalog import DefinitionCatalog
+from toolkit.children import Children
 from toolkit.database import Database
 from toolkit.errors import SchemaOutdated
 from toolkit.leases import Leases
@@ -35,6 +37,8 @@ class Store:
         tenants: tenant admission settings and budget amounts.
         limits: downstream limits (fleet-wide concurrency and rate limits of effects).
         callbacks: callback tokens of effects completed from outside.
+        budgets: tenant budget reservations of parallel and map steps.
+        children: child tasks started by ``workflow`` steps.
     """
 
     def __init__(self, db: Database) -> None:
@@ -46,6 +50,8 @@ class Store:
         self.tenants = Tenants(db)
         self.limits = Limits(db)
         self.callbacks = Callbacks(db)
+        self.budgets = Budgets(db)
+        self.children = Children(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

@@ -30,7 +30,9 @@ import psycopg
 from toolkit.database import redact_dsn
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import ConfigError, DatabaseUnavailable, ToolkitError
-from toolkit.leases import ClaimedTask, FencedWrite, GroupCommit, TaskState
+from toolkit.fence import Fence
+from toolkit.leases import ClaimedTask, FencedWrite, GroupCommit
+from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.worker import Worker
 
@@ -261,21 +263,17 @@ class WorkflowSupervisor:
         self.config = config or SupervisorConfig()
         self.metrics = metrics or WorkerMetrics(worker.store.db.pool_stats)
         self.report = SupervisorReport(worker_id=worker.worker_id)
-        self._held: dict[int, tuple[int, anyio.CancelScope, CycleControl]] = {}
+        #: Task id to the fence, cancel scope and control of the cycle holding its lease.
+        self._held: dict[int, tuple[Fence, anyio.CancelScope, CycleControl]] = {}
         self._in_flight = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
-        self._group_commit = GroupCommit(worker.store.leases, worker.worker_id)
+        self._group_commit = GroupCommit(worker.store.leases)
         self._outage = _Outage(self.report, self.metrics)
         self._claim_scope: anyio.CancelScope | None = None
         self._refusals: dict[str, str] = {}
         self._interpreter = Interpreter(
-            worker.store.leases,
-            worker.app,
-            worker.worker_id,
-            worker.store.db.connection,
-            self.metrics,
-            self._commit,
+            worker.store, worker.app, worker.worker_id, self.metrics, self._commit
         )
 
     async def _commit(self, write: FencedWrite) -> TaskState:
@@ -433,7 +431,7 @@ class WorkflowSupervisor:
         if stale is not None:  # this worker took over its own task: the old cycle lost it
             stale[2].lease_lost = True
             stale[1].cancel()
-        self._held[task.id] = (task.token, scope, control)
+        self._held[task.id] = (task.fence(self.worker.worker_id), scope, control)
         cycles.start_soon(self._cycle, task, scope, control)
 
     async def _cycle(
@@ -452,7 +450,8 @@ class WorkflowSupervisor:
                     else CycleOutcome.RELEASED
                 )  # fmt: skip
         finally:
-            if self._held.get(task.id, (None,))[0] == task.token:
+            held = self._held.get(task.id)
+            if held is not None and held[0].token == task.token:
                 del self._held[task.id]  # not a newer cycle's entry for the same task
             self._in_flight -= 1
             self.report.count(outcome)
@@ -487,7 +486,7 @@ class WorkflowSupervisor:
             renewed: dict[int, Any] | None = None
             try:
                 with anyio.move_on_after(config.heartbeat):  # never skip an interval's check
-                    renewed = await self.worker.renew(held, config.lease)
+                    renewed = await self.worker.renew(list(held.values()), config.lease)
                 if renewed is None:
                     raise DatabaseUnavailable(
                         f"lease renewal took longer than {config.heartbeat:g} s"
@@ -502,9 +501,9 @@ class WorkflowSupervisor:
             self._outage.succeeded()
             self.metrics.lease_renewals.inc(len(renewed))
             lost: list[int] = []
-            for task_id, token in held.items():
+            for task_id, fence in held.items():
                 entry = self._held.get(task_id)
-                if entry is None or entry[0] != token:
+                if entry is None or entry[0] != fence:
                     continue  # that cycle ended meanwhile
                 _, scope, control = entry
                 if control.lease_lost:
@@ -518,7 +517,10 @@ class WorkflowSupervisor:
                 if renewed[task_id] is not None and control.cancel_requested is None:
                     logger.info(
                         "cancel requested; cancelling the cycle",
-                        extra={"action": "cancel_requested", "task_id": task_id, "token": token},
+                        extra={
+                            "action": "cancel_requested", "task_id": task_id,
+                            "token": fence.token,
+                        },
                     )
                     control.cancel_requested = renewed[task_id]
                     scope.cancel()

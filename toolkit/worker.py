@@ -14,6 +14,7 @@ from typing import Any
 
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError
+from toolkit.fence import Fence
 from toolkit.leases import ClaimedTask
 from toolkit.registry import App
 from toolkit.store import Store
@@ -109,13 +110,13 @@ class Worker:
         """Claim up to ``limit`` due tasks of the loaded definitions."""
         return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
 
-    async def renew(self, held: Mapping[int, int], lease_seconds: float) -> dict[int, Any]:
-        """Renew the held leases (task id to token).
+    async def renew(self, fences: Sequence[Fence], lease_seconds: float) -> dict[int, Any]:
+        """Renew the held leases (and the worker's registration).
 
         Returns:
             The ids still held, each with its cancel request or None.
         """
-        return await self.store.leases.renew(self.worker_id, held, lease_seconds)
+        return await self.store.leases.renew(self.worker_id, fences, lease_seconds)
 
     async def idle_state(self) -> tuple[bool, float | None]:
         """``(pending, next_due)`` for the loaded definitions (see ``Tasks.idle_state``)."""

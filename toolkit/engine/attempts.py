@@ -1,0 +1,307 @@
+"""One attempt at an effect: the one place that decides what an attempt came to.
+
+An attempt records its intent first when the effect is not idempotent (DESIGN §2,
+"Effect"), takes the step's downstream limits, calls the handler with the occurrence's
+idempotency key, and appends the evidence of what happened. The effect step, a compensation
+and an effect inside a branch all attempt through :func:`attempt`; what the outcome means
+for the graph is theirs to say.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import time
+from typing import Any
+
+import anyio
+
+from toolkit import faults
+from toolkit.callbacks import new_token
+from toolkit.checkpoint import CallbackState, Compensable, Frame
+from toolkit.definition import EffectStep
+from toolkit.engine.callbacks import callback_outcome
+from toolkit.engine.cycle import Cycle
+from toolkit.engine.failures import NEVER_RETRIED, Error, error_data
+from toolkit.engine.limits import take_limits
+from toolkit.engine.protocol import StepContext
+from toolkit.errors import ResultNotJson, ResultTooLarge
+from toolkit.leases import Event, EvidenceRecord
+from toolkit.lifecycle import EventKind
+from toolkit.limits import LimitDeferral
+from toolkit.registry import EffectContext, Handler, SpendMeter
+
+
+class AttemptKind(enum.StrEnum):
+    """What an attempt came to."""
+
+    #: the handler returned (``result``), or the operator recorded that it did.
+    COMPLETED = "completed"
+    #: it failed (``error``); ``final``: no retry may follow, whatever the policy.
+    FAILED = "failed"
+    #: its outcome is unknown and the effect not idempotent: fail closed (``error``: why,
+    #: when a timeout made it unknown).
+    RECONCILE = "reconcile"
+    #: the handler returned and the step's callback has not been completed yet.
+    CALLBACK = "callback"
+    #: a downstream limit was full: nothing was called (``deferral`` says until when).
+    DEFERRED = "deferred"
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What one attempt at an effect occurrence came to (see :class:`AttemptKind`)."""
+
+    kind: AttemptKind
+    occurrence: str
+    attempt: int = 0
+    result: Any = None
+    error: Error | None = None
+    final: bool = False
+    deferral: LimitDeferral | None = None
+
+
+class TimedOut(Exception):
+    """The step's timeout passed before the handler returned."""
+
+
+async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attempt:
+    """One attempt at an effect in ``ctx.frame`` (the task's graph or a branch's).
+
+    Records the intent (not idempotent), calls the handler, appends the evidence with what
+    the call spent, and charges the spend (``ctx.spend``): limited by resource as read at
+    each report, less what other calls of the cycle have in flight. An intent found without
+    outcome is applied from the operator's resolution, or reported ``reconcile``. For a step
+    with ``callback``, the handler's return is followed by the callback's completion (kind
+    ``callback`` while it has not come). ``args``, when given, are used as they are instead
+    of rendering the step's (a compensation's, rendered when its step completed).
+    """
+    cycle, frame, scope = ctx.cycle, ctx.frame, ctx.scope
+    cp = cycle.checkpoint
+    task = cycle.task
+    services = cycle.services
+    occurrence = frame.occurrence(step.id)
+    key = f"{task.id}:{occurrence}"
+    callback = cp.callbacks.get(occurrence) if step.callback is not None else None
+    if callback is not None and callback.called:
+        return await _after_callback(ctx, step, occurrence)
+    if frame.pending == occurrence:
+        resolution = cp.resolution
+        if resolution is None or resolution.occurrence != occurrence:
+            # Intent recorded, outcome unknown, not idempotent: fail closed (DESIGN §2).
+            return Attempt(AttemptKind.RECONCILE, occurrence)
+        cp.resolution = None
+        frame.pending = None
+        if resolution.outcome == "completed":
+            frame.attempts.pop(occurrence, None)
+            compensable(cycle, step, occurrence, scope, resolution.result)
+            return Attempt(AttemptKind.COMPLETED, occurrence, result=resolution.result)
+        if resolution.outcome == "failed":
+            tried = frame.attempts.get(occurrence, 1)
+            return Attempt(AttemptKind.FAILED, occurrence, tried, error=resolution.error)
+        # "retry": call again below, with a new intent record and the same key.
+    handler = services.app.handler(step.handler)
+    limits = services.app.step_limits(step)
+    if limits:  # downstream limits: taken before the intent, released with the evidence
+        deferral = await take_limits(cycle, frame, step, occurrence, limits)
+        if deferral is not None:
+            return Attempt(AttemptKind.DEFERRED, occurrence, deferral=deferral)
+    number = frame.attempts.get(occurrence, 0) + 1
+    if args is None:
+        context = {**scope["context"], "attempt": number}
+        args = step.args.render({**scope, "context": context})
+    meter = SpendMeter(ctx.spend.limits, cycle.spend_ledger)
+
+    def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
+        spend = dict(meter.spent) or None
+        if kind != "started":
+            meter.settle(ctx.spend.charge)
+        return EvidenceRecord(
+            occurrence=occurrence, step=step.id, handler=step.handler,
+            idempotent=step.idempotent, idempotency_key=key, record=kind, attempt=number,
+            result=result, error=error, spend=None if kind == "started" else spend,
+        )  # fmt: skip
+
+    if faults.ARMED:
+        faults.fault_point("before_intent", step.id)
+    if not step.idempotent:
+        # The intent carries the attempt; a takeover finds it pending and reconciles.
+        frame.attempts[occurrence] = number
+        cycle.evidence.append(record("started"))
+        frame.pending = occurrence
+    token = None
+    if step.callback is not None:  # registered before the call: an early completion is kept
+        token = new_token()
+        cp.callbacks[occurrence] = CallbackState(token, number)
+        frame.attempts[occurrence] = number
+        if cycle.dirty:
+            await cycle.commit()
+        await cycle.retrying(
+            functools.partial(services.store.callbacks.create, cycle.fence, occurrence, number,
+                              token)
+        )  # fmt: skip
+    if cycle.dirty:
+        await cycle.commit()
+    # An idempotent attempt is not written before the call: a takeover counts it as lost.
+    frame.attempts[occurrence] = number
+    if faults.ARMED:
+        faults.fault_point("after_intent", step.id)
+
+    effect = EffectContext(
+        task_id=task.id,
+        tenant=task.tenant,
+        workflow=(cycle.definition.name, cycle.definition.version),
+        step=step.id,
+        occurrence=occurrence,
+        attempt=number,
+        fencing_token=task.token,
+        idempotency_key=key,
+        _connection=services.store.db.connection,
+        _stop=cycle.control.new_call(),
+        _spend=meter,
+        callback_token=token,
+    )
+    started = time.monotonic()
+    outcome = "error"
+    try:
+        result = await call(cycle, handler, step, effect, args)
+        outcome = "completed"
+    except (ResultNotJson, ResultTooLarge) as exc:
+        # The call happened; its result cannot be recorded. Not an attempt to repeat: the
+        # step fails for good (its catch applies).
+        error = error_data(exc)
+        frame.pending = None
+        cp.callbacks.pop(occurrence, None)
+        cycle.evidence.append(record("failed", error=error))
+        return Attempt(AttemptKind.FAILED, occurrence, number, error=error, final=True)
+    except TimedOut:
+        error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
+        if not step.idempotent:
+            # The call may or may not have had its effect: uncertain, so reconcile.
+            meter.settle()
+            return Attempt(AttemptKind.RECONCILE, occurrence, number, error=error)
+        cp.callbacks.pop(occurrence, None)
+        cycle.evidence.append(record("failed", error=error))
+        return Attempt(AttemptKind.FAILED, occurrence, number, error=error)
+    except Exception as exc:  # a handler's error is data: it goes to the retry policy
+        error = error_data(exc)
+        frame.pending = None
+        cp.callbacks.pop(occurrence, None)
+        cycle.evidence.append(record("failed", error=error))
+        final = error["name"] in NEVER_RETRIED
+        return Attempt(AttemptKind.FAILED, occurrence, number, error=error, final=final)
+    except BaseException:  # cancelled: no evidence, so its spend is not charged
+        meter.settle()
+        raise
+    finally:
+        if services.metrics is not None:
+            services.metrics.step_duration.labels(
+                cycle.definition.name, step.id, outcome
+            ).observe(time.monotonic() - started)
+    if faults.ARMED:
+        faults.fault_point("after_call", step.id)
+    frame.pending = None
+    if token is not None:
+        # The handler handed the token out; the step's outcome is the completion's.
+        cp.callbacks[occurrence].called = True
+        cycle.evidence.append(
+            record("completed", result={"callback": token, "handler": result})
+        )
+        return await _after_callback(ctx, step, occurrence)
+    frame.attempts.pop(occurrence, None)
+    cycle.evidence.append(record("completed", result=result))
+    compensable(cycle, step, occurrence, scope, result)
+    return Attempt(AttemptKind.COMPLETED, occurrence, number, result=result)
+
+
+async def _after_callback(ctx: StepContext, step: EffectStep, occurrence: str) -> Attempt:
+    """What the callback of a called attempt came to, as an attempt."""
+    outcome = await callback_outcome(ctx.cycle, step, occurrence)
+    if outcome.kind == "completed":
+        ctx.frame.attempts.pop(occurrence, None)
+        compensable(ctx.cycle, step, occurrence, ctx.scope, outcome.result)
+        return Attempt(AttemptKind.COMPLETED, occurrence, outcome.attempt, result=outcome.result)
+    if outcome.kind == "failed":
+        return Attempt(AttemptKind.FAILED, occurrence, outcome.attempt, error=outcome.error)
+    return Attempt(AttemptKind.CALLBACK, occurrence, outcome.attempt)
+
+
+def compensable(
+    cycle: Cycle, step: EffectStep, occurrence: str, scope: dict[str, Any], result: Any
+) -> None:
+    """Remember how to undo a completed effect, with its arguments rendered now."""
+    if step.compensate is None:
+        return
+    steps = {**scope["steps"], step.id: result}
+    cycle.checkpoint.compensable.append(
+        Compensable(
+            step=step.id,
+            occurrence=occurrence,
+            handler=step.compensate.handler,
+            idempotent=step.compensate.idempotent,
+            args=step.compensate.args.render({**scope, "steps": steps}),
+        )
+    )
+
+
+async def call(
+    cycle: Cycle, handler: Handler, step: EffectStep, ctx: EffectContext, args: Any
+) -> Any:
+    """Call the handler within the step's timeout; check that its result can be stored.
+
+    Raises:
+        TimedOut: the step's timeout passed first (the call is told to stop).
+        ResultNotJson, ResultTooLarge: the result cannot be stored.
+    """
+    if step.timeout is None:  # the common case: no cancel scope of its own (hot path)
+        result = await _invoke(handler, ctx, args)
+    else:
+        with anyio.move_on_after(step.timeout) as scope:
+            result = await _invoke(handler, ctx, args)
+        if scope.cancelled_caught:
+            ctx._stop.set()
+            raise TimedOut
+    cycle.check_result(result, step.id, f"handler {step.handler!r}")
+    return result
+
+
+async def _invoke(handler: Handler, ctx: EffectContext, args: Any) -> Any:
+    """Call a handler: async ones on the loop, sync ones in a worker thread."""
+    if handler.is_async:
+        return await handler.call(ctx, args)
+    return await anyio.to_thread.run_sync(
+        functools.partial(handler.call, ctx, args), abandon_on_cancel=True
+    )
+
+
+def retry_delay(step: EffectStep, done: Attempt) -> float | None:
+    """Seconds before the next attempt after a failed one, or None: the step fails for good."""
+    assert done.error is not None
+    name = done.error["name"]
+    policy = step.retry_policy(name)
+    if done.final or policy is None or name in NEVER_RETRIED:
+        return None
+    if not policy.unlimited and done.attempt >= policy.max_attempts:
+        return None
+    return policy.delay(done.attempt)
+
+
+def lost_attempt(cycle: Cycle, frame: Frame, step: EffectStep) -> Error | None:
+    """Count the attempt a takeover found lost at ``step`` of ``frame``.
+
+    Returns:
+        The error failing the step once the lost attempts reach ``max_attempts``, else None.
+        Nothing is counted when the intent is recorded: reconciliation decides then.
+    """
+    occurrence = frame.occurrence(step.id)
+    if frame.pending == occurrence:
+        return None
+    frame.attempts[occurrence] = frame.attempts.get(occurrence, 0) + 1
+    cycle.events.append(Event(EventKind.ATTEMPT_LOST, {"step": step.id, "occurrence": occurrence}))
+    if frame.attempts[occurrence] < step.retry.max_attempts:
+        return None
+    frame.attempts.pop(occurrence)
+    lost = step.retry.max_attempts
+    message = f"step {step.id!r}: {lost} attempts were lost to crashes or expired leases"
+    return {"name": "AttemptsExhausted", "message": message, "attempts": lost}

@@ -1,0 +1,71 @@
+"""Callbacks: an effect whose outcome is completed from outside (``callback:``).
+
+The handler hands out a token; the step's outcome is what ``toolkit complete TOKEN`` says,
+or ``Timeout`` once the callback's timeout passed without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Literal
+
+from toolkit.checkpoint import CallbackWait
+from toolkit.definition import EffectStep
+from toolkit.engine.cycle import Cycle
+from toolkit.engine.failures import Error
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackOutcome:
+    """What the callback of a called attempt came to.
+
+    ``completed`` (with ``result``), ``failed`` (with ``error``: a completion's error or
+    ``Timeout``) or ``open`` (not yet).
+    """
+
+    kind: Literal["completed", "failed", "open"]
+    attempt: int
+    result: Any = None
+    error: Error | None = None
+
+
+async def callback_outcome(cycle: Cycle, step: EffectStep, occurrence: str) -> CallbackOutcome:
+    """What the callback of ``occurrence``'s called attempt came to.
+
+    A task claimed again while it waits for a callback that has not come was claimed at the
+    callback's timeout; a callback found expired (a branch waiting inside its lease expires
+    it at the timeout) timed out too: the token expires and the attempt fails with
+    ``Timeout``.
+    """
+    cp = cycle.checkpoint
+    callbacks = cycle.services.store.callbacks
+    callback = cp.callbacks[occurrence]
+    record = await cycle.retrying(functools.partial(callbacks.get, callback.token))
+    if record is not None and record.state == "completed":
+        cp.callbacks.pop(occurrence)
+        cp.wait = None
+        if record.error is not None:
+            error = {"name": str(record.error.get("name", "CallbackFailed")),
+                     "message": str(record.error.get("message", ""))}  # fmt: skip
+            return CallbackOutcome("failed", callback.attempt, error=error)
+        return CallbackOutcome("completed", callback.attempt, result=record.result)
+    waiting = isinstance(cp.wait, CallbackWait) and cp.wait.callback == callback.token
+    if waiting or record is None or record.state == "expired":
+        await cycle.retrying(functools.partial(callbacks.expire, callback.token))
+        cp.callbacks.pop(occurrence)
+        cp.wait = None
+        assert step.callback is not None
+        return CallbackOutcome("failed", callback.attempt, error=timeout_error(step))
+    return CallbackOutcome("open", callback.attempt)
+
+
+def timeout_error(step: EffectStep) -> Error:
+    """The error of a callback that was not completed within its timeout."""
+    assert step.callback is not None
+    timeout = step.callback.timeout
+    within = f" within {timeout:g} s" if timeout is not None else ""
+    return {
+        "name": "Timeout",
+        "message": f"no completion of the callback of step {step.id!r}{within}",
+    }

@@ -1,0 +1,304 @@
+"""One claim-and-execute cycle: the claimed task, its checkpoint, and what is not yet written.
+
+A :class:`Cycle` lives as long as one lease. Steps change its checkpoint and append effect
+evidence, events and consumed signals to it; :meth:`Cycle.commit` writes all of that in one
+fenced write (DESIGN §2, §4), and :meth:`Cycle.retrying` makes any store call again while
+the lease surely holds and the database is unreachable.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import functools
+import math
+import random
+import threading
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, TypeVar
+
+import anyio
+
+from toolkit import faults
+from toolkit.checkpoint import Checkpoint, Frame
+from toolkit.definition import WorkflowDefinition
+from toolkit.engine.failures import Error
+from toolkit.errors import DatabaseUnavailable, PayloadRefused, ResultNotJson, ResultTooLarge
+from toolkit.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite
+from toolkit.lifecycle import EventKind, TaskState
+from toolkit.metrics import WorkerMetrics
+from toolkit.payload import check_payload
+from toolkit.registry import App, SpendLedger, SpendLimits
+from toolkit.store import Store
+
+T = TypeVar("T")
+
+#: Backoff between two tries of a store call while the database is unreachable, seconds.
+STORE_RETRY_MIN = 0.05
+STORE_RETRY_MAX = 2.0
+
+
+class CycleOutcome(enum.StrEnum):
+    """How one claim-and-execute cycle ended."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    WAITING = "waiting"
+    RETRY = "retry"
+    LEASE_LOST = "lease_lost"
+    RELEASED = "released"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+
+
+@dataclasses.dataclass
+class CycleControl:
+    """Why a cycle is being cancelled, set by the supervisor before it cancels the scope.
+
+    Attributes:
+        cancel_requested: the task's cancel request (``{"reason", "at"}``), learned at a
+            heartbeat; None when there is none.
+        lease_lost: the heartbeat found the lease gone.
+        deadline: event-loop time of the workflow deadline (the supervisor cancels the cycle
+            then).
+        call_stop: the stop flag of the handler call in progress (``ctx.cancelled``); a new
+            one per call, so a timed-out call does not stop the next.
+        lease_deadline: event-loop time (``anyio.current_time()``) until which the lease is
+            surely held: the time a claim or renewal was sent plus the lease duration. Until
+            then a store call that finds the database unreachable is tried again with
+            backoff (the fence makes a repeated write safe); after it, the cycle gives up
+            and the lease lapses. The default, minus infinity, never tries again.
+    """
+
+    cancel_requested: dict[str, Any] | None = None
+    lease_lost: bool = False
+    deadline: float = math.inf
+    call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    lease_deadline: float = -math.inf
+
+    def new_call(self) -> threading.Event:
+        """A fresh stop flag for the next handler call."""
+        self.call_stop = threading.Event()
+        return self.call_stop
+
+
+@dataclasses.dataclass(frozen=True)
+class Services:
+    """What every cycle of one interpreter uses.
+
+    The store, the handlers, the worker's id, the metrics (None for none) and how a fenced
+    write is applied (one statement, or the supervisor's group commit).
+    """
+
+    store: Store
+    app: App
+    worker_id: str
+    metrics: WorkerMetrics | None
+    apply: Callable[[FencedWrite], Awaitable[TaskState]]
+
+
+class Cycle:
+    """The state of one cycle: the task, its lease, the checkpoint and what is not yet written.
+
+    Args:
+        task: the claimed task.
+        definition: the graph its checkpoint was written under.
+        control: the supervisor's side of the cycle.
+        services: the interpreter's store, handlers and commit.
+    """
+
+    def __init__(
+        self,
+        task: ClaimedTask,
+        definition: WorkflowDefinition,
+        control: CycleControl,
+        services: Services,
+    ) -> None:
+        self.task = task
+        self.definition = definition
+        self.control = control
+        self.services = services
+        self.fence = task.fence(services.worker_id)
+        self.checkpoint = Checkpoint.from_json(task.checkpoint)
+        self.evidence: list[EvidenceRecord] = []
+        self.events: list[Event] = []
+        self.signals: list[tuple[int, str]] = []
+        self.budget_delta: dict[str, float] = {}
+        #: Reservations returned by steps that ended, by resource (see `FencedWrite`).
+        self.budget_released: dict[str, float] = {}
+        #: What concurrent calls reported and is not charged yet (see `SpendLedger`).
+        self.spend_ledger = SpendLedger()
+        self.cancelled_at_commit = False
+        self.writes = 0
+        #: Branches of a parallel or map step run now, concurrently: writes take turns
+        #: (``lock``), a write begun is finished even if its branch is cancelled, and the
+        #: checkpoint is copied into each write (a branch may change it while one waits).
+        self.fanning_out = False
+        self.lock = anyio.Lock()
+        #: The workflow deadline was met by going to ``on_timeout``: writes clear it.
+        self.clear_deadline = False
+
+    @property
+    def dirty(self) -> bool:
+        """Whether evidence, events, consumed signals or budget changes are not yet written."""
+        return bool(
+            self.evidence or self.events or self.signals or self.budget_delta
+            or self.budget_released
+        )
+
+    def scope(self, frame: Frame | None = None, **context: Any) -> dict[str, Any]:
+        """The expression scope: at the task's level, or in a branch's ``frame``.
+
+        In a branch, ``steps`` holds the task's step outputs overlaid with the branch's, and
+        ``context`` adds the branch name (and ``item`` / ``index`` in a map).
+        """
+        frame = frame or self.checkpoint
+        steps = self.checkpoint.outputs
+        if frame is not self.checkpoint:
+            steps = {**steps, **frame.outputs}
+        return {
+            "input": self.task.input,
+            "steps": steps,
+            "context": {
+                "task_id": self.task.id,
+                "tenant": self.task.tenant,
+                "workflow": self.definition.name,
+                "version": self.definition.version,
+                "step": frame.cursor,
+                "started_at": self.checkpoint.started_at,
+                **context,
+            },
+        }
+
+    def next_write_id(self) -> str:
+        """A new write id under this lease (see `FencedWrite.write_id`)."""
+        self.writes += 1
+        return f"{self.task.token}:{self.writes}"
+
+    def checkpoint_json(self) -> dict[str, Any]:
+        """The checkpoint as JSON; a copy while branches run (see :attr:`fanning_out`)."""
+        data = self.checkpoint.to_json()
+        return copy.deepcopy(data) if self.fanning_out else data
+
+    def write(self, **fields: Any) -> FencedWrite:
+        """A fenced write of the current checkpoint plus everything not yet written."""
+        write = FencedWrite(
+            fence=self.fence,
+            checkpoint=self.checkpoint_json(),
+            evidence=tuple(self.evidence),
+            events=tuple(self.events),
+            signals=tuple(self.signals),
+            write_id=self.next_write_id(),
+            budget_delta=dict(self.budget_delta) or None,
+            budget_released=dict(self.budget_released) or None,
+            clear_deadline=self.clear_deadline,
+            **fields,
+        )
+        self.evidence.clear()
+        self.events.clear()
+        self.signals.clear()
+        self.budget_delta.clear()
+        self.budget_released.clear()
+        return write
+
+    async def commit(self, **fields: Any) -> None:
+        """Write the checkpoint and everything not yet written, in one fenced write.
+
+        ``fields`` are the write's other fields (``state``, ``wait_reason``, ``run_at`` ...).
+
+        Raises:
+            LeaseLost: the lease is gone; nothing was written.
+            DatabaseUnavailable: the database stayed unreachable while the lease surely held.
+        """
+        # Branches share the cycle: one write at a time, and a branch being cancelled (a
+        # race decided) finishes the write it has begun.
+        with anyio.CancelScope(shield=self.fanning_out):
+            async with self.lock:
+                write = self.write(**fields)
+                applied = await self.retrying(functools.partial(self.services.apply, write))
+        if applied != write.state:  # a cancel request found by the write itself
+            self.cancelled_at_commit = True
+        metrics = self.services.metrics
+        if metrics is not None and write.wait_reason is not None:
+            metrics.waits.labels(self.definition.name, write.wait_reason).inc()
+        if faults.ARMED:
+            for record in write.evidence:
+                if record.record == "completed":
+                    faults.fault_point("after_commit", record.step)
+
+    async def retrying(self, call: Callable[[], Awaitable[T]]) -> T:
+        """Make a store call, again with backoff while the lease surely holds (`retrying`)."""
+        return await retrying(self.control, call)
+
+    def check_result(self, value: Any, step: str, source: str) -> None:
+        """Check that a step's result can be stored within the payload limits.
+
+        Raises:
+            ResultTooLarge: over the size or nesting limit.
+            ResultNotJson: not storable JSON (a non-JSON type, NaN, a NUL character ...).
+        """
+        try:
+            check_payload(value, self.services.store.leases.payload_limits)
+        except PayloadRefused as exc:
+            where = f"{source} of step {step!r} returned a value"
+            if exc.limit is not None:
+                raise ResultTooLarge(
+                    f"{where} over the payload limit: {exc}", step=step, path=exc.path,
+                    limit=exc.limit,
+                ) from exc  # fmt: skip
+            raise ResultNotJson(f"{where} that cannot be stored as JSON: {exc}") from exc
+
+    def charge(self, spend: dict[str, float]) -> None:
+        """Charge spend outside any reservation to the task's budget and its tenant's."""
+        for resource, amount in spend.items():
+            if resource in self.checkpoint.budget:
+                self.checkpoint.budget[resource].spent += amount
+            self.budget_delta[resource] = self.budget_delta.get(resource, 0.0) + amount
+
+    def spend_limits(self) -> SpendLimits:
+        """What the task may still spend outside reservations, by budgeted resource."""
+        pools: dict[str, tuple[Hashable, float]] = {
+            resource: (("task", resource), line.left)
+            for resource, line in self.checkpoint.budget.items()
+        }
+        return pools
+
+    def retry_scheduled(
+        self, step: str, occurrence: str, attempt: int, error: Error | None, delay: float
+    ) -> None:
+        """Record that a failed attempt at ``step`` is tried again in ``delay`` seconds."""
+        detail: dict[str, Any] = {"step": step, "attempt": attempt, "delay_seconds": delay}
+        if occurrence != self.checkpoint.occurrence(step):
+            detail["occurrence"] = occurrence
+        self.events.append(Event(EventKind.RETRY_SCHEDULED, {**detail, "error": error}))
+        if self.services.metrics is not None:
+            self.services.metrics.retries.labels(self.definition.name).inc()
+
+    def reconciliation_required(self, step: str, occurrence: str, error: Error | None) -> None:
+        """Record that ``occurrence``'s outcome is unknown and an operator must say it."""
+        detail: dict[str, Any] = {"step": step, "occurrence": occurrence}
+        if error is not None:
+            detail["error"] = error
+        self.events.append(Event(EventKind.RECONCILIATION_REQUIRED, detail))
+
+
+async def retrying(control: CycleControl, call: Callable[[], Awaitable[T]]) -> T:
+    """Make a store call, again with backoff while the database is unreachable.
+
+    Tries again until ``control.lease_deadline``: a repeated call is safe because reads are
+    reads and every write is fenced and carries its write id.
+
+    Raises:
+        DatabaseUnavailable: the database stayed unreachable up to the deadline.
+    """
+    delay = STORE_RETRY_MIN
+    while True:
+        try:
+            return await call()
+        except DatabaseUnavailable:
+            pause = delay * (0.5 + random.random() / 2)
+            if anyio.current_time() + pause >= control.lease_deadline or control.lease_lost:
+                raise
+        await anyio.sleep(pause)
+        delay = min(delay * 2, STORE_RETRY_MAX)

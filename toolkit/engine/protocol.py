@@ -1,0 +1,199 @@
+"""The transition protocol: each step kind returns what happened, one loop applies it.
+
+A step kind (one module each under ``toolkit.engine.steps``) gets a :class:`StepContext`
+and returns a :data:`Transition`: the step finished with an output (:class:`Advance`), went
+elsewhere (:class:`Goto`), ended the graph (:class:`Finish`), failed for good
+(:class:`Failed`), has to wait for something (:class:`Wait`), is to be tried again later
+(:class:`Retry`) or has an outcome only an operator can tell (:class:`Reconcile`). It never
+decides what that means for the task: a :class:`Level` does. The task's own graph makes a
+wait durable and releases its lease; a branch of a parallel or map step, which shares the
+task's lease with its sibling branches, waits inside the lease. :func:`run_graph` is the one
+loop both levels run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
+
+from toolkit.checkpoint import Frame
+from toolkit.checkpoint import Wait as WaitState
+from toolkit.definition import Step
+from toolkit.engine.cycle import Cycle, CycleOutcome
+from toolkit.engine.failures import Error
+from toolkit.leases import Event
+from toolkit.lifecycle import WaitReason
+from toolkit.registry import SpendLimits
+
+# --- what a step came to --------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Advance:
+    """The step finished with ``output``; go to ``next`` (None: the graph ends with it)."""
+
+    output: Any
+    next: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Goto:
+    """Go to ``target``, recording nothing (a choice)."""
+
+    target: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Finish:
+    """The graph ends with ``output`` (a succeed step)."""
+
+    output: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    """The step failed for good with ``error``: its ``catch`` decides, else the graph fails.
+
+    ``compensate`` is False for a ``fail`` step without ``compensate: true``: the task then
+    fails without running the compensations of its completed effects.
+    """
+
+    error: Error
+    compensate: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Wait:
+    """The step waits for something.
+
+    ``wait`` is what (stored in the checkpoint), ``event`` records it, and the wait ends at
+    ``run_at`` (ISO-8601, database time) or after ``delay_seconds`` at the latest, whichever
+    is given (``run_at`` first).
+    """
+
+    reason: WaitReason
+    wait: WaitState
+    event: Event
+    run_at: str | None = None
+    delay_seconds: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Attempt ``attempt`` at ``occurrence`` failed with ``error``: try again in ``delay`` s."""
+
+    occurrence: str
+    attempt: int
+    error: Error | None
+    delay: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Reconcile:
+    """The outcome of ``occurrence``'s recorded intent is unknown: fail closed.
+
+    Its effect is not idempotent, so the task waits until an operator records the outcome
+    (``error``: why it is unknown, when a timeout made it so).
+    """
+
+    occurrence: str
+    error: Error | None = None
+
+
+Transition = Advance | Goto | Finish | Failed | Wait | Retry | Reconcile
+
+
+# --- where a step runs ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """How the effects of a frame spend budgeted resources.
+
+    ``limits``: what they may still spend, read at each report; ``charge``: where a call's
+    spend goes.
+    """
+
+    limits: Callable[[], SpendLimits]
+    charge: Callable[[dict[str, float]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepKind:
+    """How one kind of step runs.
+
+    ``run`` returns its transition; ``taken_over``, for a kind whose step may have been in
+    progress when a previous lease lapsed, says what that lost attempt means (None: go on).
+    """
+
+    run: Callable[[StepContext, Any], Awaitable[Transition]]
+    taken_over: Callable[[StepContext, Any], Transition | None] | None = None
+
+
+Kinds = Mapping[type, StepKind]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What a step runs with.
+
+    Attributes:
+        cycle: the cycle (task, lease, checkpoint, pending writes, store).
+        frame: the graph it runs in: the task's checkpoint or a branch's frame.
+        scope: the expression scope at this step.
+        spend: how its effects spend.
+        kinds: every step kind (a parallel or map step runs its branches' steps with them).
+    """
+
+    cycle: Cycle
+    frame: Frame
+    scope: dict[str, Any]
+    spend: Spend
+    kinds: Kinds
+
+
+class Level(Protocol):
+    """A graph being run: the task's own, or a branch of a parallel or map step."""
+
+    @property
+    def frame(self) -> Frame:
+        """The graph's progress."""
+
+    def running(self) -> bool:
+        """Whether the graph has a step to run next."""
+
+    def steps(self) -> Mapping[str, Step]:
+        """The graph's steps by id."""
+
+    def context(self, step: Step) -> StepContext:
+        """What ``step`` runs with."""
+
+    async def before(self, step: Step) -> CycleOutcome | None:
+        """Anything to do before ``step`` runs; an outcome ends the cycle instead."""
+
+    async def apply(self, step: Step, transition: Transition) -> CycleOutcome | None:
+        """Carry out what ``step`` came to; an outcome ends the cycle."""
+
+
+async def run_graph(level: Level) -> CycleOutcome | None:
+    """The one loop: run a graph's steps, applying what each came to, until it stops.
+
+    Returns:
+        The outcome a level's ``before`` or ``apply`` ended the cycle with, or None once the
+        graph has nothing more to run (a branch that ended or blocked).
+    """
+    steps = level.steps()
+    while level.running():
+        frame_cursor = level.frame.cursor
+        assert frame_cursor is not None
+        step = steps[frame_cursor]
+        outcome = await level.before(step)
+        if outcome is not None:
+            return outcome
+        ctx = level.context(step)
+        transition = await ctx.kinds[type(step)].run(ctx, step)
+        outcome = await level.apply(step, transition)
+        if outcome is not None:
+            return outcome
+    return None

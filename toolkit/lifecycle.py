@@ -1,0 +1,87 @@
+"""A task's lifecycle as closed sets of names: its states, why it waits, what it records.
+
+DESIGN §2; the state diagram in docs/concepts.md.
+
+The values are the strings stored in ``toolkit_tasks.state``, ``wait_reason`` and
+``toolkit_task_events.kind``; each enum is a ``str``, so a member is usable wherever the
+string is (JSON, SQL parameters, comparisons).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class TaskState(enum.StrEnum):
+    """Where a task is; ``succeeded``, ``failed`` and ``cancelled`` are terminal."""
+
+    QUEUED = "queued"
+    LEASED = "leased"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the task has ended."""
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+class WaitReason(enum.StrEnum):
+    """Why a ``waiting`` task waits (it always has one), and what ends the wait."""
+
+    #: a durable timer (``wait: {duration | until}``, or the timers of ``wait: {any}``).
+    TIMER = "timer"
+    #: a signal (``wait: {signal}``, or the signals of ``wait: {any}``), or its timeout.
+    SIGNAL = "signal"
+    #: the completion of an effect's callback token, or its timeout.
+    CALLBACK = "callback"
+    #: a child workflow's end.
+    CHILD = "child"
+    #: room in the tenant's budget for a step's reservation.
+    BUDGET = "budget"
+    #: a slot or token of a downstream limit.
+    LIMIT = "limit"
+    #: an operator's record of an uncertain non-idempotent effect's outcome.
+    RECONCILIATION = "reconciliation"
+
+
+class EventKind(enum.StrEnum):
+    """The kinds of task events, the history of a task's transitions (docs/history.md)."""
+
+    # written by the store: submission, claims, requests from outside
+    SUBMITTED = "submitted"
+    CLAIMED = "claimed"
+    RECOVERED = "recovered"
+    SIGNAL_RECEIVED = "signal_received"
+    CALLBACK_COMPLETED = "callback_completed"
+    CANCEL_REQUESTED = "cancel_requested"
+    RECONCILED = "reconciled"
+    BUDGET_RESERVED = "budget_reserved"
+    # written by the interpreter, with its fenced writes
+    WAITING = "waiting"
+    RETRY_SCHEDULED = "retry_scheduled"
+    ATTEMPT_LOST = "attempt_lost"
+    RECONCILIATION_REQUIRED = "reconciliation_required"
+    CAUGHT = "caught"
+    RELEASED = "released"
+    DEADLINE_PASSED = "deadline_passed"
+    LIMIT_DEFERRED = "limit_deferred"
+    BUDGET_DEFERRED = "budget_deferred"
+    FANOUT_STARTED = "fanout_started"
+    BRANCH_SUCCEEDED = "branch_succeeded"
+    BRANCH_FAILED = "branch_failed"
+    BRANCH_CANCELLED = "branch_cancelled"
+    RACE_WON = "race_won"
+    FANOUT_ENDED = "fanout_ended"
+    CHILD_STARTED = "child_started"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    # the end of a task (by the interpreter, or by the store for a cancel)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
