@@ -16,7 +16,7 @@ die. Faults are drawn from ``--seed``:
 Then faults stop, stopped workers continue, and the run drains until every task is settled
 (terminal, or waiting for reconciliation) or the drain deadline passes. Non-idempotent
 effects left uncertain by a crash wait for reconciliation and are counted, not resolved:
-that is the fail-closed case. Finally the audit (``toolkit.audit``) checks every history and
+that is the fail-closed case. Finally the audit (``toolkit.history.audit``) checks every history and
 the ledger tells how often each effect really ran. The last stdout line is the figure line::
 
     chaos: seed S, N submitted, T terminal (F failed), R in reconciliation, L lost,
@@ -61,13 +61,13 @@ from psycopg.rows import dict_row
 
 from bench.chaos_app import CREATE_LEDGER, SIGNAL, WORKFLOW
 from bench.workload import bench_server, scratch_database, with_dbname
-from toolkit.audit import AuditReport, audit_all
-from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition, parse_definition
-from toolkit.embedded import stop_embedded
 from toolkit.errors import DatabaseUnavailable, TaskTerminal
-from toolkit.migrations import migrate
+from toolkit.history.audit import AuditReport, audit_all
 from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.embedded import stop_embedded
+from toolkit.store.migrations import migrate
 
 REPO = Path(__file__).resolve().parents[1]
 APP = "bench.chaos_app"
@@ -119,7 +119,7 @@ FROM toolkit_tasks WHERE state = 'failed' GROUP BY 1, 2 ORDER BY 3 DESC"""
 #: Restart the embedded server from a fresh process: ``start_embedded`` in a process that
 #: already started (and then stopped) the server returns its stale handle (see the report).
 RESTART_EMBEDDED = (
-    "import sys; from toolkit.embedded import start_embedded, stop_embedded; "
+    "import sys; from toolkit.store.embedded import start_embedded, stop_embedded; "
     "stop_embedded(sys.argv[1]); start_embedded(sys.argv[1])"
 )
 

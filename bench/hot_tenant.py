@@ -42,9 +42,9 @@ import psycopg
 
 from bench.processes import WorkerProcess, worker_command
 from bench.workload import SUBMIT_CHUNK, Workload, bench_server, scratch_database, write_definitions
-from toolkit.database import Database
-from toolkit.migrations import migrate
 from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.migrations import migrate
 
 WORKLOAD = Workload(1, idempotent=True)
 HOT, COLD = "A", "B"

@@ -40,8 +40,8 @@ from bench.workload import (
     wait_for_states,
     write_definitions,
 )
-from toolkit.queries import query
 from toolkit.store import Store
+from toolkit.store.queries import query
 
 #: The worker's default claim batch (``toolkit run --claim-batch``).
 CLAIM_BATCH = 16

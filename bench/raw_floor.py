@@ -48,8 +48,8 @@ from psycopg.types.json import Jsonb
 from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
-from toolkit.leases import Event, FencedWrite, _write_json
-from toolkit.queries import query
+from toolkit.store.leases import Event, FencedWrite, _write_json
+from toolkit.store.queries import query
 
 Mode = Literal["unnest", "pipeline", "commit-per-write", "engine-sql"]
 #: The floor proper: the minimal SQL, batched three ways.

@@ -23,11 +23,11 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from bench.noop_app import NOOP_HANDLER
-from toolkit.database import Database
 from toolkit.definition import WorkflowDefinition, parse_definition
-from toolkit.embedded import start_embedded, stop_embedded
-from toolkit.migrations import migrate
 from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.embedded import start_embedded, stop_embedded
+from toolkit.store.migrations import migrate
 
 #: Inputs per ``store.tasks.submit`` call.
 SUBMIT_CHUNK = 1000

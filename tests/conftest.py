@@ -20,10 +20,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
-from toolkit.database import Database
-from toolkit.embedded import start_embedded, stop_embedded
-from toolkit.migrations import _CREATE_VERSION_TABLE, _RECORD, available_migrations, migrate
 from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.embedded import start_embedded, stop_embedded
+from toolkit.store.migrations import _CREATE_VERSION_TABLE, _RECORD, available_migrations, migrate
 
 DATABASE_FIXTURES = {"dsn", "store", "template_dsn"}
 

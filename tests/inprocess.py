@@ -10,10 +10,10 @@ from typing import Any
 
 from tests.apps.counting import app as counting_app
 from tests.workflows import definition
-from toolkit.registry import App
+from toolkit.application import App
+from toolkit.runtime.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
-from toolkit.worker import Worker
 
 #: A worker configuration for tests: short lease and heartbeat, next to no idle backoff.
 FAST: dict[str, Any] = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)

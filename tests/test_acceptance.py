@@ -32,9 +32,9 @@ from tests.processes import (
     worker_report,
 )
 from tests.workflows import definition
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 RUN = ["run", "--app", "tests.apps.scenarios", "--lease", "2", "--heartbeat", "0.5"]
 LEASE = datetime.timedelta(seconds=2)

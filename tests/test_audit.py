@@ -1,4 +1,4 @@
-"""The fencing audit (``toolkit.audit``) against real histories and hand-made corrupt ones.
+"""The fencing audit (``toolkit.history.audit``) against real histories and hand-made corrupt ones.
 
 Sound histories come from real runs: workflows drained by an in-process supervisor, a crash
 and takeover by row surgery (lease backdated), a stale writer refused by the fence, a
@@ -18,17 +18,17 @@ import pytest
 from tests.inprocess import deploy_submit, drain, sql
 from tests.processes import call_counts, toolkit_process, wait_for
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
-from toolkit.audit import (
+from toolkit.application import App
+from toolkit.engine import Interpreter
+from toolkit.errors import LeaseLost, UnknownTask
+from toolkit.history.audit import (
     AuditReport,
     ViolationKind,
     audit_all,
     audit_task,
 )
-from toolkit.engine import Interpreter
-from toolkit.errors import LeaseLost, UnknownTask
-from toolkit.leases import Event, FencedWrite
-from toolkit.registry import App
 from toolkit.store import Store
+from toolkit.store.leases import Event, FencedWrite
 
 pytestmark = pytest.mark.anyio
 

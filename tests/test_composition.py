@@ -13,10 +13,10 @@ from tests.conftest import at_schema_version
 from tests.inprocess import deploy_submit, drain, kinds, sql
 from tests.processes import eventually
 from tests.workflows import definition
-from toolkit.budgets import Budgets, ReservationOutcome
-from toolkit.leases import FencedWrite
-from toolkit.registry import SpendLedger, SpendMeter
+from toolkit.application import SpendLedger, SpendMeter
 from toolkit.store import Store
+from toolkit.store.budgets import Budgets, ReservationOutcome
+from toolkit.store.leases import FencedWrite
 
 pytestmark = pytest.mark.anyio
 

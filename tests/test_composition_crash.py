@@ -21,7 +21,7 @@ from tests.processes import (
     toolkit_process,
     wait_for,
 )
-from toolkit.audit import audit_task
+from toolkit.history.audit import audit_task
 
 RUN = ["run", "--app", "tests.apps.scenarios", "--lease", "2", "--heartbeat", "0.5"]
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from toolkit.demo import DemoSummary, order_inputs, run_demo
 from toolkit.examples import orders
+from toolkit.ops.demo import DemoSummary, order_inputs, run_demo
 from toolkit.store import Store
 
 DEFINITIONS = Path(__file__).resolve().parent.parent / "definitions"

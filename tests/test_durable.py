@@ -11,12 +11,12 @@ from tests.apps.counting import app
 from tests.inprocess import FAST, deploy_submit, drain, due_in, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
+from toolkit.application import App
 from toolkit.engine import Interpreter
 from toolkit.errors import NotReconcilable, TaskTerminal, UnknownTask
-from toolkit.registry import App
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 

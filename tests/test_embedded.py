@@ -6,7 +6,7 @@ from pathlib import Path
 
 import psycopg
 
-from toolkit.embedded import start_embedded, stop_embedded
+from toolkit.store.embedded import start_embedded, stop_embedded
 
 
 def test_restart_in_the_same_process_starts_a_fresh_server(tmp_path: Path) -> None:

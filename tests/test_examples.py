@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from toolkit.application import EffectContext
 from toolkit.definition import load_definitions
-from toolkit.demo import INGEST, ORDERS, ingest_inputs, order_inputs
 from toolkit.examples import app, ingest, orders
 from toolkit.examples.ingest import DataError, SourceChanged
 from toolkit.examples.orders import OrderError
-from toolkit.registry import EffectContext
+from toolkit.ops.demo import INGEST, ORDERS, ingest_inputs, order_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFINITIONS = ROOT / "definitions"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from toolkit.definition.expressions import Template, check_template, compile_template, is_truthy
 from toolkit.errors import ExpressionError, ExpressionSyntaxError, ToolkitError
-from toolkit.expressions import Template, check_template, compile_template, is_truthy
 
 SCOPE: dict[str, Any] = {
     "input": {

@@ -25,13 +25,13 @@ from tests.golden import GOLDEN, compare, history, install_recorder
 from tests.inprocess import FAST, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
+from toolkit.application import App
 from toolkit.definition import WorkflowDefinition, load_definition
 from toolkit.examples import app as examples_app
-from toolkit.limits import LimitDeferral
-from toolkit.registry import App
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
+from toolkit.store.limits import LimitDeferral
 
 pytestmark = pytest.mark.anyio
 

@@ -16,16 +16,16 @@ from toolkit import App, EffectContext, history
 from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition, parse_definition
 from toolkit.errors import HistoryError, NotExported
-from toolkit.export import (
+from toolkit.history.export import (
     EXPORT_COLUMNS,
     EXPORT_SCHEMA_VERSION,
     export_history,
     read_manifest,
 )
-from toolkit.retention import prune
+from toolkit.history.retention import prune
+from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 

@@ -1,6 +1,6 @@
 """Downstream limits (docs/limits.md): fleet-wide concurrency slots and token buckets.
 
-Store-level tests drive :class:`toolkit.limits.Limits` on claimed tasks; process tests run
+Store-level tests drive :class:`toolkit.store.limits.Limits` on claimed tasks; process tests run
 four real ``toolkit run`` workers against the same database and check what the handlers
 themselves recorded (``tests/apps/limited.py``), never what the store claims about itself.
 """
@@ -36,12 +36,11 @@ from tests.processes import (
 from tests.workflows import definition
 from toolkit import App, ConfigError, MissingLimits
 from toolkit.cli import cli
-from toolkit.doctor import diagnose
-from toolkit.leases import NEVER, ClaimedTask, EvidenceRecord, FencedWrite
-from toolkit.limits import LimitDeferral, LimitGrant
-from toolkit.registry import parse_rate
+from toolkit.ops.doctor import diagnose
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.worker import Worker
+from toolkit.store.leases import NEVER, ClaimedTask, EvidenceRecord, FencedWrite
+from toolkit.store.limits import LimitDeferral, LimitGrant, parse_rate
 
 LLM = one_step("lim-llm", "lim.llm", "llm")
 API = one_step("lim-api", "lim.api", "api")

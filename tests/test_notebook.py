@@ -13,9 +13,9 @@ from tests.test_history import DEFINITIONS, FLOW, WAITER, deploy, run_until_idle
 from tests.workflows import THREE_STEPS, definition
 from toolkit import history
 from toolkit.definition import load_definition, parse_definition
-from toolkit.diagram import markdown, mermaid, step_kind
-from toolkit.export import export_history
-from toolkit.notebook import TaskBrowser, plot_history
+from toolkit.definition.diagram import markdown, mermaid, step_kind
+from toolkit.history.export import export_history
+from toolkit.history.notebook import TaskBrowser, plot_history
 from toolkit.store import Store
 
 REPO = Path(__file__).resolve().parent.parent

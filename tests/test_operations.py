@@ -18,8 +18,8 @@ from toolkit.errors import (
     UnknownDefinition,
     WorkerIdInUse,
 )
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 

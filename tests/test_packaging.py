@@ -29,9 +29,10 @@ def test_wheel_contains_schema_sql_and_examples(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("runifold-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert "toolkit/schemas/workflow.schema.json" in names
-    assert "toolkit/sql/migrations/0001_initial.sql" in names
+    assert "toolkit/store/sql/migrations/0001_initial.sql" in names
+    assert "toolkit/history/sql/analytics.sql" in names
     assert {
-        f"toolkit/sql/queries/{n}.sql" for n in ("tasks", "leases", "definitions", "workers")
+        f"toolkit/store/sql/queries/{n}.sql" for n in ("tasks", "leases", "definitions", "workers")
     } <= names
     assert any(n.startswith("toolkit/examples/") and n.endswith(".sql") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 
 from tests.apps.counting import record_call
 from tests.workflows import THREE_STEPS, definition
+from toolkit.application import App, EffectContext
 from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, InputError, PayloadRefused, ToolkitError
 from toolkit.payload import DEFAULT_MAX_BYTES, PayloadLimits, check_payload
-from toolkit.registry import App, EffectContext
+from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 

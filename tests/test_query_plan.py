@@ -28,8 +28,8 @@ from psycopg import sql
 from tests.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
-from toolkit.queries import query
 from toolkit.store import Store
+from toolkit.store.queries import query
 
 pytestmark = pytest.mark.anyio
 

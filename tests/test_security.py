@@ -17,8 +17,9 @@ import pytest
 from tests.apps.counting import app
 from tests.processes import REPO
 from tests.workflows import THREE_STEPS, definition
-from toolkit.database import Database, redact_dsn
+from toolkit.application import App
 from toolkit.definition import parse_definition
+from toolkit.definition.expressions import compile_template
 from toolkit.errors import (
     DatabaseUnavailable,
     DefinitionError,
@@ -26,11 +27,10 @@ from toolkit.errors import (
     HandlerNotFound,
     MissingHandlers,
 )
-from toolkit.expressions import compile_template
-from toolkit.registry import App
+from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
+from toolkit.store.database import Database, redact_dsn
 
 TOOLKIT = REPO / "toolkit"
 

@@ -9,11 +9,11 @@ import pytest
 
 from tests.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
-from toolkit.database import Database
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
-from toolkit.leases import Event, EvidenceRecord, FencedWrite
-from toolkit.migrations import migrate, schema_status
 from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.leases import Event, EvidenceRecord, FencedWrite
+from toolkit.store.migrations import migrate, schema_status
 
 pytestmark = pytest.mark.anyio
 

@@ -19,8 +19,8 @@ from tests.workflows import THREE_STEPS, definition
 from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, UnknownTenant
-from toolkit.leases import ClaimedTask, FencedWrite
 from toolkit.store import Store
+from toolkit.store.leases import ClaimedTask, FencedWrite
 
 pytestmark = pytest.mark.anyio
 

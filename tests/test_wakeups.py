@@ -21,11 +21,11 @@ from psycopg.types.json import Jsonb
 from tests.inprocess import FAST, deploy_submit
 from tests.processes import eventually
 from tests.workflows import definition
-from toolkit.queries import query
-from toolkit.registry import App, EffectContext
+from toolkit.application import App, EffectContext
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
+from toolkit.store.queries import query
 
 pytestmark = pytest.mark.anyio
 

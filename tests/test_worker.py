@@ -11,11 +11,11 @@ from tests.apps.counting import app
 from tests.inprocess import drain
 from tests.processes import eventually
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
+from toolkit.application import App
 from toolkit.errors import ConfigError, MissingHandlers, WorkerIdInUse
-from toolkit.registry import App
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
-from toolkit.worker import Worker
 
 pytestmark = pytest.mark.anyio
 

@@ -16,8 +16,8 @@ from tests.apps.counting import TOKENS, app
 from tests.inprocess import deploy_submit, drain, due_in, kinds, make_due, sql
 from tests.processes import eventually
 from tests.workflows import definition
+from toolkit.application import EffectContext
 from toolkit.errors import CallbackRefused, InputError, TaskTerminal
-from toolkit.registry import EffectContext
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio

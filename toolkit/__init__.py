@@ -3,13 +3,13 @@
 The public names are re-exported here; everything else is internal and may change.
 """
 
+from toolkit.application import App, EffectContext
 from toolkit.definition import (
     WorkflowDefinition,
     load_definition,
     load_definitions,
     parse_definition,
 )
-from toolkit.embedded import start_embedded, stop_embedded
 from toolkit.errors import (
     BudgetExceeded,
     CallbackRefused,
@@ -42,15 +42,15 @@ from toolkit.errors import (
     UnknownTenant,
     WorkerIdInUse,
 )
-from toolkit.registry import App, EffectContext
-from toolkit.store import Store
-from toolkit.supervisor import (
+from toolkit.runtime.supervisor import (
     CancellationToken,
     SupervisorConfig,
     SupervisorReport,
     WorkflowSupervisor,
 )
-from toolkit.worker import Worker
+from toolkit.runtime.worker import Worker
+from toolkit.store import Store
+from toolkit.store.embedded import start_embedded, stop_embedded
 
 __all__ = [
     "App",

@@ -10,7 +10,7 @@ levels deep is refused, not a ``RecursionError``):
   arrays, strings without NUL characters (U+0000) or unpaired surrogates, finite numbers,
   booleans and null.
 
-The limits live on the store's :class:`~toolkit.database.Database` (``db.payload_limits``);
+The limits live on the store's :class:`~toolkit.store.database.Database` (``db.payload_limits``);
 ``toolkit --max-payload-bytes`` / ``TOOLKIT_MAX_PAYLOAD_BYTES`` sets the size for a command.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from toolkit import faults
-from toolkit.callbacks import new_token
+from toolkit.application import EffectContext, Handler, SpendMeter
 from toolkit.checkpoint import CallbackState, Compensable, Frame
 from toolkit.definition import EffectStep
 from toolkit.engine.callbacks import callback_outcome
@@ -27,10 +27,10 @@ from toolkit.engine.failures import NEVER_RETRIED, Error, error_data
 from toolkit.engine.limits import take_limits
 from toolkit.engine.protocol import StepContext
 from toolkit.errors import ResultNotJson, ResultTooLarge
-from toolkit.leases import Event, EvidenceRecord
 from toolkit.lifecycle import EventKind
-from toolkit.limits import LimitDeferral
-from toolkit.registry import EffectContext, Handler, SpendMeter
+from toolkit.store.callbacks import new_token
+from toolkit.store.leases import Event, EvidenceRecord
+from toolkit.store.limits import LimitDeferral
 
 
 class AttemptKind(enum.StrEnum):

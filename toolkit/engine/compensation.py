@@ -13,13 +13,13 @@ from typing import Any
 
 from toolkit.checkpoint import BranchFrame
 from toolkit.definition import EffectStep, RetryPolicy
+from toolkit.definition.expressions import compile_template
 from toolkit.engine.attempts import AttemptKind, attempt, lost_attempt, retry_delay
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.limits import limit_wait
 from toolkit.engine.protocol import Kinds, Reconcile, Retry, Spend, StepContext, Transition
-from toolkit.expressions import compile_template
-from toolkit.leases import Event
 from toolkit.lifecycle import EventKind, TaskState
+from toolkit.store.leases import Event
 
 #: The arguments of a step built by the engine (a compensation's are passed as they are).
 _NO_ARGS = compile_template(None)

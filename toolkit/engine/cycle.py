@@ -21,16 +21,16 @@ from typing import Any, TypeVar
 import anyio
 
 from toolkit import faults
+from toolkit.application import App, SpendLedger, SpendLimits
 from toolkit.checkpoint import Checkpoint, Frame
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.failures import Error
 from toolkit.errors import DatabaseUnavailable, PayloadRefused, ResultNotJson, ResultTooLarge
-from toolkit.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite
 from toolkit.lifecycle import EventKind, TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
-from toolkit.registry import App, SpendLedger, SpendLimits
 from toolkit.store import Store
+from toolkit.store.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite
 
 T = TypeVar("T")
 

@@ -15,8 +15,8 @@ from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import Error
 from toolkit.engine.reservations import release
 from toolkit.errors import TaskTerminal
-from toolkit.leases import Event
 from toolkit.lifecycle import EventKind
+from toolkit.store.leases import Event
 
 
 async def deadline_passed(cycle: Cycle) -> Error | None:

@@ -15,23 +15,23 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from toolkit.application import App
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.cycle import Cycle, CycleControl, CycleOutcome, Services, retrying
 from toolkit.engine.failures import storable_text
 from toolkit.engine.kinds import KINDS
 from toolkit.engine.task import TaskGraph
 from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError
-from toolkit.leases import ClaimedTask, Event, FencedWrite
 from toolkit.lifecycle import EventKind, TaskState
 from toolkit.metrics import WorkerMetrics
-from toolkit.registry import App
 from toolkit.store import Store
+from toolkit.store.leases import ClaimedTask, Event, FencedWrite
 
 logger = logging.getLogger(__name__)
 
 
 class Interpreter:
-    """Runs claimed tasks with the handlers of one :class:`~toolkit.registry.App`.
+    """Runs claimed tasks with the handlers of one :class:`~toolkit.application.App`.
 
     Args:
         store: the store (fenced writes, budgets, limits, callbacks, children).

@@ -13,9 +13,9 @@ from toolkit.checkpoint import Frame, LimitWait
 from toolkit.definition import EffectStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Wait
-from toolkit.leases import Event
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.limits import LimitDeferral
+from toolkit.store.leases import Event
+from toolkit.store.limits import LimitDeferral
 
 
 async def take_limits(

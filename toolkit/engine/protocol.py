@@ -17,14 +17,14 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from toolkit.application import SpendLimits
 from toolkit.checkpoint import Frame
 from toolkit.checkpoint import Wait as WaitState
 from toolkit.definition import Step
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.failures import Error
-from toolkit.leases import Event
 from toolkit.lifecycle import WaitReason
-from toolkit.registry import SpendLimits
+from toolkit.store.leases import Event
 
 # --- what a step came to --------------------------------------------------------------------
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import functools
 
-from toolkit.budgets import ReservationOutcome
 from toolkit.checkpoint import BudgetWait, FanOut
 from toolkit.definition import MapStep, ParallelStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Failed, Wait
-from toolkit.leases import Event
 from toolkit.lifecycle import EventKind, WaitReason
+from toolkit.store.budgets import ReservationOutcome
+from toolkit.store.leases import Event
 
 #: Longest pause before a task deferred for budget looks again, seconds.
 BUDGET_RECHECK_MAX = 60.0

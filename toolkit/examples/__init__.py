@@ -10,9 +10,9 @@ approval and polling examples. Run it with ``toolkit run --app toolkit.examples`
 
 from __future__ import annotations
 
+from toolkit.application import App
 from toolkit.examples import composition, ingest, orders, saga
 from toolkit.examples.orders import ensure_example_tables
-from toolkit.registry import App
 
 __all__ = ["app", "ensure_example_tables"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from toolkit.registry import EffectContext
+from toolkit.application import EffectContext
 
 
 def _tokens(*texts: str) -> int:

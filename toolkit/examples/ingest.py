@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from toolkit.registry import EffectContext
+from toolkit.application import EffectContext
 
 _CHUNK = 1 << 16
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")

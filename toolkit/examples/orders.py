@@ -23,8 +23,8 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg.types.json import Jsonb
 
-from toolkit.queries import parse_named_blocks
-from toolkit.registry import EffectContext
+from toolkit.application import EffectContext
+from toolkit.store.queries import parse_named_blocks
 
 CENT = Decimal("0.01")
 

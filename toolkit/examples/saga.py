@@ -13,7 +13,7 @@ import hashlib
 import logging
 from typing import Any
 
-from toolkit.registry import EffectContext
+from toolkit.application import EffectContext
 
 logger = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from toolkit.definition import ChoiceStep
+from toolkit.definition.expressions import is_truthy
 from toolkit.engine.protocol import Failed, Goto, StepContext, StepKind, Transition
-from toolkit.expressions import is_truthy
 
 
 async def run(ctx: StepContext, step: ChoiceStep) -> Transition:

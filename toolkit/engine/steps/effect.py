@@ -21,8 +21,8 @@ from toolkit.engine.protocol import (
     Transition,
     Wait,
 )
-from toolkit.leases import NEVER, Event
 from toolkit.lifecycle import EventKind, WaitReason
+from toolkit.store.leases import NEVER, Event
 
 
 async def run(ctx: StepContext, step: EffectStep) -> Transition:

@@ -16,9 +16,10 @@ from typing import Any
 
 import anyio
 
-from toolkit._definition_checks import json_type
+from toolkit.application import SpendLimits
 from toolkit.checkpoint import BranchFrame, BranchStatus, CallbackWait, FanOut
 from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, Step, catch_target
+from toolkit.definition.checks import json_type
 from toolkit.engine.cycle import CycleOutcome
 from toolkit.engine.failures import Error
 from toolkit.engine.protocol import (
@@ -37,9 +38,8 @@ from toolkit.engine.protocol import (
 )
 from toolkit.engine.reservations import release, reserve
 from toolkit.errors import ExpressionError
-from toolkit.leases import Event
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.registry import SpendLimits
+from toolkit.store.leases import Event
 
 #: Pause between two looks at a callback awaited inside a branch (which keeps its lease), s.
 CALLBACK_POLL = 0.5

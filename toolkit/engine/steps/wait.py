@@ -15,8 +15,8 @@ from toolkit.definition import WaitStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
 from toolkit.errors import ExpressionError
-from toolkit.leases import NEVER, Event
 from toolkit.lifecycle import EventKind, WaitReason
+from toolkit.store.leases import NEVER, Event
 
 
 async def run(ctx: StepContext, step: WaitStep) -> Transition:

@@ -9,9 +9,9 @@ from toolkit.definition import WorkflowStep
 from toolkit.engine.failures import error_data
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
 from toolkit.errors import DefinitionRetired, InputError, PayloadRefused, UnknownDefinition
-from toolkit.leases import NEVER, Event
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.payload import check_payload
+from toolkit.store.leases import NEVER, Event
 
 
 async def run(ctx: StepContext, step: WorkflowStep) -> Transition:

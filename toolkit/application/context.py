@@ -1,0 +1,93 @@
+"""What a handler learns about the call it serves: :class:`EffectContext`."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import psycopg
+
+from toolkit.application.spend import SpendMeter
+from toolkit.errors import EffectCancelled
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectContext:
+    """What a handler learns about the call it serves.
+
+    Attributes:
+        task_id: the task's id.
+        tenant: the task's tenant.
+        workflow: ``(name, version)`` of the definition.
+        step: the step id.
+        occurrence: the step occurrence, e.g. ``"charge#2"`` on the second entry of a loop.
+        attempt: 1 for the first attempt at this occurrence, then 2, 3, ...
+        fencing_token: the lease's fencing token; a write to another system can carry it so
+            that system can refuse a stale writer.
+        idempotency_key: stable across retries, crashes and takeovers of this occurrence,
+            different for every other occurrence; pass it to the system you call.
+        callback_token: for a step with ``callback``: the token to hand to the external
+            system, which completes the step with ``toolkit complete TOKEN`` (one per
+            occurrence and attempt); None for other steps.
+    """
+
+    task_id: int
+    tenant: str
+    workflow: tuple[str, int]
+    step: str
+    occurrence: str
+    attempt: int
+    fencing_token: int
+    idempotency_key: str
+    _connection: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]] = (
+        dataclasses.field(repr=False)
+    )
+    _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _spend: SpendMeter | None = dataclasses.field(default=None, repr=False)
+    callback_token: str | None = None
+
+    def spend(self, **amounts: float) -> None:
+        """Report what this call used of budgeted resources, e.g. ``ctx.spend(tokens=812)``.
+
+        The amounts are recorded with the effect's evidence (fenced: a stale worker's spend
+        never counts) and charged to the task's budget (or the reservation of the parallel
+        or map step the call runs in) and the tenant's. Call it once the resource is used:
+        it is recorded even when it raises.
+
+        Args:
+            amounts: resource name to amount used (≥ 0), in the resource's own unit.
+
+        Raises:
+            BudgetExceeded: the amount takes the call over what remained for it; the step
+                fails with this error (it is not retried).
+            ValueError: an amount is negative or not a number.
+        """
+        if self._spend is not None:  # None: a context built outside the engine
+            self._spend.add(amounts)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the call should stop.
+
+        That is: the task was cancelled, its lease was lost, the step's timeout passed, or
+        the worker is shutting down past its grace period. Async handlers are cancelled by
+        anyio; sync handlers (run in a thread) cannot be, so they should check this, or call
+        :meth:`check_cancelled`, between units of work.
+        """
+        return self._stop.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`~toolkit.errors.EffectCancelled` if :attr:`cancelled` is true."""
+        if self._stop.is_set():
+            raise EffectCancelled(f"step {self.step!r} of task {self.task_id} was cancelled")
+
+    def connection(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """Borrow an autocommit connection to the store's database for application tables.
+
+        Use it as ``async with ctx.connection() as conn: ...``. Writes made here are the
+        application's, not fenced by the lease: key them by :attr:`idempotency_key`.
+        """
+        return self._connection()

@@ -1,0 +1,665 @@
+"""Notebook inspection: a task browser, a history dashboard and a scratch database.
+
+The task browser is built with ipywidgets, the dashboard with matplotlib; the scratch
+database gives a tutorial its own PostgreSQL.
+
+Everything here is async-friendly in Jupyter's running event loop: call the coroutine
+methods with top-level ``await`` in a cell; widget buttons schedule their work on that same
+loop. Nothing here calls ``anyio.run`` or ``asyncio.run``.
+
+Needs the ``notebook`` extra (``pip install "runifold[notebook]"``: ipywidgets, matplotlib).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import html
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as widgets
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from toolkit.errors import ConfigError, ToolkitError
+from toolkit.history.analytics import History, render_table
+from toolkit.store import Store
+from toolkit.store.embedded import start_embedded, stop_embedded
+from toolkit.store.tasks import TaskRecord
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+STATES = ("queued", "leased", "waiting", "succeeded", "failed", "cancelled")
+"""Task states, in the order the browser offers them."""
+
+_ANY = "(any)"
+
+
+# --- a database for a tutorial ----------------------------------------------------------------
+
+
+class ScratchDatabase:
+    """A PostgreSQL database of one notebook session, removed by :meth:`stop`.
+
+    With ``TOOLKIT_TEST_DSN`` set, a fresh database is created on that server; otherwise
+    the embedded server is started in a new temporary folder. Either way the database is
+    empty: task ids start at 1.
+
+    Attributes:
+        dsn: the database's DSN once :meth:`start` returned, else "".
+    """
+
+    def __init__(self) -> None:
+        self.dsn = ""
+        self._home: str | None = None
+        self._server: str | None = None
+        self._name: str | None = None
+
+    def start(self) -> str:
+        """Create (or start) the database.
+
+        Returns:
+            Its DSN.
+
+        Raises:
+            DatabaseUnavailable: the embedded server could not be started.
+        """
+        server = os.environ.get("TOOLKIT_TEST_DSN")
+        if server:
+            name = f"toolkit_nb_{uuid.uuid4().hex[:12]}"
+            # The name is an identifier: composed by psycopg.sql, never by string formatting.
+            create = sql.SQL("CREATE DATABASE {}")
+            with psycopg.connect(server, autocommit=True) as conn:
+                conn.execute(create.format(sql.Identifier(name)))
+            params = conninfo_to_dict(server)
+            params["dbname"] = name
+            self._server, self._name = server, name
+            self.dsn = make_conninfo("", **params)
+        else:
+            self._home = tempfile.mkdtemp(prefix="toolkit-notebook-")
+            self.dsn = start_embedded(self._home)
+        return self.dsn
+
+    def stop(self) -> None:
+        """Drop the database (or stop the embedded server and delete its folder)."""
+        if self._server is not None and self._name is not None:
+            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+            with psycopg.connect(self._server, autocommit=True) as conn:
+                conn.execute(drop.format(sql.Identifier(self._name)))
+            self._name = None
+        if self._home is not None:
+            stop_embedded(self._home)
+            shutil.rmtree(self._home, ignore_errors=True)
+            self._home = None
+        self.dsn = ""
+
+
+# --- the task browser -------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskDetail:
+    """Everything the browser shows of one task.
+
+    Attributes:
+        task: the task row.
+        events: its events (every transition), oldest first.
+        evidence: its effect evidence records, oldest first.
+        signals: the signals sent to it, oldest first.
+    """
+
+    task: TaskRecord
+    events: list[dict[str, Any]]
+    evidence: list[dict[str, Any]]
+    signals: list[dict[str, Any]]
+
+    @property
+    def wait(self) -> str | None:
+        """What the task waits for, in words; None unless it is waiting."""
+        if self.task.state != "waiting":
+            return None
+        wait = self.task.checkpoint.get("wait") or {}
+        if self.task.wait_reason == "reconciliation":
+            return f"reconciliation of {self.task.checkpoint.get('pending')}"
+        if "signal" in wait:
+            return f"signal {wait['signal']!r}"
+        if "child" in wait:
+            return f"child task {wait['child']}"
+        return str(self.task.wait_reason)
+
+    @property
+    def reconciliation(self) -> str | None:
+        """The uncertain effect to resolve, when the task waits for reconciliation."""
+        if self.task.wait_reason != "reconciliation":
+            return None
+        pending = str(self.task.checkpoint.get("pending"))
+        step = pending.rsplit("/", 1)[-1].split("#", 1)[0]
+        return (
+            f"step {step!r} ({pending}): intent recorded, outcome unknown; record what "
+            "happened with reconcile (completed, failed or retry)"
+        )
+
+    def text(self, *, times: bool = False) -> str:
+        """The task as plain text.
+
+        State, checkpoint cursor, waits, reconciliation, evidence, signals and the timeline
+        of events.
+
+        Args:
+            times: include the database times (off for stable output in docs and tests).
+        """
+        t = self.task
+        lines = [
+            f"task {t.id}: {t.definition_name} v{t.definition_version}, tenant {t.tenant}",
+            f"  state:      {t.state}" + (f" ({t.wait_reason})" if t.wait_reason else ""),
+            f"  claims:     {t.attempts}, fencing token {t.lease_token}",
+            f"  cursor:     {t.checkpoint.get('cursor')}",
+        ]
+        if self.wait:
+            lines.append(f"  waits for:  {self.wait}")
+        if self.reconciliation:
+            lines.append(f"  reconcile:  {self.reconciliation}")
+        if t.result is not None:
+            lines.append(f"  result:     {json.dumps(t.result, default=str)}")
+        if t.error is not None:
+            lines.append(f"  error:      {json.dumps(t.error, default=str)}")
+        evidence = [
+            [e["occurrence"], e["record"], e["attempt"], e["fencing_token"], e["worker_id"]]
+            for e in self.evidence
+        ]
+        lines += render_table(
+            "effect evidence", ["occurrence", "record", "attempt", "token", "worker"], evidence
+        )
+        signals = [
+            [s["name"], "consumed" if s["consumed_at"] else "pending", json.dumps(s["payload"])]
+            for s in self.signals
+        ]
+        if signals:
+            lines += render_table("signals", ["name", "status", "payload"], signals)
+        columns = ["kind", "worker", "token", "detail"]
+        rows: list[list[object]] = [
+            [
+                e["kind"],
+                e["worker_id"] or "-",
+                e["fencing_token"],
+                _detail_text(e["detail"]),
+            ]
+            for e in self.events
+        ]
+        if times:
+            columns.insert(0, "at")
+            rows = [[e["at"], *row] for e, row in zip(self.events, rows, strict=True)]
+        lines += render_table("timeline", columns, rows)
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        """The task as HTML (what the browser's detail pane shows), with times."""
+        return f"<pre>{html.escape(self.text(times=True))}</pre>"
+
+
+class TaskBrowser:
+    """An ipywidgets view of the tasks of a store: filter, open one, act on it.
+
+    Filter by state, tenant, definition and version; open a task to see its timeline of
+    events, checkpoint, effect evidence, waits, signals and reconciliation status; send it
+    a signal, cancel it or reconcile it with the buttons, which call the same store API as
+    ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``.
+
+    Use it in a notebook cell::
+
+        browser = TaskBrowser(store)
+        await browser.refresh()
+        browser          # displays the widget
+
+    The coroutine methods (:meth:`refresh`, :meth:`open`, :meth:`signal`, :meth:`cancel`,
+    :meth:`reconcile`) are the API behind the widgets; call them with ``await``. A button
+    or filter change schedules its coroutine on the running event loop; :meth:`settle`
+    waits for what was scheduled. Errors show in the status line, not as tracebacks.
+
+    Attributes:
+        store: the store browsed.
+        tasks: the tasks the list shows (newest first), after the last refresh.
+        detail: the open task, or None.
+        widget: the root widget.
+        status: the status line's last text.
+    """
+
+    def __init__(self, store: Store, *, limit: int = 100, operator: str = "notebook") -> None:
+        """Build the widgets; nothing is read until :meth:`refresh`.
+
+        Args:
+            store: an open store.
+            limit: most tasks listed.
+            operator: the name recorded with reconciliations.
+        """
+        self.store = store
+        self.limit = limit
+        self.operator = operator
+        self.tasks: list[TaskRecord] = []
+        self.detail: TaskDetail | None = None
+        self.status = ""
+        self._pending: set[asyncio.Task[Any]] = set()
+        self._updating = False
+
+        layout = widgets.Layout(width="180px")
+        self.state_filter = widgets.Dropdown(
+            options=[_ANY, *STATES], value=_ANY, description="state", layout=layout
+        )
+        self.tenant_filter = widgets.Dropdown(
+            options=[_ANY], value=_ANY, description="tenant", layout=layout
+        )
+        self.definition_filter = widgets.Dropdown(
+            options=[_ANY],
+            value=_ANY,
+            description="definition",
+            layout=widgets.Layout(width="260px"),
+        )
+        self.version_filter = widgets.Dropdown(
+            options=[_ANY], value=_ANY, description="version", layout=layout
+        )
+        self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.task_list = widgets.Select(options=[], rows=12, layout=widgets.Layout(width="100%"))
+        self.detail_pane = widgets.HTML()
+        self.signal_name = widgets.Text(description="signal", placeholder="name")
+        self.signal_payload = widgets.Text(description="payload", placeholder="JSON (optional)")
+        self.signal_button = widgets.Button(description="Send signal", icon="paper-plane")
+        self.cancel_reason = widgets.Text(description="reason", value="cancelled in a notebook")
+        self.cancel_button = widgets.Button(
+            description="Cancel task", icon="ban", button_style="warning"
+        )
+        self.reconcile_step = widgets.Text(description="step")
+        self.reconcile_outcome = widgets.ToggleButtons(
+            options=["completed", "failed", "retry"], value="completed"
+        )
+        self.reconcile_result = widgets.Text(description="result", placeholder="JSON (completed)")
+        self.reconcile_error = widgets.Text(description="error", placeholder="name (failed)")
+        self.reconcile_button = widgets.Button(description="Reconcile", icon="check")
+        self.status_line = widgets.HTML()
+
+        for control in (
+            self.state_filter,
+            self.tenant_filter,
+            self.definition_filter,
+            self.version_filter,
+        ):
+            control.observe(self._on_filter, names="value")
+        self.refresh_button.on_click(lambda _: self._schedule(self.refresh()))
+        self.task_list.observe(self._on_select, names="value")
+        self.signal_button.on_click(lambda _: self._schedule(self._signal_from_widgets()))
+        self.cancel_button.on_click(lambda _: self._schedule(self._cancel_from_widgets()))
+        self.reconcile_button.on_click(lambda _: self._schedule(self._reconcile_from_widgets()))
+
+        actions = widgets.VBox(
+            [
+                widgets.HBox([self.signal_name, self.signal_payload, self.signal_button]),
+                widgets.HBox([self.cancel_reason, self.cancel_button]),
+                widgets.HBox([self.reconcile_step, self.reconcile_outcome]),
+                widgets.HBox([self.reconcile_result, self.reconcile_error, self.reconcile_button]),
+            ]
+        )
+        self.widget = widgets.VBox(
+            [
+                widgets.HBox(
+                    [
+                        self.state_filter, self.tenant_filter, self.definition_filter,
+                        self.version_filter, self.refresh_button,
+                    ]
+                ),
+                self.task_list,
+                self.detail_pane,
+                actions,
+                self.status_line,
+            ]
+        )  # fmt: skip
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # --- scheduling -----------------------------------------------------------------------
+
+    def _schedule(self, work: Coroutine[Any, Any, Any]) -> None:
+        """Run a coroutine on the running loop (a widget callback cannot await)."""
+        task = asyncio.get_running_loop().create_task(self._reporting(work))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _reporting(self, work: Coroutine[Any, Any, Any]) -> None:
+        try:
+            await work
+        except (ToolkitError, ValueError) as exc:
+            self._say(f"error: {exc}", error=True)
+
+    async def settle(self) -> None:
+        """Wait until the work scheduled by buttons and filters is done.
+
+        Work scheduled meanwhile (a refresh that opens a task) is waited for too.
+        """
+        while self._pending:
+            await asyncio.gather(*list(self._pending))
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        self.status = text
+        color = "#c62828" if error else "#2e7d32"
+        self.status_line.value = f'<span style="color:{color}">{html.escape(text)}</span>'
+
+    # --- filters and the list -------------------------------------------------------------
+
+    def _on_filter(self, change: dict[str, Any]) -> None:
+        if not self._updating:
+            self._schedule(self.refresh())
+
+    def _on_select(self, change: dict[str, Any]) -> None:
+        if not self._updating and change["new"] is not None:
+            self._schedule(self.open(int(change["new"])))
+
+    def set_filters(
+        self,
+        *,
+        state: str | None = None,
+        tenant: str | None = None,
+        definition: str | None = None,
+        version: int | None = None,
+    ) -> None:
+        """Set the filter widgets (None: any) without refreshing; then ``await refresh()``.
+
+        Raises:
+            ValueError: a value the dropdown does not offer (refresh first to load the
+                tenants, definitions and versions).
+        """
+        self._updating = True
+        try:
+            self.state_filter.value = state or _ANY
+            self.tenant_filter.value = tenant or _ANY
+            self.definition_filter.value = definition or _ANY
+            self.version_filter.value = _ANY if version is None else str(version)
+        except Exception as exc:  # traitlets raises TraitError for a value not offered
+            raise ValueError(f"no such filter value: {exc}") from None
+        finally:
+            self._updating = False
+
+    def _filter_value(self, control: widgets.Dropdown) -> str | None:
+        value = control.value
+        return None if value in (_ANY, None) else str(value)
+
+    async def refresh(self) -> list[TaskRecord]:
+        """Reload the filter choices and the task list from the store.
+
+        Returns:
+            The tasks listed (newest first, at most ``limit``), matching every filter.
+        """
+        state = self._filter_value(self.state_filter)
+        tenant = self._filter_value(self.tenant_filter)
+        name = self._filter_value(self.definition_filter)
+        version = self._filter_value(self.version_filter)
+        everything = await self.store.tasks.list(limit=self.limit * 10)
+        records = await self.store.tasks.list(
+            state=state, tenant=tenant, name=name, limit=self.limit * 10
+        )
+        if version is not None:
+            records = [r for r in records if str(r.definition_version) == version]
+        self.tasks = records[: self.limit]
+        self._updating = True
+        try:
+            tenants = sorted({r.tenant for r in everything} | ({tenant} if tenant else set()))
+            names = sorted({r.definition_name for r in everything} | ({name} if name else set()))
+            versions = sorted(
+                {str(r.definition_version) for r in everything if name in (None, r.definition_name)}
+                | ({version} if version else set()),
+                key=int,
+            )
+            self.tenant_filter.options = [_ANY, *tenants]
+            self.tenant_filter.value = tenant or _ANY
+            self.definition_filter.options = [_ANY, *names]
+            self.definition_filter.value = name or _ANY
+            self.version_filter.options = [_ANY, *versions]
+            self.version_filter.value = version or _ANY
+            self.task_list.options = [(self._label(r), r.id) for r in self.tasks]
+            if self.detail is not None and self.detail.task.id in {r.id for r in self.tasks}:
+                self.task_list.value = self.detail.task.id
+            else:
+                self.task_list.value = None
+        finally:
+            self._updating = False
+        self._say(f"{len(self.tasks)} tasks")
+        return self.tasks
+
+    @staticmethod
+    def _label(record: TaskRecord) -> str:
+        wait = f" ({record.wait_reason})" if record.wait_reason else ""
+        return (
+            f"{record.id:>6}  {record.state}{wait}  {record.definition_name} "
+            f"v{record.definition_version}  {record.tenant}"
+        )
+
+    def listing(self) -> str:
+        """The task list as plain text (id, state, definition, tenant), as last refreshed."""
+        rows = [
+            [r.id, r.state + (f" ({r.wait_reason})" if r.wait_reason else ""),
+             f"{r.definition_name} v{r.definition_version}", r.tenant]
+            for r in self.tasks
+        ]  # fmt: skip
+        return "\n".join(render_table("tasks", ["id", "state", "definition", "tenant"], rows))
+
+    # --- one task ---------------------------------------------------------------------------
+
+    async def open(self, task_id: int) -> TaskDetail:
+        """Load one task into the detail pane.
+
+        Returns:
+            The task's detail.
+
+        Raises:
+            UnknownTask: no task has that id.
+        """
+        detail = TaskDetail(
+            task=await self.store.tasks.get(task_id),
+            events=await self.store.tasks.events(task_id),
+            evidence=await self.store.tasks.evidence(task_id),
+            signals=await self.store.tasks.signals(task_id),
+        )
+        self.detail = detail
+        self.detail_pane.value = detail.html()
+        pending = detail.task.checkpoint.get("pending")
+        if detail.task.wait_reason == "reconciliation" and pending:
+            self.reconcile_step.value = str(pending).rsplit("/", 1)[-1].split("#", 1)[0]
+        wait = detail.task.checkpoint.get("wait") or {}
+        if detail.task.wait_reason == "signal" and "signal" in wait:
+            self.signal_name.value = str(wait["signal"])
+        if self.task_list.value != task_id and task_id in {r.id for r in self.tasks}:
+            self._updating = True
+            try:
+                self.task_list.value = task_id
+            finally:
+                self._updating = False
+        return detail
+
+    def _open_id(self) -> int:
+        if self.detail is None:
+            raise ConfigError("open a task first")
+        return self.detail.task.id
+
+    async def _after_action(self, message: str) -> None:
+        task_id = self._open_id()
+        await self.refresh()
+        await self.open(task_id)
+        self._say(message)
+
+    async def signal(self, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` to the open task (``store.tasks.signal``), then reload.
+
+        Returns:
+            The signal's id.
+
+        Raises:
+            ConfigError: no task is open.
+            TaskTerminal: the task has ended.
+            InputError: the payload is not storable JSON.
+        """
+        task_id = self._open_id()
+        signal_id = await self.store.tasks.signal(task_id, name, payload)
+        await self._after_action(f"signal {signal_id} ({name}) sent to task {task_id}")
+        return signal_id
+
+    async def cancel(self, reason: str = "cancelled in a notebook") -> str:
+        """Cancel the open task (``store.tasks.cancel``), then reload.
+
+        Returns:
+            ``"cancelled"`` or ``"requested"`` (a leased task stops at its next heartbeat).
+
+        Raises:
+            ConfigError: no task is open.
+            TaskTerminal: the task has already ended.
+        """
+        task_id = self._open_id()
+        outcome = await self.store.tasks.cancel(task_id, reason)
+        await self._after_action(
+            f"task {task_id} cancelled"
+            if outcome == "cancelled"
+            else f"task {task_id}: cancel requested; its worker stops it at its next heartbeat"
+        )
+        return outcome
+
+    async def reconcile(
+        self,
+        step: str,
+        outcome: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Record the real outcome of the open task's uncertain effect, then reload.
+
+        Calls ``store.tasks.reconcile``, as ``toolkit reconcile`` does.
+
+        Args:
+            step: the step waiting for reconciliation.
+            outcome: ``completed``, ``failed`` or ``retry``.
+            result: with ``completed``, the effect's result.
+            error: with ``failed``, the error name retry and catch rules match.
+            message: with ``failed``, a description.
+
+        Raises:
+            ConfigError: no task is open, or ``outcome`` is not one of the three.
+            NotReconcilable: the task does not wait for reconciliation of ``step``.
+        """
+        if outcome not in ("completed", "failed", "retry"):
+            raise ConfigError(f"outcome must be completed, failed or retry, not {outcome!r}")
+        task_id = self._open_id()
+        await self.store.tasks.reconcile(
+            task_id, step, outcome,  # type: ignore[arg-type]
+            result=result, error=error, message=message, operator=self.operator,
+        )  # fmt: skip
+        await self._after_action(f"task {task_id}: step {step} reconciled as {outcome}")
+
+    # --- the buttons ------------------------------------------------------------------------
+
+    @staticmethod
+    def _json(text: str, what: str) -> Any:
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{what}: not valid JSON: {exc}") from None
+
+    async def _signal_from_widgets(self) -> None:
+        name = self.signal_name.value.strip()
+        if not name:
+            raise ConfigError("give the signal a name")
+        await self.signal(name, self._json(self.signal_payload.value, "payload"))
+
+    async def _cancel_from_widgets(self) -> None:
+        await self.cancel(self.cancel_reason.value or "cancelled in a notebook")
+
+    async def _reconcile_from_widgets(self) -> None:
+        outcome = str(self.reconcile_outcome.value)
+        await self.reconcile(
+            self.reconcile_step.value.strip(),
+            outcome,
+            result=self._json(self.reconcile_result.value, "result")
+            if outcome == "completed"
+            else None,
+            error=(self.reconcile_error.value.strip() or None) if outcome == "failed" else None,
+        )
+
+
+# --- the history dashboard --------------------------------------------------------------------
+
+
+def plot_history(history: History, bucket: float | str = 60) -> Figure:
+    """Plot queue delay, throughput and failures over time from an export.
+
+    Args:
+        history: an open history (`toolkit.history.analytics.open`).
+        bucket: time bucket, seconds or a duration string.
+
+    Returns:
+        A matplotlib figure with three panels sharing the time axis: queue delay p50 and
+        p95 (seconds), tasks ended per bucket (succeeded, failed, cancelled), and failed
+        tasks per definition. Display it with ``display(fig)`` or as a cell's value.
+
+    Raises:
+        HistoryError: ``bucket`` is not a positive duration.
+    """
+    from matplotlib.dates import DateFormatter
+    from matplotlib.figure import Figure
+
+    def series(rows: Sequence[Sequence[Any]], key: int, value: int) -> dict[Any, float]:
+        out: dict[Any, float] = {}
+        for row in rows:
+            if row[value] is not None:
+                out[row[key]] = out.get(row[key], 0.0) + float(row[value])
+        return out
+
+    delay_rows = history.queue_delay_over_time(bucket).fetchall()
+    ended = history.throughput(bucket).fetchall()
+
+    width = _bucket_seconds(bucket) / 86400 * 0.8  # bar width in days, matplotlib's unit
+    figure = Figure(figsize=(9, 7), layout="constrained")
+    axes = figure.subplots(3, 1, sharex=True)
+    p50, p95 = series(delay_rows, 0, 2), series(delay_rows, 0, 3)
+    axes[0].plot(list(p50), list(p50.values()), marker="o", label="p50")
+    axes[0].plot(list(p95), list(p95.values()), marker="o", label="p95")
+    axes[0].set_ylabel("queue delay (s)")
+    axes[0].legend(loc="upper left")
+    buckets = sorted({row[0] for row in ended})
+    bottom = [0.0] * len(buckets)
+    for column, label in ((5, "succeeded"), (6, "failed"), (7, "cancelled")):
+        points = series(ended, 0, column)
+        heights = [points.get(b, 0.0) for b in buckets]
+        axes[1].bar(buckets, heights, width=width, bottom=bottom, label=label, align="edge")
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    axes[1].set_ylabel("tasks ended")
+    axes[1].legend(loc="upper left")
+    names = sorted({row[1] for row in ended})
+    for name in names:
+        points = series([row for row in ended if row[1] == name], 0, 6)
+        axes[2].plot(list(points), list(points.values()), marker="x", label=name)
+    axes[2].set_ylabel("failed tasks")
+    axes[2].set_xlabel("time (UTC)")
+    axes[2].xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
+    if names:
+        axes[2].legend(loc="upper left")
+    figure.suptitle(f"history of {history.path.name}")
+    return figure
+
+
+def _bucket_seconds(bucket: float | str) -> float:
+    from toolkit.history.analytics import _seconds
+
+    return _seconds(bucket)
+
+
+def _detail_text(detail: dict[str, Any] | None) -> str:
+    """An event's detail for the timeline, without its timing (``queue_delay``), short."""
+    shown = {key: value for key, value in (detail or {}).items() if key != "queue_delay"}
+    return json.dumps(shown, default=str)[:60] if shown else ""

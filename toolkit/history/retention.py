@@ -1,0 +1,138 @@
+"""Retention: delete terminal tasks and their history once exported (``toolkit prune``).
+
+Only terminal tasks (``succeeded``, ``failed``, ``cancelled``) that finished longer ago than
+the age limit are candidates, and of those only the tasks whose whole history an export
+holds, unless forced (docs/history.md, "Retention"). Deletion goes in small batches, each
+one short statement that skips rows another transaction holds, so workers never wait on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+from pathlib import Path
+
+from toolkit.durations import format_duration
+from toolkit.errors import ConfigError, NotExported
+from toolkit.history.export import MANIFEST_NAME, read_manifest
+from toolkit.store.database import Database
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 500
+"""Tasks deleted per statement by default."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneReport:
+    """What one prune deleted.
+
+    Attributes:
+        tasks: tasks deleted.
+        events: their events deleted.
+        evidence: their effect evidence records deleted.
+        signals: their signals deleted.
+        batches: delete statements run.
+        refused: old terminal tasks left because no export holds their whole history
+            (0 with ``force``).
+    """
+
+    tasks: int = 0
+    events: int = 0
+    evidence: int = 0
+    signals: int = 0
+    batches: int = 0
+    refused: int = 0
+
+
+async def prune(
+    db: Database,
+    *,
+    older_than: float,
+    exported_to: str | os.PathLike[str] | None = None,
+    force: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> PruneReport:
+    """Delete terminal tasks that finished more than ``older_than`` seconds ago.
+
+    A task's events, effect evidence and signals go with it. Without ``force``, every
+    candidate must be exported: its creation, last update, events and evidence all inside
+    the window the export runs in ``exported_to`` cover contiguously; if any candidate is
+    not, nothing is deleted. A task a live child task points at is kept. Idempotent: run it
+    again after an interruption.
+
+    Args:
+        db: the store's database (``store.db``).
+        older_than: age limit in seconds, by database time, since the task finished.
+        exported_to: the export folder that must hold the history (see `toolkit.history.export`).
+        force: delete old terminal tasks whether exported or not.
+        batch_size: tasks per delete statement (each a short transaction).
+
+    Returns:
+        What was deleted.
+
+    Raises:
+        NotExported: some candidates are not exported (nothing deleted), or no export
+            folder was given without ``force``.
+        HistoryError: the manifest in ``exported_to`` cannot be read or is of another
+            export schema version (a folder without one counts as nothing exported).
+        ConfigError: ``older_than`` is negative or ``batch_size`` below 1.
+    """
+    if older_than < 0:
+        raise ConfigError(f"older_than must be a duration >= 0, not {older_than}")
+    if batch_size < 1:
+        raise ConfigError(f"batch_size must be at least 1, not {batch_size}")
+    exported_from: datetime.datetime | None = None
+    exported_until: datetime.datetime | None = None
+    if exported_to is not None and (Path(exported_to) / MANIFEST_NAME).exists():
+        start, exported_until = read_manifest(exported_to).covered
+        exported_from = start or datetime.datetime(1, 1, 1, tzinfo=datetime.UTC)
+
+    params = {
+        "older_than": older_than,
+        "exported_from": exported_from,
+        "exported_until": exported_until,
+        "batch": batch_size,
+    }
+    # First pass: every candidate exported? (reads only, in id order, batch by batch)
+    if not force:
+        refused, after = 0, 0
+        while True:
+            rows = await db.fetch_all("prune_candidates", {**params, "after_id": after})
+            if not rows:
+                break
+            refused += sum(1 for row in rows if not row["exported"])
+            after = rows[-1]["id"]
+        if refused:
+            where = (
+                f"the export in {exported_to} does not hold their whole history"
+                if exported_to is not None
+                else "no export folder was given"
+            )
+            raise NotExported(
+                f"{refused} terminal tasks older than {format_duration(older_than)} are not "
+                f"exported ({where}); run `toolkit export` first, give --exported-to, or --force"
+            )
+
+    totals = {"tasks": 0, "events": 0, "evidence": 0, "signals": 0}
+    batches, after = 0, 0
+    while True:
+        rows = await db.fetch_all("prune_candidates", {**params, "after_id": after})
+        if not rows:
+            break
+        after = rows[-1]["id"]
+        ids = [row["id"] for row in rows if force or row["exported"]]
+        if not ids:
+            continue
+        deleted = await db.fetch_one("prune_tasks", {"ids": ids})
+        assert deleted is not None
+        batches += 1
+        for key in totals:
+            totals[key] += int(deleted[key])
+        logger.debug(
+            "pruned a batch of terminal tasks",
+            extra={"action": "prune_batch", "tasks": int(deleted["tasks"]), "last_id": after},
+        )
+    return PruneReport(batches=batches, **totals)

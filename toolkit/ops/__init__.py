@@ -1,0 +1,1 @@
+"""Operating runifold: health checks (``doctor``), log formats (``log_format``), the demo."""

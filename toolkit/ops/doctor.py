@@ -1,0 +1,204 @@
+"""Health checks of a runifold database and its workers (DESIGN §5, "Health").
+
+:func:`diagnose` returns findings; ``toolkit doctor`` prints them and exits 1 when one needs
+action. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Literal
+
+from toolkit.errors import DatabaseUnavailable
+from toolkit.store.database import Database, redact_dsn
+from toolkit.store.definitions import DefinitionCatalog
+from toolkit.store.migrations import schema_status
+
+Level = Literal["ok", "warning", "action"]
+
+#: Clock offsets between this machine and the database above this many seconds are flagged.
+CLOCK_OFFSET_WARNING = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One health check's result.
+
+    Attributes:
+        check: the check's name.
+        level: ``ok``, ``warning`` (look at it) or ``action`` (needs action now).
+        message: what was found, for a person.
+        value: the measured value, for machines.
+    """
+
+    check: str
+    level: Level
+    message: str
+    value: Any = None
+
+
+async def diagnose(dsn: str) -> list[Finding]:
+    """Run every health check against the database at ``dsn``.
+
+    Returns:
+        The findings, in a fixed order; an unreachable database is a single ``action``
+        finding (the password never appears).
+    """
+    try:
+        db = await Database.connect(dsn, timeout=5)
+    except DatabaseUnavailable as exc:
+        return [Finding("database", "action", str(exc))]
+    try:
+        findings = [Finding("database", "ok", f"reachable at {redact_dsn(dsn)}")]
+        status = await schema_status(db)
+        if status.pending:
+            findings.append(
+                Finding(
+                    "schema",
+                    "action",
+                    f"schema at version {status.current}, expected {status.expected}: "
+                    "run `toolkit db migrate`",
+                    status.current,
+                )
+            )
+            return findings
+        findings.append(
+            Finding("schema", "ok", f"schema at version {status.current}", status.current)
+        )
+        findings.append(await _clock_offset(db))
+        row = await db.fetch_one("health_counts")
+        assert row is not None
+        findings.extend(_count_findings(row))
+        findings.append(_unavailable_finding(await DefinitionCatalog(db).unavailable()))
+        findings.extend(_worker_findings(await db.fetch_all("health_workers")))
+        findings.extend(_limit_findings(await db.fetch_all("limit_health")))
+        return findings
+    finally:
+        await db.close()
+
+
+async def _clock_offset(db: Database) -> Finding:
+    """Offset of this machine's clock from the database's, with its round-trip bound."""
+    async with db.connection() as conn:
+        before = time.time()
+        row = await (
+            await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        ).fetchone()
+        after = time.time()
+    assert row is not None
+    offset = float(row[0]) - (before + after) / 2
+    bound = (after - before) / 2
+    level: Level = "warning" if abs(offset) - bound > CLOCK_OFFSET_WARNING else "ok"
+    return Finding(
+        "clock_offset",
+        level,
+        f"database clock minus this machine's: {offset * 1000:+.1f} ms (±{bound * 1000:.1f} ms); "
+        "leases use database time only, but logs and metrics compare the two",
+        offset,
+    )
+
+
+def _count_findings(row: dict[str, Any]) -> list[Finding]:
+    findings = []
+    age = row["oldest_due_age"]
+    findings.append(
+        Finding(
+            "oldest_queued",
+            "warning" if age is not None and age > 60 else "ok",
+            "no due task is waiting for a worker"
+            if age is None
+            else f"the oldest due task has waited {age:.1f} s for a worker",
+            age,
+        )
+    )
+    n = row["reconciliation"]
+    findings.append(
+        Finding(
+            "reconciliation",
+            "action" if n else "ok",
+            f"{n} task(s) wait for reconciliation (`toolkit tasks --state waiting`, "
+            "`toolkit reconcile`)"
+            if n
+            else "no task waits for reconciliation",
+            n,
+        )
+    )
+    n = row["expired_leases"]
+    findings.append(
+        Finding(
+            "expired_leases",
+            "action" if n else "ok",
+            f"{n} expired lease(s) not yet reclaimed: is any worker running these definitions?"
+            if n
+            else "no expired lease is waiting to be reclaimed",
+            n,
+        )
+    )
+    return findings
+
+
+def _unavailable_finding(unavailable: dict[tuple[str, int], int]) -> Finding:
+    return Finding(
+        "definition_unavailable",
+        "action" if unavailable else "ok",
+        "live tasks whose definition version no live worker has loaded: "
+        + ", ".join(
+            f"{name} v{version} ({n})" for (name, version), n in sorted(unavailable.items())
+        )
+        if unavailable
+        else "every live task's definition version is served by a live worker",
+        {f"{name} v{version}": n for (name, version), n in unavailable.items()},
+    )
+
+
+#: A task waiting this long for a downstream limit is flagged, seconds.
+LIMIT_WAIT_WARNING = 300.0
+
+
+def _limit_findings(rows: list[dict[str, Any]]) -> list[Finding]:
+    """One line per downstream limit: its use and the tasks waiting for it (docs/limits.md)."""
+    findings = []
+    for row in rows:
+        bounds = []
+        if row["max_concurrency"] is not None:
+            bounds.append(f"{row['in_use']}/{row['max_concurrency']} slots in use")
+        if row["rate_per_second"] is not None:
+            bounds.append(f"rate {row['rate_per_second']:g}/s")
+        waiting, oldest = row["waiting"], row["oldest_wait"]
+        text = f"limit {row['name']}: " + ", ".join(bounds or ["no bound"])
+        text += f"; {waiting} task(s) waiting" if waiting else "; no task waiting"
+        if waiting:
+            text += f", the longest for {oldest:.1f} s"
+        level: Level = "warning" if waiting and oldest > LIMIT_WAIT_WARNING else "ok"
+        value = {"in_use": row["in_use"], "waiting": waiting, "oldest_wait": oldest}
+        findings.append(Finding("limits", level, text, value))
+    return findings
+
+
+def _worker_findings(rows: list[dict[str, Any]]) -> list[Finding]:
+    if not rows:
+        return [Finding("workers", "warning", "no live worker is registered", 0)]
+    findings = [Finding("workers", "ok", f"{len(rows)} live worker(s)", len(rows))]
+    for row in rows:
+        if row["heartbeat_seconds"] > row["lease_seconds"] / 3:
+            findings.append(
+                Finding(
+                    "lease_settings",
+                    "warning",
+                    f"worker {row['worker_id']}: heartbeat {row['heartbeat_seconds']:g} s is above "
+                    f"a third of its lease ({row['lease_seconds']:g} s)",
+                )
+            )
+        if row["heartbeat_age"] > 2 * row["heartbeat_seconds"]:
+            findings.append(
+                Finding(
+                    "heartbeat",
+                    "warning",
+                    f"worker {row['worker_id']}: last heartbeat {row['heartbeat_age']:.1f} s ago, "
+                    f"its interval is {row['heartbeat_seconds']:g} s "
+                    "(runtime stall or database latency?)",
+                    row["heartbeat_age"],
+                )
+            )
+    return findings

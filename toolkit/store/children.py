@@ -1,0 +1,112 @@
+"""Child workflows in the store: start a child once per step occurrence, read it back.
+
+A ``workflow`` step starts a child task in the parent's tenant, pinned to a resolved
+definition version, and the parent waits (reason ``child``) without a lease. The child is
+keyed by ``(parent, occurrence)``, so a parent that crashes after starting it finds it again
+rather than starting a second. A child that ends wakes its parent (``commit_fenced``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WorkflowDefinition
+from toolkit.errors import LeaseLost
+from toolkit.store.database import Database
+from toolkit.store.fence import Fence
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildTask:
+    """A child task as its parent sees it.
+
+    Attributes:
+        id: the child's task id.
+        name: its definition name.
+        version: its definition version.
+        state: its state (``queued`` ... ``cancelled``).
+        result: its result once succeeded.
+        error: its error once failed or cancelled (``{"name", "message", ...}``).
+    """
+
+    id: int
+    name: str
+    version: int
+    state: str
+    result: Any
+    error: Mapping[str, Any] | None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child is terminal."""
+        return self.state in ("succeeded", "failed", "cancelled")
+
+
+class Children:
+    """Child tasks of one store."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def start(
+        self,
+        fence: Fence,
+        occurrence: str,
+        definition: WorkflowDefinition,
+        child_input: Any,
+    ) -> ChildTask:
+        """Start the child of ``occurrence`` unless it exists; return it.
+
+        Args:
+            fence: the parent's lease (the child gets its tenant).
+            occurrence: the parent's step occurrence (e.g. ``"pay#1"``).
+            definition: the child's definition (the version it is pinned to).
+            child_input: the child's input, already validated against its schema.
+
+        Raises:
+            LeaseLost: the parent's lease is no longer held; nothing was started.
+            DatabaseUnavailable: the database cannot be reached (call again: still one child).
+        """
+        row = await self._db.fetch_one(
+            "start_child",
+            {
+                "parent_id": fence.task_id,
+                "token": fence.token,
+                "worker_id": fence.worker_id,
+                "occurrence": occurrence,
+                "name": definition.name,
+                "version": definition.version,
+                "digest": definition.digest,
+                "input": Jsonb(child_input),
+                "checkpoint": Jsonb(
+                    Checkpoint.initial(definition.start, definition.budget).to_json()
+                ),
+                "timeout": definition.timeout,
+            },
+        )
+        if row is None or row["parent_id"] is None:
+            raise LeaseLost(f"task {fence.task_id}: lease lost before its child started")
+        child = await self.get(fence.task_id, occurrence)
+        assert child is not None, "a child just started or found is there"
+        return child
+
+    async def get(self, parent_id: int, occurrence: str) -> ChildTask | None:
+        """The child ``occurrence`` of ``parent_id`` started, or None."""
+        row = await self._db.fetch_one(
+            "get_child", {"parent_id": parent_id, "occurrence": occurrence}
+        )
+        if row is None:
+            return None
+        return ChildTask(
+            id=row["id"],
+            name=row["definition_name"],
+            version=row["definition_version"],
+            state=row["state"],
+            result=row["result"],
+            error=row["error"],
+        )

@@ -1,0 +1,122 @@
+-- History export and retention (toolkit/export.py, toolkit/retention.py, docs/history.md).
+-- An export reads in one REPEATABLE READ, READ ONLY transaction, so that every table is read
+-- from the same snapshot. Each table's rows are those whose time lies in [since, until):
+-- tasks and checkpoints by updated_at, events by at, effect evidence by recorded_at. The
+-- column lists are the export schema (toolkit.history.export.EXPORT_COLUMNS): change both together
+-- and bump EXPORT_SCHEMA_VERSION.
+
+-- name: export_begin
+SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
+
+-- name: export_horizon
+-- The upper bound of this export, taken by the statement that takes the snapshot. A row
+-- stamped before the transaction start (now()) is either committed and visible in this
+-- snapshot, or written by a transaction still open, which started before the row's time
+-- (xact_start <= clock_timestamp() at the write). So nothing stamped before `until` can
+-- commit later: the next export, from `until` on, misses no row. Sessions of other roles
+-- show no xact_start; they do not write toolkit tables.
+SELECT least(
+           now(),
+           coalesce((SELECT min(xact_start) FROM pg_stat_activity
+                     WHERE datname = current_database()
+                       AND pid <> pg_backend_pid()
+                       AND backend_type = 'client backend'
+                       AND xact_start IS NOT NULL), 'infinity'::timestamptz)
+       ) AS until,
+       now() AS exported_at,
+       (SELECT min(created_at) FROM toolkit_tasks) AS oldest;
+
+-- name: export_utc
+SET LOCAL TIME ZONE 'UTC';
+
+-- name: export_tasks
+COPY (
+    SELECT id, tenant, definition_name, definition_version, definition_digest, state,
+           wait_reason, attempts, lease_token, parent_id, idempotency_key, input, result,
+           error, created_at, run_at, updated_at, finished_at
+    FROM toolkit_tasks
+    WHERE updated_at >= %(since)s AND updated_at < %(until)s
+    ORDER BY id
+) TO STDOUT (FORMAT csv);
+
+-- name: export_events
+COPY (
+    SELECT id, task_id, kind, worker_id, fencing_token, detail, at
+    FROM toolkit_task_events
+    WHERE at >= %(since)s AND at < %(until)s
+    ORDER BY id
+) TO STDOUT (FORMAT csv);
+
+-- name: export_effects
+COPY (
+    SELECT id, task_id, occurrence, step, handler, idempotent, idempotency_key, record,
+           attempt, fencing_token, worker_id, result, error, spend, recorded_at
+    FROM toolkit_effect_evidence
+    WHERE recorded_at >= %(since)s AND recorded_at < %(until)s
+    ORDER BY id
+) TO STDOUT (FORMAT csv);
+
+-- name: export_checkpoints
+-- The store keeps only each task's latest checkpoint: an export takes a snapshot of the
+-- checkpoints that changed in its window, so a series of exports keeps their history.
+COPY (
+    SELECT id AS task_id, lease_token, definition_digest, state,
+           checkpoint ->> 'cursor' AS cursor, checkpoint ->> 'pending' AS pending,
+           checkpoint -> 'wait' AS wait, checkpoint, updated_at
+    FROM toolkit_tasks
+    WHERE updated_at >= %(since)s AND updated_at < %(until)s
+    ORDER BY id
+) TO STDOUT (FORMAT csv);
+
+-- name: prune_candidates
+-- One batch of terminal tasks that finished before now - older_than (database time), in id
+-- order after %(after_id)s; a task that is the parent of a live task is kept. `exported`
+-- tells whether the task's whole history lies inside the exported window [%(exported_from)s,
+-- %(exported_until)s): created in it, last updated before its end, and no event or evidence
+-- record stamped at or after its end. NULL bounds: nothing was exported.
+SELECT t.id,
+       (%(exported_until)s::timestamptz IS NOT NULL
+        AND t.created_at >= %(exported_from)s::timestamptz
+        AND t.updated_at < %(exported_until)s::timestamptz
+        AND NOT EXISTS (SELECT 1 FROM toolkit_task_events e
+                        WHERE e.task_id = t.id AND e.at >= %(exported_until)s::timestamptz)
+        AND NOT EXISTS (SELECT 1 FROM toolkit_effect_evidence v
+                        WHERE v.task_id = t.id
+                          AND v.recorded_at >= %(exported_until)s::timestamptz)) AS exported
+FROM toolkit_tasks t
+WHERE t.state IN ('succeeded', 'failed', 'cancelled')
+  AND t.finished_at < clock_timestamp() - %(older_than)s * interval '1 second'
+  AND t.id > %(after_id)s
+  AND NOT EXISTS (SELECT 1 FROM toolkit_tasks c
+                  WHERE c.parent_id = t.id AND c.state IN ('queued', 'leased', 'waiting'))
+ORDER BY t.id
+LIMIT %(batch)s;
+
+-- name: prune_tasks
+-- Deletes one batch of terminal tasks and, by ON DELETE CASCADE, their events, effect
+-- evidence and signals. Rows another transaction holds are skipped (SKIP LOCKED): a worker
+-- is never made to wait, and a task that changed since it was chosen (not terminal any
+-- more) is not deleted.
+WITH doomed AS (
+    SELECT id FROM toolkit_tasks
+    WHERE id = ANY(%(ids)s::bigint[])
+      AND state IN ('succeeded', 'failed', 'cancelled')
+    ORDER BY id
+    FOR UPDATE SKIP LOCKED
+), events AS (
+    DELETE FROM toolkit_task_events WHERE task_id IN (SELECT id FROM doomed)
+    RETURNING 1
+), evidence AS (
+    DELETE FROM toolkit_effect_evidence WHERE task_id IN (SELECT id FROM doomed)
+    RETURNING 1
+), signals AS (
+    DELETE FROM toolkit_signals WHERE task_id IN (SELECT id FROM doomed)
+    RETURNING 1
+), tasks AS (
+    DELETE FROM toolkit_tasks WHERE id IN (SELECT id FROM doomed)
+    RETURNING id
+)
+SELECT (SELECT count(*) FROM tasks) AS tasks,
+       (SELECT count(*) FROM events) AS events,
+       (SELECT count(*) FROM evidence) AS evidence,
+       (SELECT count(*) FROM signals) AS signals;

@@ -1,0 +1,488 @@
+"""Task submission and reads: what the CLI, the notebook and tests look at."""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import datetime
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from psycopg.types.json import Jsonb
+
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WaitStep, WorkflowDefinition, definition_from_body, validate_payload
+from toolkit.durations import MAX_SECONDS
+from toolkit.errors import (
+    InputError,
+    NotReconcilable,
+    PayloadRefused,
+    SubmitConflict,
+    TaskTerminal,
+    UnknownTask,
+)
+from toolkit.payload import check_payload
+from toolkit.store.callbacks import Callbacks
+from toolkit.store.database import Database
+
+#: An error name a callback completion may report: what ``catch`` and ``retry`` match.
+ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+#: States a task never leaves.
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+
+#: The largest budget amount a submit may give (and a tenant budget may have): past it,
+#: amounts lose their precision as floating point.
+MAX_AMOUNT = 1e15
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecord:
+    """A task row as stored (DESIGN §2, "Workflow Task")."""
+
+    id: int
+    tenant: str
+    definition_name: str
+    definition_version: int
+    definition_digest: str
+    input: Any
+    state: str
+    wait_reason: str | None
+    run_at: datetime.datetime
+    checkpoint: dict[str, Any]
+    lease_owner: str | None
+    lease_token: int
+    lease_expires_at: datetime.datetime | None
+    attempts: int
+    result: Any
+    error: Any
+    cancel_requested: Any
+    idempotency_key: str | None
+    created_at: datetime.datetime
+    updated_at: datetime.datetime
+    finished_at: datetime.datetime | None
+
+
+class Tasks:
+    """Submit tasks and read their state, evidence and history."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def _checked_input(self, definition: WorkflowDefinition, value: Any) -> Any:
+        """The input checked against the payload limits, then the input schema."""
+        try:
+            check_payload(value, self._db.payload_limits)
+        except PayloadRefused as exc:
+            raise InputError(
+                f"invalid input for {definition.name} v{definition.version}: {exc}",
+                path=exc.path,
+            ) from exc
+        return definition.validate_input(value)
+
+    async def _initial_checkpoint(
+        self, definition: WorkflowDefinition, tenant: str, budget: Mapping[str, float] | None
+    ) -> dict[str, Any]:
+        """The checkpoint of a new task, with its budget: the definition's, overridden."""
+        limits = {**definition.budget, **(budget or {})}
+        if budget:
+            for resource, amount in budget.items():
+                if (
+                    isinstance(amount, bool)
+                    or not isinstance(amount, int | float)
+                    or not 0 <= amount <= MAX_AMOUNT  # NaN fails this too
+                ):
+                    raise InputError(
+                        f"budget {resource!r} must be a number from 0 to {MAX_AMOUNT:g},"
+                        f" got {amount!r}",
+                        path=f"$.budget.{resource}",
+                    )
+            rows = await self._db.fetch_all("tenant_budget_amounts", {"tenant": tenant})
+            for row in rows:
+                wanted = budget.get(row["resource"])
+                if wanted is not None and wanted > row["amount"]:
+                    raise InputError(
+                        f"budget {row['resource']!r} of {wanted:g} is over the budget of "
+                        f"tenant {tenant!r}, {row['amount']:g}",
+                        path=f"$.budget.{row['resource']}",
+                    )
+        return Checkpoint.initial(definition.start, limits).to_json()
+
+    def _checked(self, value: Any, what: str) -> Any:
+        """A signal payload or reconciled result checked against the payload limits."""
+        try:
+            check_payload(value, self._db.payload_limits)
+        except PayloadRefused as exc:
+            raise InputError(f"invalid {what}: {exc}", path=exc.path) from exc
+        return value
+
+    async def submit(
+        self,
+        definition: WorkflowDefinition,
+        inputs: Sequence[Any],
+        *,
+        tenant: str = "default",
+        budget: Mapping[str, float] | None = None,
+        timeout: float | None = None,
+    ) -> list[int]:
+        """Queue one task per input, validated against the definition's input schema.
+
+        All inputs are validated before anything is written; idle workers are woken by a
+        NOTIFY carrying no data. Each input must be storable JSON within the database's
+        payload limits (``db.payload_limits``: 1 MiB of JSON text and 64 levels of nesting
+        by default; no NUL characters, no NaN).
+
+        Args:
+            definition: a deployed definition; the tasks are pinned to its digest.
+            inputs: task inputs (JSON values).
+            tenant: the tenant the tasks belong to.
+            budget: overrides of the definition's ``budget``, by resource (amounts ≥ 0);
+                each must fit in the tenant's budget for the resource, when it has one.
+            timeout: overrides the definition's workflow ``timeout``: seconds from now (> 0)
+                until the deadline.
+
+        Returns:
+            The new task ids, in input order.
+
+        Raises:
+            InputError: an input is over the payload limits, is not storable JSON, or fails
+                the input schema; ``path`` locates the fault (nothing written). Also for a
+                budget override over the tenant's budget.
+        """
+        validated = [self._checked_input(definition, value) for value in inputs]
+        if not validated:
+            return []
+        initial = await self._initial_checkpoint(definition, tenant, budget)
+        rows = await self._db.fetch_all(
+            "submit_tasks",
+            {
+                "tenant": tenant,
+                "name": definition.name,
+                "version": definition.version,
+                "digest": definition.digest,
+                "inputs": Jsonb(validated),
+                "checkpoint": Jsonb(initial),
+                "timeout": _timeout(definition, timeout),
+            },
+        )
+        return [row["id"] for row in rows]
+
+    async def submit_keyed(
+        self,
+        definition: WorkflowDefinition,
+        value: Any,
+        *,
+        key: str,
+        tenant: str = "default",
+        budget: Mapping[str, float] | None = None,
+        timeout: float | None = None,
+    ) -> tuple[int, bool]:
+        """Queue one task unless the tenant already has a task with idempotency key ``key``.
+
+        Args:
+            definition: a deployed definition.
+            value: the task input, validated against the input schema.
+            key: the idempotency key, unique per tenant.
+            tenant: the tenant.
+            budget: overrides of the definition's budget (see `submit`).
+            timeout: overrides the definition's workflow timeout (see `submit`).
+
+        Returns:
+            ``(task id, created)``: the new task, or the existing one at once (no retry loop).
+
+        Raises:
+            InputError: the input is over the payload limits, is not storable JSON, or fails
+                the input schema (nothing written).
+            SubmitConflict: the existing task runs another definition version or digest.
+        """
+        params = {
+            "tenant": tenant,
+            "name": definition.name,
+            "version": definition.version,
+            "digest": definition.digest,
+            "input": Jsonb(self._checked_input(definition, value)),
+            "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
+            "key": key,
+            "timeout": _timeout(definition, timeout),
+        }
+        row = await self._db.fetch_one("submit_keyed_task", params)
+        if row is None:  # inserted by a concurrent submit after this statement's snapshot
+            row = await self._db.fetch_one("submit_keyed_task", params)
+        assert row is not None
+        if row["definition_digest"] != definition.digest:
+            raise SubmitConflict(
+                f"tenant {tenant!r} already has task {row['id']} with key {key!r}, for "
+                f"{row['definition_name']} version {row['definition_version']}",
+                task_id=row["id"],
+                definition=(row["definition_name"], row["definition_version"]),
+            )
+        return int(row["id"]), bool(row["created"])
+
+    async def get(self, task_id: int) -> TaskRecord:
+        """Read one task.
+
+        Raises:
+            UnknownTask: no task has that id.
+        """
+        row = await self._db.fetch_one("get_task", {"task_id": task_id})
+        if row is None:
+            raise UnknownTask(f"no task {task_id}")
+        return TaskRecord(**row)
+
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        tenant: str | None = None,
+        name: str | None = None,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """The newest tasks matching every filter given, newest first."""
+        rows = await self._db.fetch_all(
+            "list_tasks", {"state": state, "tenant": tenant, "name": name, "limit": limit}
+        )
+        return [TaskRecord(**row) for row in rows]
+
+    async def counts_by_state(self) -> dict[str, int]:
+        """Number of tasks in each state present."""
+        rows = await self._db.fetch_all("count_tasks_by_state")
+        return {row["state"]: row["n"] for row in rows}
+
+    async def evidence(self, task_id: int) -> builtins.list[dict[str, Any]]:
+        """The task's effect evidence records, oldest first."""
+        return [
+            dict(row) for row in await self._db.fetch_all("task_evidence", {"task_id": task_id})
+        ]
+
+    async def events(self, task_id: int) -> builtins.list[dict[str, Any]]:
+        """The task's events (every transition), oldest first."""
+        return [dict(row) for row in await self._db.fetch_all("task_events", {"task_id": task_id})]
+
+    async def evidence_counts(self) -> dict[str, int]:
+        """Number of evidence records of each kind, over all tasks."""
+        rows = await self._db.fetch_all("count_evidence")
+        return {row["record"]: row["n"] for row in rows}
+
+    async def idle_state(self, digests: Sequence[str]) -> tuple[bool, float | None]:
+        """What an idle worker of these definitions needs to know, in one statement.
+
+        Returns:
+            ``(pending, next_due)``: whether a task is queued or leased, and the seconds until
+            the earliest future ``run_at`` of a queued or waiting task (None if there is none).
+        """
+        row = await self._db.fetch_one("idle_state", {"digests": list(digests)})
+        assert row is not None
+        return bool(row["pending"]), row["next_due"]
+
+    async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
+        """Every signal sent to the task, consumed or not, oldest first."""
+        return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
+
+    async def signal(self, task_id: int, name: str, payload: Any = None) -> int:
+        """Send signal ``name`` to a task; it is kept until a ``wait: {signal: name}`` consumes it.
+
+        Each signal is consumed exactly once, in the order sent. A task already waiting for
+        ``name`` is woken at once (NOTIFY).
+
+        Returns:
+            The signal's id.
+
+        Raises:
+            UnknownTask: no such task.
+            TaskTerminal: the task has ended; the signal was not stored.
+            InputError: the payload is over the payload limits or not storable JSON, or
+                fails the schema its wait step declares (``wait: {signal, schema}``) — the
+                message names the path of the fault; the signal was not stored. Defaults
+                of that schema are applied to the stored payload.
+        """
+        payload = self._checked(payload, f"payload of signal {name!r}")
+        schema = await self._signal_schema(task_id, name)
+        if schema is not None:
+            payload = validate_payload(schema, payload, f"payload of signal {name!r}")
+        row = await self._db.fetch_one(
+            "send_signal", {"task_id": task_id, "name": name, "payload": Jsonb(payload)}
+        )
+        if row is None or row["state"] is None:
+            raise UnknownTask(f"no task {task_id}")
+        if row["signal_id"] is None:
+            raise TaskTerminal(f"task {task_id} is {row['state']}; signal {name!r} was not stored")
+        return int(row["signal_id"])
+
+    async def _signal_schema(self, task_id: int, name: str) -> Mapping[str, Any] | None:
+        """The payload schema the task's definition declares for signal ``name``, if any.
+
+        When the task waits at a step for ``name``, that step's schema decides (none: any
+        payload); else the first wait step declaring one. None for an ended task (the
+        signal is refused for that).
+        """
+        row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
+        if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
+            return None
+        definition = definition_from_body(row["body"])
+        cursor = (row["checkpoint"] or {}).get("cursor")
+        found: list[tuple[bool, Mapping[str, Any] | None]] = []
+        for step in definition.steps.values():
+            if not isinstance(step, WaitStep):
+                continue
+            if step.signal == name:
+                found.append((step.id == cursor, step.schema))
+            for event in step.any:
+                if event.signal == name:
+                    found.append((step.id == cursor, event.schema))
+        current = [schema for here, schema in found if here]
+        if current:
+            return current[0]
+        return next((schema for _, schema in found if schema is not None), None)
+
+    async def complete(
+        self,
+        token: str,
+        *,
+        result: Any = None,
+        error: str | None = None,
+        message: str | None = None,
+    ) -> int:
+        """Complete the callback ``token`` of a step with ``callback`` (`toolkit complete`).
+
+        Args:
+            token: the token the step's handler handed out (``ctx.callback_token``).
+            result: the step's result (JSON) when it succeeded.
+            error: an error name when it failed: it goes through the step's retry and catch
+                like a handler's error.
+            message: the error's message.
+
+        Returns:
+            The task id.
+
+        Raises:
+            CallbackRefused: no such token, it was completed or expired already, or its
+                task has ended.
+            InputError: ``result`` is over the payload limits or not storable JSON, or
+                ``error`` is not an error name (Python-identifier parts joined by dots, as
+                ``catch`` and ``retry`` name errors).
+        """
+        if error is not None:
+            if ERROR_NAME.fullmatch(error) is None:
+                raise InputError(
+                    f"error name {error!r} is not a dotted name (e.g. Rejected, "
+                    "payments.Declined)",
+                    path="$.error",
+                )
+            detail = {"name": error, "message": message or f"{error} reported by the callback"}
+            return await Callbacks(self._db).complete(token, error=detail)
+        result = self._checked(result, f"result of callback {token!r}")
+        return await Callbacks(self._db).complete(token, result=result)
+
+    async def cancel(self, task_id: int, reason: str = "cancelled by request") -> str:
+        """Cancel a task, and its live child tasks (and theirs).
+
+        A queued or waiting task (or one whose lease expired) is cancelled at once; a leased
+        one gets a cancel request that its worker learns of at its next heartbeat, which
+        cancels the running handler. Completed steps and their external writes stay done.
+
+        Returns:
+            ``"cancelled"`` or ``"requested"``.
+
+        Raises:
+            UnknownTask: no such task.
+            TaskTerminal: the task has already ended.
+        """
+        row = await self._db.fetch_one("request_cancel", {"task_id": task_id, "reason": reason})
+        if row is None or row["previous_state"] is None:
+            raise UnknownTask(f"no task {task_id}")
+        if row["cancelled"] or row["requested"]:
+            # Its live children (and theirs) go with it.
+            for child in await self._db.fetch_all("live_children", {"task_id": task_id}):
+                await self._db.fetch_one(
+                    "request_cancel",
+                    {"task_id": child["id"], "reason": f"parent task {task_id} cancelled"},
+                )
+        if row["cancelled"]:
+            return "cancelled"
+        if row["requested"]:
+            return "requested"
+        raise TaskTerminal(f"task {task_id} is {row['previous_state']}; it cannot be cancelled")
+
+    async def reconcile(
+        self,
+        task_id: int,
+        step: str,
+        outcome: Literal["completed", "failed", "retry"],
+        *,
+        result: Any = None,
+        error: str | None = None,
+        message: str | None = None,
+        operator: str = "operator",
+    ) -> None:
+        """Resolve an effect whose intent was recorded without an outcome (DESIGN §2).
+
+        ``completed`` records ``result`` as the effect's evidence and the workflow continues
+        as if the handler had returned it; ``failed`` records ``error`` and goes through the
+        step's retry and catch policy (``error`` is the error name retry and catch rules match,
+        default ``ReconciledFailure``); ``retry`` calls the handler again with the same
+        idempotency key (the operator takes the risk of a second call).
+
+        Raises:
+            UnknownTask: no such task.
+            NotReconcilable: the task is not waiting for reconciliation of ``step``.
+            InputError: ``result`` is over the payload limits or not storable JSON.
+        """
+        if outcome == "completed":
+            self._checked(result, f"result of step {step!r}")
+        task = await self.get(task_id)
+        pending = task.checkpoint.get("pending")
+        # ``step`` names the step of the pending occurrence: at the task's level (``charge``
+        # for ``charge#1``) or in a branch (``charge`` or ``fan`` for ``fan#1/a/charge#1``).
+        names = {str(pending).split("#", 1)[0], str(pending).rsplit("/", 1)[-1].split("#")[0]}
+        if task.wait_reason != "reconciliation" or step not in names:
+            waiting_on = f" (it waits on {pending})" if task.wait_reason == "reconciliation" else ""
+            raise NotReconcilable(
+                f"task {task_id} is {task.state}"
+                f"{' (' + task.wait_reason + ')' if task.wait_reason else ''}, not waiting for "
+                f"reconciliation of step {step!r}{waiting_on}"
+            )
+        error_data = {
+            "name": error or "ReconciledFailure",
+            "message": message or "failure recorded by reconciliation",
+        }
+        record = {"completed": "completed", "failed": "failed", "retry": None}[outcome]
+        resolution = {
+            "occurrence": pending,
+            "outcome": outcome,
+            "result": result if outcome == "completed" else None,
+            "error": error_data if outcome == "failed" else None,
+        }
+        row = await self._db.fetch_one(
+            "reconcile_effect",
+            {
+                "task_id": task_id,
+                "occurrence": pending,
+                "record": record,
+                "operator": operator,
+                "result": Jsonb(result) if outcome == "completed" else None,
+                "error": Jsonb(error_data) if outcome == "failed" else None,
+                "resolution": Jsonb(resolution),
+            },
+        )
+        if row is None:
+            raise NotReconcilable(f"task {task_id} changed while reconciling; look again")
+
+
+def _timeout(definition: WorkflowDefinition, override: float | None) -> float | None:
+    """The workflow timeout of a new task, seconds: the override, else the definition's.
+
+    Raises:
+        InputError: the override is not a number > 0.
+    """
+    if override is None:
+        return definition.timeout
+    if (
+        isinstance(override, bool)
+        or not isinstance(override, int | float)
+        or not 0 < override <= MAX_SECONDS  # NaN fails this too
+    ):
+        raise InputError(
+            f"timeout must be a number of seconds > 0 and at most 100 years, got {override!r}",
+            path="$",
+        )
+    return float(override)

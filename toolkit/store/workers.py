@@ -1,0 +1,111 @@
+"""Worker identity in the store: registration, refusal of a live duplicate id, stop (DESIGN §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from toolkit.errors import WorkerIdInUse
+from toolkit.store.database import Database
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRecord:
+    """A registered worker process."""
+
+    worker_id: str
+    pid: int
+    host: str
+    concurrency: int
+    lease_seconds: float
+    heartbeat_seconds: float
+    definitions: Any
+    started_at: datetime.datetime
+    heartbeat_at: datetime.datetime
+    expires_at: datetime.datetime
+    stopped_at: datetime.datetime | None
+    live: bool
+
+
+class Membership:
+    """The ``toolkit_workers`` table."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def register(
+        self,
+        worker_id: str,
+        *,
+        concurrency: int,
+        definitions: Sequence[Mapping[str, Any]],
+        lease_seconds: float,
+        heartbeat_seconds: float,
+    ) -> None:
+        """Register this process under ``worker_id``; renewed by every heartbeat.
+
+        A registration held by a process of this host that no longer exists (a crash, then a
+        restart) is taken over at once; the dead process's leases are not: they are keyed by
+        task and fencing token and lapse on their own.
+
+        Args:
+            worker_id: the id.
+            concurrency: the worker's cycles at most, for operators.
+            definitions: ``{"name", "version", "digest"}`` of every loaded definition.
+            lease_seconds: how long the registration lives without a heartbeat.
+            heartbeat_seconds: the heartbeat interval, for ``toolkit doctor``.
+
+        Raises:
+            WorkerIdInUse: another live process holds the id (its heartbeat is fresh).
+        """
+        params = {
+            "worker_id": worker_id,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "concurrency": concurrency,
+            "definitions": Jsonb([dict(d) for d in definitions]),
+            "lease_seconds": lease_seconds,
+            "heartbeat_seconds": heartbeat_seconds,
+            "dead_pid": None,
+        }
+        row = await self._db.fetch_one("register_worker", params)
+        if row is None:
+            holder = await self._db.fetch_one("get_worker", {"worker_id": worker_id})
+            if (
+                holder is not None
+                and holder["host"] == params["host"]
+                and not _alive(holder["pid"])
+            ):
+                row = await self._db.fetch_one(
+                    "register_worker", {**params, "dead_pid": holder["pid"]}
+                )
+        if row is None:
+            raise WorkerIdInUse(
+                f"worker id {worker_id!r} is held by another live process; "
+                "give each worker its own --worker-id, or stop that process"
+            )
+
+    async def stop(self, worker_id: str) -> None:
+        """Record this process's worker as stopped."""
+        await self._db.execute("stop_worker", {"worker_id": worker_id, "pid": os.getpid()})
+
+    async def list(self) -> list[WorkerRecord]:
+        """Live workers first, then recently stopped ones."""
+        return [WorkerRecord(**row) for row in await self._db.fetch_all("list_workers")]
+
+
+def _alive(pid: int) -> bool:
+    """True if a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
