@@ -18,12 +18,12 @@ from tests.apps.counting import app, record_call
 from tests.conftest import PrivateServer
 from tests.processes import eventually
 from tests.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
-from toolkit.runtime import supervisor as supervisor_module
 from toolkit.application import App, EffectContext
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import DatabaseUnavailable, StoreError
 from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
+from toolkit.runtime import supervisor as supervisor_module
 from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
