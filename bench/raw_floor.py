@@ -48,8 +48,8 @@ from psycopg.types.json import Jsonb
 from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
-from toolkit.store.leases import Event, FencedWrite, _write_json
 from toolkit.store.queries import query
+from toolkit.store.writes import Event, FencedWrite, write_json
 
 Mode = Literal["unnest", "pipeline", "commit-per-write", "engine-sql"]
 #: The floor proper: the minimal SQL, batched three ways.
@@ -174,7 +174,7 @@ def write_plan(workload: Workload) -> list[Write]:
             state="succeeded" if final else "leased", result={} if final else None,
             events=(Event("succeeded"),) if final else (),
         )  # fmt: skip
-        plan.append(Write(state, final, json.dumps(records), _write_json(fenced)))
+        plan.append(Write(state, final, json.dumps(records), write_json(fenced)))
         records.clear()
 
     begin(ids[0])

@@ -28,7 +28,7 @@ from toolkit.history.audit import (
     audit_task,
 )
 from toolkit.store import Store
-from toolkit.store.leases import Event, FencedWrite
+from toolkit.store.writes import Event, FencedWrite
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,7 @@ from tests.workflows import definition
 from toolkit.application import SpendLedger, SpendMeter
 from toolkit.store import Store
 from toolkit.store.budgets import Budgets, ReservationOutcome
-from toolkit.store.leases import FencedWrite
+from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
 

@@ -39,8 +39,9 @@ from toolkit.cli import cli
 from toolkit.ops.doctor import diagnose
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.store.leases import NEVER, ClaimedTask, EvidenceRecord, FencedWrite
+from toolkit.store.leases import ClaimedTask
 from toolkit.store.limits import LimitDeferral, LimitGrant, parse_rate
+from toolkit.store.writes import NEVER, EvidenceRecord, FencedWrite
 
 LLM = one_step("lim-llm", "lim.llm", "llm")
 API = one_step("lim-api", "lim.api", "api")

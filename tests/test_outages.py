@@ -27,7 +27,8 @@ from toolkit.runtime import supervisor as supervisor_module
 from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-from toolkit.store.leases import Event, EvidenceRecord, FencedWrite, GroupCommit
+from toolkit.store.group_commit import GroupCommit
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
 
 pytestmark = pytest.mark.anyio
 

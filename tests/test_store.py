@@ -12,8 +12,8 @@ from toolkit.checkpoint import Checkpoint
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
 from toolkit.store import Store
 from toolkit.store.database import Database
-from toolkit.store.leases import Event, EvidenceRecord, FencedWrite
 from toolkit.store.migrations import migrate, schema_status
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
 
 pytestmark = pytest.mark.anyio
 

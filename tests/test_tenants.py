@@ -20,7 +20,8 @@ from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, UnknownTenant
 from toolkit.store import Store
-from toolkit.store.leases import ClaimedTask, FencedWrite
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
 

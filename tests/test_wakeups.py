@@ -174,7 +174,7 @@ async def send_signal(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
 async def complete_callback(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await conn.execute(
         query("complete_callback"),
-        {"token": TOKENS[0], "result": Jsonb({"done": True}), "error": None},
+        {"callback_token": TOKENS[0], "result": Jsonb({"done": True}), "error": None},
     )
 
 

@@ -29,8 +29,8 @@ from toolkit.engine.protocol import StepContext
 from toolkit.errors import ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind
 from toolkit.store.callbacks import new_token
-from toolkit.store.leases import Event, EvidenceRecord
 from toolkit.store.limits import LimitDeferral
+from toolkit.store.writes import Event, EvidenceRecord
 
 
 class AttemptKind(enum.StrEnum):

@@ -19,7 +19,7 @@ from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.limits import limit_wait
 from toolkit.engine.protocol import Kinds, Reconcile, Retry, Spend, StepContext, Transition
 from toolkit.lifecycle import EventKind, TaskState
-from toolkit.store.leases import Event
+from toolkit.store.writes import Event
 
 #: The arguments of a step built by the engine (a compensation's are passed as they are).
 _NO_ARGS = compile_template(None)

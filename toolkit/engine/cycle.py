@@ -30,7 +30,8 @@ from toolkit.lifecycle import EventKind, TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
 from toolkit.store import Store
-from toolkit.store.leases import ClaimedTask, Event, EvidenceRecord, FencedWrite
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from toolkit.engine.failures import Error
 from toolkit.engine.reservations import release
 from toolkit.errors import TaskTerminal
 from toolkit.lifecycle import EventKind
-from toolkit.store.leases import Event
+from toolkit.store.writes import Event
 
 
 async def deadline_passed(cycle: Cycle) -> Error | None:

@@ -25,7 +25,8 @@ from toolkit.errors import DatabaseUnavailable, LeaseLost, StoreError
 from toolkit.lifecycle import EventKind, TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.store import Store
-from toolkit.store.leases import ClaimedTask, Event, FencedWrite
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.writes import Event, FencedWrite
 
 logger = logging.getLogger(__name__)
 

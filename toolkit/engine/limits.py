@@ -14,8 +14,8 @@ from toolkit.definition import EffectStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Wait
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.store.leases import Event
 from toolkit.store.limits import LimitDeferral
+from toolkit.store.writes import Event
 
 
 async def take_limits(

@@ -24,7 +24,7 @@ from toolkit.definition import Step
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.failures import Error
 from toolkit.lifecycle import WaitReason
-from toolkit.store.leases import Event
+from toolkit.store.writes import Event
 
 # --- what a step came to --------------------------------------------------------------------
 

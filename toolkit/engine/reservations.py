@@ -16,7 +16,7 @@ from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Failed, Wait
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.budgets import ReservationOutcome
-from toolkit.store.leases import Event
+from toolkit.store.writes import Event
 
 #: Longest pause before a task deferred for budget looks again, seconds.
 BUDGET_RECHECK_MAX = 60.0

@@ -35,7 +35,7 @@ from toolkit.engine.protocol import (
 from toolkit.engine.reservations import release
 from toolkit.errors import ExpressionError, HandlerNotFound, ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind, TaskState, WaitReason
-from toolkit.store.leases import NEVER, Event
+from toolkit.store.writes import NEVER, Event
 
 
 class TaskGraph:

@@ -34,7 +34,9 @@ from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.worker import Worker
 from toolkit.store.database import redact_dsn
 from toolkit.store.fence import Fence
-from toolkit.store.leases import ClaimedTask, FencedWrite, GroupCommit
+from toolkit.store.group_commit import GroupCommit
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.writes import FencedWrite
 
 logger = logging.getLogger(__name__)
 

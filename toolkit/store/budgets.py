@@ -20,7 +20,7 @@ from psycopg.types.json import Jsonb
 
 from toolkit.errors import LeaseLost
 from toolkit.store.database import Database
-from toolkit.store.fence import Fence
+from toolkit.store.fence import Fence, fence_params
 from toolkit.store.queries import query
 
 
@@ -71,10 +71,7 @@ class Budgets:
                 it was with this ``write_id``: call again).
         """
         async with self._db.transaction() as conn:
-            cursor = await conn.execute(
-                query("lock_leased_task"),
-                {"task_id": fence.task_id, "token": fence.token, "worker_id": fence.worker_id},
-            )
+            cursor = await conn.execute(query("lock_leased_task"), fence_params(fence))
             row = await cursor.fetchone()
             if row is None:
                 raise LeaseLost(f"task {fence.task_id}: lease lost before its budget reservation")
@@ -95,15 +92,15 @@ class Budgets:
                 query("take_tenant_budgets"),
                 {"tenant": fence.tenant, "amounts": Jsonb(dict(amounts))},
             )
-            await conn.execute(
+            cursor = await conn.execute(
                 query("write_reservation"),
                 {
-                    "task_id": fence.task_id,
-                    "token": fence.token,
-                    "worker_id": fence.worker_id,
+                    **fence_params(fence),
                     "checkpoint": Jsonb(checkpoint),
                     "write_id": write_id,
                     "detail": Jsonb(detail),
                 },
             )
+            if await cursor.fetchone() is None:  # expired since the lock: roll it all back
+                raise LeaseLost(f"task {fence.task_id}: lease lost during its budget reservation")
         return ReservationOutcome.RESERVED, None

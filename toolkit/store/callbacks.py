@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from toolkit.errors import CallbackRefused, LeaseLost
 from toolkit.store.database import Database
-from toolkit.store.fence import Fence
+from toolkit.store.fence import Fence, fence_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +65,8 @@ class Callbacks:
         row = await self._db.fetch_one(
             "create_callback",
             {
-                "task_id": fence.task_id, "lease_token": fence.token,
-                "worker_id": fence.worker_id, "occurrence": occurrence, "attempt": attempt,
-                "token": token,
+                **fence_params(fence), "occurrence": occurrence, "attempt": attempt,
+                "callback_token": token,
             },
         )  # fmt: skip
         if row is None or row["task_id"] is None:
@@ -77,7 +76,7 @@ class Callbacks:
 
     async def get(self, token: str) -> CallbackRecord | None:
         """The callback ``token``, or None when there is no such token."""
-        row = await self._db.fetch_one("get_callback", {"token": token})
+        row = await self._db.fetch_one("get_callback", {"callback_token": token})
         if row is None:
             return None
         return CallbackRecord(
@@ -107,7 +106,7 @@ class Callbacks:
         row = await self._db.fetch_one(
             "complete_callback",
             {
-                "token": token,
+                "callback_token": token,
                 "result": None if error is not None else Jsonb(result),
                 "error": None if error is None else Jsonb(error),
             },
@@ -128,4 +127,4 @@ class Callbacks:
 
     async def expire(self, token: str) -> None:
         """Refuse any later completion of ``token`` (its attempt timed out)."""
-        await self._db.execute("expire_callback", {"token": token})
+        await self._db.execute("expire_callback", {"callback_token": token})

@@ -18,7 +18,7 @@ from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import LeaseLost
 from toolkit.store.database import Database
-from toolkit.store.fence import Fence
+from toolkit.store.fence import Fence, fence_params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +75,7 @@ class Children:
         row = await self._db.fetch_one(
             "start_child",
             {
-                "parent_id": fence.task_id,
-                "token": fence.token,
-                "worker_id": fence.worker_id,
+                **fence_params(fence),
                 "occurrence": occurrence,
                 "name": definition.name,
                 "version": definition.version,

@@ -27,7 +27,7 @@ from psycopg.rows import DictRow, dict_row
 
 from toolkit.errors import ConfigError, LeaseLost, UnknownLimit
 from toolkit.store.database import Database
-from toolkit.store.fence import Fence
+from toolkit.store.fence import Fence, fence_params
 from toolkit.store.queries import query
 
 
@@ -360,12 +360,8 @@ class Limits:
                 cursor = conn.cursor(row_factory=dict_row)
                 task_id, tenant = fence.task_id, fence.tenant
                 await cursor.execute(
-                    query("lock_task_for_limits"),
-                    {
-                        "task_id": task_id, "token": fence.token, "worker_id": fence.worker_id,
-                        "tenant": tenant, "names": names,
-                    },
-                )  # fmt: skip
+                    query("lock_task_for_limits"), {**fence_params(fence), "names": names}
+                )
                 if await cursor.fetchone() is None:
                     raise LeaseLost(f"task {task_id}: lease lost before its limits were taken")
                 await cursor.execute(query("lock_limit_scopes"), {"tenant": tenant, "names": names})

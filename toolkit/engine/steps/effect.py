@@ -22,7 +22,7 @@ from toolkit.engine.protocol import (
     Wait,
 )
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.store.leases import NEVER, Event
+from toolkit.store.writes import NEVER, Event
 
 
 async def run(ctx: StepContext, step: EffectStep) -> Transition:

@@ -39,7 +39,7 @@ from toolkit.engine.protocol import (
 from toolkit.engine.reservations import release, reserve
 from toolkit.errors import ExpressionError
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.store.leases import Event
+from toolkit.store.writes import Event
 
 #: Pause between two looks at a callback awaited inside a branch (which keeps its lease), s.
 CALLBACK_POLL = 0.5

@@ -16,7 +16,7 @@ from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
 from toolkit.errors import ExpressionError
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.store.leases import NEVER, Event
+from toolkit.store.writes import NEVER, Event
 
 
 async def run(ctx: StepContext, step: WaitStep) -> Transition:

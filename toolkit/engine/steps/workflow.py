@@ -11,7 +11,7 @@ from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Tran
 from toolkit.errors import DefinitionRetired, InputError, PayloadRefused, UnknownDefinition
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.payload import check_payload
-from toolkit.store.leases import NEVER, Event
+from toolkit.store.writes import NEVER, Event
 
 
 async def run(ctx: StepContext, step: WorkflowStep) -> Transition:

@@ -1,14 +1,11 @@
 -- name: lock_leased_task
--- Locks a task while (worker, token) holds an unexpired lease on it; no row otherwise. Also
+-- Locks a task while its fence's lease holds (toolkit_lease_held); no row otherwise. Also
 -- returns the id of the last write applied (checkpoint ->> 'write'), so that a write sent
 -- again after a lost connection is found applied.
-SELECT id, checkpoint ->> 'write' AS last_write
-FROM toolkit_tasks
-WHERE id = %(task_id)s
-  AND lease_token = %(token)s
-  AND lease_owner = %(worker_id)s
-  AND state = 'leased'
-  AND lease_expires_at > clock_timestamp()
+SELECT t.id, t.checkpoint ->> 'write' AS last_write
+FROM toolkit_tasks t
+WHERE t.id = %(task_id)s
+  AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
 FOR NO KEY UPDATE;
 
 -- name: lock_tenant_budgets
@@ -31,16 +28,20 @@ FROM jsonb_each_text(%(amounts)s::jsonb) AS r
 WHERE b.tenant = %(tenant)s AND b.resource = r.key;
 
 -- name: write_reservation
--- Stores the checkpoint that records a reservation, with its write id, and its event.
+-- Stores the checkpoint that records a reservation, with its write id, and its event; fenced
+-- again, though the row is locked: a lease that expired since the lock refuses the write
+-- (no row: the transaction is rolled back, nothing is reserved).
 WITH updated AS (
-    UPDATE toolkit_tasks
+    UPDATE toolkit_tasks t
     SET checkpoint = %(checkpoint)s::jsonb || jsonb_build_object('write', %(write_id)s::text),
         updated_at = clock_timestamp()
-    WHERE id = %(task_id)s
-    RETURNING id
+    WHERE t.id = %(task_id)s
+      AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
+    RETURNING t.id
 )
 INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-SELECT id, 'budget_reserved', %(worker_id)s, %(token)s, %(detail)s::jsonb FROM updated;
+SELECT id, 'budget_reserved', %(worker_id)s, %(token)s, %(detail)s::jsonb FROM updated
+RETURNING task_id;
 
 -- name: tenant_budget_amounts
 -- A tenant's budget amounts by resource (what a submit's budget override must fit in).

@@ -1,23 +1,20 @@
 -- name: create_callback
 -- Registers the callback token of an effect attempt before its handler runs (so an early
 -- completion is never refused), and expires the tokens of earlier attempts of the same
--- occurrence. Fenced: nothing happens unless (worker, token) holds the unexpired lease.
+-- occurrence. Fenced: nothing happens unless the fence's lease holds.
 WITH lease AS (
-    SELECT id FROM toolkit_tasks
-    WHERE id = %(task_id)s
-      AND lease_token = %(lease_token)s
-      AND lease_owner = %(worker_id)s
-      AND state = 'leased'
-      AND lease_expires_at > clock_timestamp()
+    SELECT t.id FROM toolkit_tasks t
+    WHERE t.id = %(task_id)s
+      AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
 ), expired AS (
     UPDATE toolkit_callbacks
     SET state = 'expired'
     WHERE task_id = (SELECT id FROM lease) AND occurrence = %(occurrence)s
-      AND state = 'open' AND token <> %(token)s
+      AND state = 'open' AND token <> %(callback_token)s
 ), created AS (
     INSERT INTO toolkit_callbacks (token, task_id, occurrence, attempt)
-    SELECT %(token)s, id, %(occurrence)s, %(attempt)s FROM lease
+    SELECT %(callback_token)s, id, %(occurrence)s, %(attempt)s FROM lease
     ON CONFLICT (token) DO NOTHING
 )
 SELECT (SELECT id FROM lease) AS task_id;
@@ -27,7 +24,7 @@ SELECT c.token, c.task_id, c.occurrence, c.attempt, c.state, c.result, c.error,
        c.created_at, c.completed_at, t.state AS task_state
 FROM toolkit_callbacks c
 JOIN toolkit_tasks t ON t.id = c.task_id
-WHERE c.token = %(token)s;
+WHERE c.token = %(callback_token)s;
 
 -- name: complete_callback
 -- Completes an open callback once, and wakes its task if it already waits for it. The task
@@ -38,14 +35,14 @@ WITH target AS (
     SELECT t.id, t.state, t.wait_reason
     FROM toolkit_callbacks c
     JOIN toolkit_tasks t ON t.id = c.task_id
-    WHERE c.token = %(token)s
+    WHERE c.token = %(callback_token)s
     FOR NO KEY UPDATE OF t
 ), completed AS (
     UPDATE toolkit_callbacks
     SET state = 'completed', result = %(result)s::jsonb, error = %(error)s::jsonb,
         completed_at = clock_timestamp()
     FROM target
-    WHERE token = %(token)s AND toolkit_callbacks.state = 'open'
+    WHERE token = %(callback_token)s AND toolkit_callbacks.state = 'open'
       AND target.state IN ('queued', 'leased', 'waiting')
     RETURNING toolkit_callbacks.task_id, occurrence
 ), woken AS (
@@ -68,4 +65,5 @@ SELECT task_id, occurrence,
 FROM completed;
 
 -- name: expire_callback
-UPDATE toolkit_callbacks SET state = 'expired' WHERE token = %(token)s AND state = 'open';
+UPDATE toolkit_callbacks SET state = 'expired'
+WHERE token = %(callback_token)s AND state = 'open';

@@ -1,14 +1,11 @@
 -- name: start_child
 -- Starts the child task of a parent's step occurrence, once: a second call for the same
 -- (parent, occurrence), after a crash of the parent, finds the child already there. Fenced:
--- nothing happens unless (worker, token) holds the parent's unexpired lease.
+-- nothing happens unless the parent's fence (%(task_id)s is the parent) holds its lease.
 WITH parent AS (
-    SELECT id, tenant FROM toolkit_tasks
-    WHERE id = %(parent_id)s
-      AND lease_token = %(token)s
-      AND lease_owner = %(worker_id)s
-      AND state = 'leased'
-      AND lease_expires_at > clock_timestamp()
+    SELECT t.id, t.tenant FROM toolkit_tasks t
+    WHERE t.id = %(task_id)s
+      AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
 ), inserted AS (
     INSERT INTO toolkit_tasks
@@ -23,7 +20,7 @@ WITH parent AS (
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)
     SELECT id, 'submitted',
-           jsonb_build_object('parent_id', %(parent_id)s::bigint, 'occurrence', %(occurrence)s::text)
+           jsonb_build_object('parent_id', %(task_id)s::bigint, 'occurrence', %(occurrence)s::text)
     FROM inserted
 )
 SELECT (SELECT id FROM parent) AS parent_id,

@@ -10,164 +10,145 @@ WHERE max_active IS NOT NULL AND NOT paused
 ORDER BY tenant
 FOR NO KEY UPDATE SKIP LOCKED;
 
+-- fragment: due_tasks
+-- The claimable tasks of tenant tn.tenant, in due order, at most tn.slots of them, locked
+-- with SKIP LOCKED: queued or waiting tasks whose run_at has come, and leased ones whose
+-- lease expired (recoverable), of the claiming worker's definitions. A leased task is due at
+-- its lease expiry, so one range of the claim index finds every claimable task and never
+-- steps over live leases.
+SELECT id, state AS previous_state, lease_owner AS previous_owner,
+       CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
+FROM toolkit_tasks
+WHERE tenant = tn.tenant
+  AND state IN ('queued', 'leased', 'waiting')
+  AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+      <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
+  AND definition_digest = ANY(%(digests)s::text[])
+ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
+LIMIT tn.slots
+FOR UPDATE SKIP LOCKED
+
+-- fragment: take_leases
+-- The claim of the candidate rows (id, previous_state, previous_owner, due_at): each becomes
+-- leased by %(worker_id)s until database now + %(lease_seconds)s, its fencing token one
+-- higher (DESIGN §2), with a claimed (or recovered, for an expired lease) event carrying its
+-- queue delay. Every row tells whether tenants with a max_active exist (limits) and how many
+-- tenants are unpaused, so that the claimer knows which claim to make next.
+claimed AS (
+    UPDATE toolkit_tasks t
+    SET state = 'leased',
+        wait_reason = NULL,
+        lease_owner = %(worker_id)s,
+        lease_token = t.lease_token + 1,
+        lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+        attempts = t.attempts + 1,
+        updated_at = clock_timestamp()
+    FROM candidates c
+    WHERE t.id = c.id
+    RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
+              t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
+              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
+              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
+    SELECT id,
+           CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
+           %(worker_id)s, lease_token,
+           -- queue_delay: seconds from due to claimed (database time), for history
+           CASE WHEN previous_state = 'leased'
+                THEN jsonb_build_object('previous_owner', previous_owner,
+                                        'queue_delay', round(queue_delay::numeric, 6))
+                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
+    FROM claimed
+)
+SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
+       cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
+       EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
+           AS limits,
+       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
+FROM claimed
+ORDER BY id
+
 -- name: claim_tasks
--- Claims up to %(limit)s due tasks of the given definitions: queued or waiting ones whose
--- run_at has come, and leased ones whose lease expired (recoverable), fairly across tenants
--- (docs/tenants.md). For each tenant that is not paused, a lateral subquery reads that
--- tenant's due tasks off the claim index in due order (a leased task by its lease expiry,
--- so one index range finds every claimable task and never steps over live leases), locked
--- with SKIP LOCKED, up to the batch or to the tenant's free slots. A tenant with a
--- max_active is read only when it is in %(locked)s (this transaction holds its row, see
--- lock_limited_tenants); its free slots are max_active minus its unexpired leases (an
--- expired lease holds no slot). The batch then goes to the tenants with the fewest
--- unexpired leases per unit of weight, counting the tasks of this batch as they are picked
--- (a weighted fair share of the leased slots), ties by due time; a tenant's leases are only
--- counted when it has a limit or shares the queue with other tenants. The fencing token
--- rises by one on every claim (DESIGN §2); the lease expiry is database time. Every row
--- tells whether tenants with a max_active exist (limits), so that a claimer knows whether
--- it needs the locking path.
+-- Claims up to %(limit)s due tasks of the given definitions, fairly across tenants
+-- (docs/tenants.md). For each tenant that is not paused, its due tasks (due_tasks) up to the
+-- batch or to the tenant's free slots. A tenant with a max_active is read only when it is in
+-- %(locked)s (this transaction holds its row, see lock_limited_tenants); its free slots are
+-- max_active minus its unexpired leases (an expired lease holds no slot). The batch then
+-- goes to the tenants with the fewest unexpired leases per unit of weight, counting the
+-- tasks of this batch as they are picked (a weighted fair share of the leased slots), ties by
+-- due time; a tenant's leases are only counted when it has a limit or shares the queue with
+-- other tenants.
 WITH candidates AS (
     SELECT c.*
     FROM (
-        SELECT tn.tenant, tn.weight, tn.max_active,
-               CASE WHEN tn.max_active IS NULL
-                         AND (SELECT count(*) < 2 FROM toolkit_tenants WHERE NOT paused)
-                    THEN 0
-                    ELSE (SELECT count(*) FROM toolkit_tasks a
-                          WHERE a.state = 'leased' AND a.tenant = tn.tenant
-                            AND a.lease_expires_at > (SELECT clock_timestamp())) END AS active
-        FROM toolkit_tenants tn
-        WHERE NOT tn.paused
-          AND (tn.max_active IS NULL OR tn.tenant = ANY(%(locked)s::text[]))
+        SELECT tn.*,
+               -- least() ignores the NULL of a tenant without a limit
+               greatest(least(%(limit)s::bigint, tn.max_active - tn.active), 0) AS slots
+        FROM (
+            SELECT tn.tenant, tn.weight, tn.max_active,
+                   CASE WHEN tn.max_active IS NULL
+                             AND (SELECT count(*) < 2 FROM toolkit_tenants WHERE NOT paused)
+                        THEN 0
+                        ELSE (SELECT count(*) FROM toolkit_tasks a
+                              WHERE a.state = 'leased' AND a.tenant = tn.tenant
+                                AND a.lease_expires_at > (SELECT clock_timestamp())) END
+                       AS active
+            FROM toolkit_tenants tn
+            WHERE NOT tn.paused
+              AND (tn.max_active IS NULL OR tn.tenant = ANY(%(locked)s::text[]))
+        ) tn
     ) tn
     CROSS JOIN LATERAL (
         SELECT due.*, tn.weight, tn.active,
                row_number() OVER (ORDER BY due.due_at, due.id) AS rank
         FROM (
-            SELECT id, state AS previous_state, lease_owner AS previous_owner,
-                   CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
-            FROM toolkit_tasks
-            WHERE tenant = tn.tenant
-              AND state IN ('queued', 'leased', 'waiting')
-              AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                  <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
-              AND definition_digest = ANY(%(digests)s::text[])
-            ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
-            -- least() ignores the NULL of a tenant without a limit
-            LIMIT greatest(least(%(limit)s::bigint, tn.max_active - tn.active), 0)
-            FOR UPDATE SKIP LOCKED
+            -- include: due_tasks
         ) due
     ) c
     ORDER BY (c.active + c.rank - 1)::float8 / c.weight, c.due_at, c.id
     LIMIT %(limit)s
-), claimed AS (
-    UPDATE toolkit_tasks t
-    SET state = 'leased',
-        wait_reason = NULL,
-        lease_owner = %(worker_id)s,
-        lease_token = t.lease_token + 1,
-        lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
-        attempts = t.attempts + 1,
-        updated_at = clock_timestamp()
-    FROM candidates c
-    WHERE t.id = c.id
-    RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
-              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
-              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT id,
-           CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
-           %(worker_id)s, lease_token,
-           -- queue_delay: seconds from due to claimed (database time), for history
-           CASE WHEN previous_state = 'leased'
-                THEN jsonb_build_object('previous_owner', previous_owner,
-                                        'queue_delay', round(queue_delay::numeric, 6))
-                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
-    FROM claimed
-)
-SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
-       EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
-           AS limits,
-       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
-FROM claimed
-ORDER BY id;
+),
+-- include: take_leases
+;
 
 -- name: claim_tasks_one_tenant
 -- claim_tasks when one tenant is all there is (no other unpaused tenant, no max_active):
--- fairness has nothing to share, so the claim is one range of that tenant's claim index,
--- as in a single-tenant queue. It claims nothing once another tenant is registered, the
--- tenant is paused or limited; the claimer then makes the fair claim at once, and keeps to
--- it until a claim sees one tenant alone again.
+-- fairness has nothing to share, so the claim is one range of that tenant's claim index, as
+-- in a single-tenant queue. It claims nothing once another tenant is registered, the tenant
+-- is paused or limited; the claimer then makes the fair claim at once, and keeps to it until
+-- a claim sees one tenant alone again.
 WITH candidates AS (
-    SELECT id, state AS previous_state, lease_owner AS previous_owner,
-           CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
-    FROM toolkit_tasks
-    WHERE tenant = %(tenant)s
-      AND state IN ('queued', 'leased', 'waiting')
-      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-          <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
-      AND definition_digest = ANY(%(digests)s::text[])
-      AND NOT EXISTS (SELECT 1 FROM toolkit_tenants
-                      WHERE tenant = %(tenant)s AND (paused OR max_active IS NOT NULL))
-      AND (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) = 1
-    ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE toolkit_tasks t
-    SET state = 'leased',
-        wait_reason = NULL,
-        lease_owner = %(worker_id)s,
-        lease_token = t.lease_token + 1,
-        lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
-        attempts = t.attempts + 1,
-        updated_at = clock_timestamp()
-    FROM candidates c
-    WHERE t.id = c.id
-    RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, t.cancel_requested, c.previous_state, c.previous_owner,
-              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
-              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT id,
-           CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
-           %(worker_id)s, lease_token,
-           -- queue_delay: seconds from due to claimed (database time), for history
-           CASE WHEN previous_state = 'leased'
-                THEN jsonb_build_object('previous_owner', previous_owner,
-                                        'queue_delay', round(queue_delay::numeric, 6))
-                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
-    FROM claimed
-)
-SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
-       EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
-           AS limits,
-       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
-FROM claimed
-ORDER BY id;
+    SELECT due.*
+    FROM (
+        SELECT %(tenant)s::text AS tenant, %(limit)s::bigint AS slots
+        WHERE NOT EXISTS (SELECT 1 FROM toolkit_tenants
+                          WHERE tenant = %(tenant)s AND (paused OR max_active IS NOT NULL))
+          AND (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) = 1
+    ) tn
+    CROSS JOIN LATERAL (
+        -- include: due_tasks
+    ) due
+),
+-- include: take_leases
+;
 
 -- name: renew_leases
--- One statement per heartbeat interval renews every lease this process holds, keyed by
--- (task, token): a lease that expired or moved to a higher token is not revived. Rows are
--- locked in id order, as the group commit does, so the two never deadlock.
+-- One statement per heartbeat interval renews every lease this process holds, each fenced by
+-- (worker, tenant, task, token): a lease that expired or moved to a higher token is not
+-- revived. Rows are locked in id order, as the group commit does, so the two never deadlock.
 WITH worker AS (
     UPDATE toolkit_workers
     SET heartbeat_at = clock_timestamp(),
         expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
     WHERE worker_id = %(worker_id)s AND stopped_at IS NULL
 ), held AS (
-    SELECT t.id
+    SELECT t.id, h.tenant, h.token
     FROM toolkit_tasks t
-    JOIN unnest(%(task_ids)s::bigint[], %(tokens)s::bigint[]) AS h(task_id, token)
-      ON t.id = h.task_id AND t.lease_token = h.token
-    WHERE t.lease_owner = %(worker_id)s
-      AND t.state = 'leased'
-      AND t.lease_expires_at > clock_timestamp()
+    JOIN unnest(%(task_ids)s::bigint[], %(tenants)s::text[], %(tokens)s::bigint[])
+         AS h(task_id, tenant, token)
+      ON t.id = h.task_id
+    WHERE toolkit_lease_held(t, %(worker_id)s, h.tenant, h.token)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
 )
@@ -175,223 +156,6 @@ UPDATE toolkit_tasks t
 SET lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
 FROM held
 WHERE t.id = held.id
-  AND t.lease_owner = %(worker_id)s
-  AND t.state = 'leased'
-  AND t.lease_expires_at > clock_timestamp()
+  AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)
 RETURNING t.id, t.cancel_requested;
 
--- name: commit_fenced
--- The fenced write (DESIGN §2), for a batch of tasks at once (group commit). Each write in
--- %(writes)s is applied only while (its task, %(worker_id)s, its token) still holds an
--- unexpired lease, in this same statement: it stores the checkpoint, appends effect
--- evidence and events, marks consumed signals, and moves the task to its next state.
--- run_at becomes the write's run_at when given (a timestamp; 9999-12-31 for "never"), else
--- database now + delay_seconds when given, else stays. A task with a cancel request that would go on waiting or queued ends cancelled
--- instead, so no request is lost between two heartbeats. Rows are locked in id order.
--- A write with a write_id is stored with it (checkpoint ->> 'write'); sent again after its
--- outcome was lost with a connection, it is found applied and applied again never. (A signal
--- or callback wait whose signal or completion is stored is made due by wake_raced_waits.)
--- A wait for a child (reason child) is due at once when a child ended while the task held
--- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
--- (a different row: a parent written by this statement is not touched twice). A write's
--- budget_delta ({resource: amount}) is added to its tenant's budget use, and its
--- budget_released (reservations returned) taken off the reserved part of it. run_at is never
--- later than the task's workflow deadline (deadline_at), unless the write clears it.
--- Completed or failed evidence releases the downstream-limit slots of its occurrence and
--- wakes a task waiting for each (docs/limits.md).
--- A write without a checkpoint keeps the stored one, its cursor cleared.
--- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
-WITH w AS (
-    SELECT *,
-           state IN ('queued', 'waiting') AS may_cancel
-    FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
-        task_id bigint, token bigint, checkpoint jsonb, state text, wait_reason text,
-        run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
-        evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
-        budget_released jsonb, clear_deadline boolean)
-), replayed AS (
-    SELECT t.id, t.state
-    FROM toolkit_tasks t
-    JOIN w ON t.id = w.task_id AND t.lease_token = w.token
-    WHERE w.write_id IS NOT NULL AND t.checkpoint ->> 'write' = w.write_id
-), locked AS (
-    SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling
-    FROM toolkit_tasks t
-    JOIN w ON t.id = w.task_id AND t.lease_token = w.token
-    WHERE t.lease_owner = %(worker_id)s
-      AND t.state = 'leased'
-      AND t.lease_expires_at > clock_timestamp()
-      AND t.id NOT IN (SELECT id FROM replayed)
-    ORDER BY t.id
-    FOR NO KEY UPDATE OF t
-), ending_children AS (
-    SELECT c.parent_id
-    FROM toolkit_tasks c
-    JOIN w ON c.id = w.task_id
-    WHERE c.parent_id IS NOT NULL AND w.state IN ('succeeded', 'failed', 'cancelled')
-), guard AS (
-    UPDATE toolkit_tasks t
-    SET checkpoint = coalesce(w.checkpoint, t.checkpoint || '{"cursor": null}')
-                     || CASE WHEN w.write_id IS NULL THEN '{}'
-                             ELSE jsonb_build_object('write', w.write_id) END,
-        state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
-        wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
-        deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
-        run_at = LEAST(CASE
-            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'child'
-                 AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
-                THEN clock_timestamp()
-            WHEN w.run_at IS NOT NULL THEN w.run_at
-            WHEN w.delay_seconds IS NOT NULL
-                THEN clock_timestamp() + w.delay_seconds * interval '1 second'
-            ELSE t.run_at END,
-            -- a task waits no longer than its workflow deadline
-            CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END),
-        lease_owner = CASE WHEN w.state = 'leased' THEN t.lease_owner END,
-        lease_expires_at = CASE WHEN w.state = 'leased' THEN t.lease_expires_at END,
-        result = w.result,
-        error = CASE WHEN l.cancelling
-                     THEN jsonb_build_object(
-                         'name', 'Cancelled',
-                         'message', coalesce(t.cancel_requested ->> 'reason', 'cancelled by request'),
-                         'step', w.checkpoint ->> 'cursor')
-                     ELSE w.error END,
-        finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
-                           THEN clock_timestamp() END,
-        child_wake = false,
-        updated_at = clock_timestamp()
-    FROM w, locked l
-    WHERE t.id = w.task_id AND l.id = w.task_id
-    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id
-), evidence AS (
-    INSERT INTO toolkit_effect_evidence
-        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-         fencing_token, worker_id, result, error, spend)
-    SELECT g.id, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
-           r.record, r.attempt, g.token, %(worker_id)s, r.result, r.error, r.spend
-    FROM guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(
-        occurrence text, step text, handler text, idempotent boolean,
-        idempotency_key text, record text, attempt integer, result jsonb, error jsonb,
-        spend jsonb)
-), budget_use AS (
-    UPDATE toolkit_tenant_budgets b
-    -- A released reservation leaves used by what the row really held of it (none when the
-    -- budget was set after the reservation was taken): its spend counts either way.
-    SET used = b.used + d.delta + (d.released - least(d.released, b.reserved)),
-        reserved = b.reserved - least(d.released, b.reserved)
-    FROM (
-        SELECT g.tenant, k.resource, sum(k.delta) AS delta, sum(k.released) AS released
-        FROM guard g
-        JOIN w ON w.task_id = g.id
-        CROSS JOIN LATERAL (
-            SELECT key AS resource, value::numeric AS delta, 0::numeric AS released
-            FROM jsonb_each_text(w.budget_delta)
-            UNION ALL
-            SELECT key, 0, value::numeric FROM jsonb_each_text(w.budget_released)
-        ) k
-        GROUP BY g.tenant, k.resource
-        ORDER BY g.tenant, k.resource
-    ) d
-    WHERE b.tenant = d.tenant AND b.resource = d.resource
-), woken_parents AS (
-    UPDATE toolkit_tasks p
-    SET child_wake = true,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason = 'child'
-                      THEN clock_timestamp() ELSE p.run_at END
-    FROM guard g
-    WHERE p.id = g.parent_id
-      AND g.state IN ('succeeded', 'failed', 'cancelled')
-      AND p.state IN ('leased', 'waiting')
-      AND p.id NOT IN (SELECT task_id FROM w)
-    RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail
-    FROM guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
-    UNION ALL
-    SELECT g.id, 'cancelled', %(worker_id)s, g.token,
-           jsonb_build_object('reason', 'cancel request found at the end of a cycle')
-    FROM guard g
-    WHERE g.cancelling
-), consumed AS (
-    UPDATE toolkit_signals s
-    SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = g.token
-    FROM guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
-    WHERE s.id = c.id AND s.task_id = g.id AND s.consumed_at IS NULL
-), released_slots AS (
-    -- Downstream limits (docs/limits.md): the completed or failed evidence of an occurrence
-    -- releases the slots it took, atomically with the evidence (one primary-key probe per
-    -- outcome record; nothing when the write carries none).
-    DELETE FROM toolkit_limit_slots s
-    USING guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(occurrence text, record text)
-    WHERE r.record IN ('completed', 'failed')
-      AND s.task_id = g.id AND s.occurrence = r.occurrence
-    RETURNING s.name, s.scope
-), limit_woken AS (
-    -- Each released slot makes the first task waiting for its limit and scope due now.
-    UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp()
-    FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
-    CROSS JOIN LATERAL (
-        SELECT x.id
-        FROM toolkit_tasks x
-        WHERE x.state = 'waiting' AND x.wait_reason = 'limit'
-          AND x.checkpoint -> 'wait' ->> 'limit' = r.name
-          AND x.checkpoint -> 'wait' ->> 'scope' = r.scope
-          AND x.run_at > clock_timestamp()
-        ORDER BY x.run_at
-        LIMIT r.n
-        FOR NO KEY UPDATE SKIP LOCKED
-    ) x
-    WHERE t.id = x.id
-    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-)
-SELECT id, state FROM guard
-UNION ALL
-SELECT id, state FROM replayed;
-
--- name: next_signal
--- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
--- its consumption is written with the cycle's next fenced write).
-SELECT id, name, payload
-FROM toolkit_signals
-WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS NULL
-  AND NOT (id = ANY(%(taken)s::bigint[]))
-ORDER BY id
-LIMIT 1;
-
--- name: wake_raced_waits
--- The second statement of a group commit whose batch has signal or callback waits, in the
--- same transaction (%(task_ids)s: the tasks whose write applied such a wait). A signal or a
--- callback completion committed while the commit queued for the task's row lock is not in
--- commit_fenced's snapshot, and its sender saw the task leased; this statement's snapshot,
--- taken after the row locks were granted, has it. It makes such a wait due at once, in the
--- transaction that commits the wait, so no crash or outage between the two can lose it.
-UPDATE toolkit_tasks t
-SET run_at = clock_timestamp()
-WHERE t.id = ANY(%(task_ids)s::bigint[])
-  AND t.state = 'waiting'
-  AND t.run_at > clock_timestamp()
-  AND CASE t.wait_reason
-      WHEN 'signal' THEN EXISTS (
-          SELECT 1 FROM toolkit_signals s
-          WHERE s.task_id = t.id AND s.consumed_at IS NULL
-            AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
-                 OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
-      WHEN 'callback' THEN EXISTS (
-          SELECT 1 FROM toolkit_callbacks c
-          WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
-      ELSE false END
-RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
-
--- name: database_now
--- The database's clock (time is always the database's, DESIGN §2).
-SELECT clock_timestamp() AS now;

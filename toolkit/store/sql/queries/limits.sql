@@ -125,18 +125,15 @@ LEFT JOIN use ON use.name = lim.name
 ORDER BY lim.name;
 
 -- name: lock_task_for_limits
--- The first statement of an acquisition: locks the task while (worker, token) holds an
--- unexpired lease on it (no row otherwise: the lease is lost) and makes sure a bucket row
--- exists for each limit's scope ('' for a global limit, the task's tenant for a per-tenant
--- one), inserted in name order (a full bucket), so the next statement can lock it.
+-- The first statement of an acquisition: locks the task while its fence's lease holds (no
+-- row otherwise: the lease is lost) and makes sure a bucket row exists for each limit's
+-- scope ('' for a global limit, the task's tenant for a per-tenant one), inserted in name
+-- order (a full bucket), so the next statement can lock it.
 WITH fenced AS (
-    SELECT id
-    FROM toolkit_tasks
-    WHERE id = %(task_id)s
-      AND lease_token = %(token)s
-      AND lease_owner = %(worker_id)s
-      AND state = 'leased'
-      AND lease_expires_at > clock_timestamp()
+    SELECT t.id
+    FROM toolkit_tasks t
+    WHERE t.id = %(task_id)s
+      AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
 ), buckets AS (
     INSERT INTO toolkit_limit_buckets (name, scope, tokens)

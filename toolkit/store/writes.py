@@ -1,0 +1,132 @@
+"""What one fenced write of a task carries (DESIGN §2, §4): the values of a write.
+
+A :class:`FencedWrite` holds a task's next checkpoint and state, the effect evidence and
+events to append, the signals it consumes and its budget changes; it is applied only while
+its :class:`~toolkit.store.fence.Fence` holds (``Leases.commit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from toolkit.lifecycle import EventKind, TaskState, WaitReason
+from toolkit.store.fence import Fence
+
+#: The ``run_at`` of a wait with no deadline: later than any real time, yet a value Python's
+#: ``datetime`` can hold (PostgreSQL's ``'infinity'`` cannot be loaded into one).
+NEVER = "9999-12-31T00:00:00+00:00"
+
+
+@dataclasses.dataclass(frozen=True)
+class EvidenceRecord:
+    """One effect evidence record to append (``started``, ``completed`` or ``failed``)."""
+
+    occurrence: str
+    step: str
+    handler: str
+    idempotent: bool
+    idempotency_key: str
+    record: Literal["started", "completed", "failed"]
+    attempt: int
+    result: Any = None
+    error: Any = None
+    spend: Mapping[str, float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One task event to append (the history of transitions)."""
+
+    kind: EventKind
+    detail: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FencedWrite:
+    """Everything one fenced statement writes for one task.
+
+    Attributes:
+        fence: the lease the writer holds.
+        checkpoint: the new checkpoint JSON; None keeps the stored one, its cursor cleared
+            (a task failed over what it has in the store).
+        state: the task's next state; ``leased`` keeps the lease, any other releases it.
+        wait_reason: required with ``waiting``.
+        run_at: when set, the new ``run_at``: an ISO-8601 timestamp (:data:`NEVER` for none).
+        delay_seconds: when set (and ``run_at`` is not), ``run_at`` becomes database now +
+            this many seconds.
+        result: the task result (terminal ``succeeded``).
+        error: the task error (terminal ``failed``), JSON.
+        evidence: effect evidence records to append, in order.
+        events: task events to append, in order.
+        signals: ``(signal id, occurrence)`` of signals consumed by this write.
+        write_id: an id unique to this write (``TOKEN:N``, the N-th write under the lease),
+            stored in the checkpoint as ``write``. Sending the same write again (after a
+            dropped connection left its outcome unknown) then applies it at most once: a write
+            already applied is reported applied, nothing appended twice. None: no such check.
+        budget_delta: amounts to add to the task's tenant budget use, by resource (spend
+            outside a reservation; a released reservation's unspent part is negative).
+            None: nothing.
+        budget_released: reservations returned by steps that ended, by resource: taken
+            off the reserved part of the tenant's budget use (the unspent part leaves it
+            through ``budget_delta``). None: nothing.
+        clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
+
+    A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
+    at once, in the transaction that commits it, when a signal it waits for is stored and not
+    consumed by this write, or its callback is completed.
+    """
+
+    fence: Fence
+    checkpoint: Mapping[str, Any] | None
+    state: TaskState = TaskState.LEASED
+    wait_reason: WaitReason | None = None
+    run_at: str | None = None
+    delay_seconds: float | None = None
+    result: Any = None
+    error: Any = None
+    evidence: Sequence[EvidenceRecord] = ()
+    events: Sequence[Event] = ()
+    signals: Sequence[tuple[int, str]] = ()
+    write_id: str | None = None
+    budget_delta: Mapping[str, float] | None = None
+    budget_released: Mapping[str, float] | None = None
+    clear_deadline: bool = False
+
+
+def write_json(write: FencedWrite) -> dict[str, Any]:
+    """The write as one element of ``commit_fenced``'s ``writes`` parameter (JSON)."""
+    return {
+        "task_id": write.fence.task_id,
+        "tenant": write.fence.tenant,
+        "token": write.fence.token,
+        "checkpoint": write.checkpoint,
+        "state": write.state,
+        "wait_reason": write.wait_reason,
+        "run_at": write.run_at,
+        "delay_seconds": write.delay_seconds,
+        "result": write.result,
+        "error": write.error,
+        "evidence": [
+            {
+                "occurrence": r.occurrence,
+                "step": r.step,
+                "handler": r.handler,
+                "idempotent": r.idempotent,
+                "idempotency_key": r.idempotency_key,
+                "record": r.record,
+                "attempt": r.attempt,
+                "result": r.result,
+                "error": r.error,
+                "spend": r.spend,
+            }
+            for r in write.evidence
+        ],
+        "events": [{"kind": e.kind, "detail": e.detail} for e in write.events],
+        "signals": [{"id": sid, "occurrence": occ} for sid, occ in write.signals],
+        "write_id": write.write_id,
+        "budget_delta": write.budget_delta,
+        "budget_released": write.budget_released,
+        "clear_deadline": write.clear_deadline,
+    }
