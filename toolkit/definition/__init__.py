@@ -1,18 +1,31 @@
 """Workflow definitions: the YAML format, its checks and expressions (DESIGN §3).
 
-``model`` holds the validated definition and its steps; ``checks`` the faults found beyond
-the JSON Schema (graph, steps, expressions, input schemas); ``yaml_source`` the safe loader
-that knows each value's line; ``expressions`` the safe JMESPath templates; ``diagram`` the
-Mermaid drawing of a graph; ``paths`` the JSON paths faults are printed with.
+The model: ``model`` holds the validated definition and its steps, ``policies`` the retry
+policies and catch rules of a failing step. Loading: ``load`` parses, checks and loads
+definitions, ``build`` turns a checked document into the model, ``yaml_source`` is the safe
+loader that knows each value's line. The faults found beyond the JSON Schema: ``semantic``
+runs them all (on the document and in each branch), ``schema_faults`` words the schema's
+errors, ``graph`` checks targets, reachability and termination, ``step_checks`` the steps'
+fields, ``references`` the expressions and the names they read, ``input_schema`` the JSON
+Schemas a definition declares; ``wording`` is how messages are written. ``payloads`` checks
+task input and signal payloads against their schemas; ``expressions`` the safe JMESPath
+templates; ``diagram`` the Mermaid drawing of a graph; ``paths`` the JSON paths faults are
+printed with.
 """
 
+from toolkit.definition.load import (
+    definition_from_body,
+    load_definition,
+    load_definitions,
+    parse_definition,
+    schema_path,
+)
 from toolkit.definition.model import (
     DEFAULT_MAX_STEPS,
     TIMEOUT_ERROR,
     Branch,
     BranchStep,
     Callback,
-    CatchRule,
     ChoiceRule,
     ChoiceStep,
     Compensation,
@@ -21,7 +34,6 @@ from toolkit.definition.model import (
     MapStep,
     ParallelStep,
     Reservation,
-    RetryPolicy,
     SetStep,
     Step,
     SucceedStep,
@@ -29,14 +41,9 @@ from toolkit.definition.model import (
     WaitStep,
     WorkflowDefinition,
     WorkflowStep,
-    catch_target,
-    definition_from_body,
-    load_definition,
-    load_definitions,
-    parse_definition,
-    schema_path,
-    validate_payload,
 )
+from toolkit.definition.payloads import validate_payload
+from toolkit.definition.policies import CatchRule, RetryPolicy, catch_target
 
 __all__ = [
     "DEFAULT_MAX_STEPS", "TIMEOUT_ERROR", "Branch", "BranchStep", "Callback", "CatchRule",

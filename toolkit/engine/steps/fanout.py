@@ -19,7 +19,7 @@ import anyio
 from toolkit.application import SpendLimits
 from toolkit.checkpoint import BranchFrame, BranchStatus, CallbackWait, FanOut
 from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, Step, catch_target
-from toolkit.definition.checks import json_type
+from toolkit.definition.wording import json_type
 from toolkit.engine.cycle import CycleOutcome
 from toolkit.engine.failures import Error
 from toolkit.engine.protocol import (

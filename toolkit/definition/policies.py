@@ -1,0 +1,93 @@
+"""What happens when a step fails: its retry policies and its catch rules."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["CatchRule", "RetryPolicy", "catch_target"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When and how often a failed effect is attempted again.
+
+    Attributes:
+        max_attempts: Attempts in total, including the first (1 means no retry). An attempt
+            lost to a crash or an expired lease counts too (docs/decisions.md). Default 3.
+        initial: Delay before the first retry, in seconds.
+        factor: Multiplier applied to the delay after each retry (≥ 1).
+        max: Upper bound of any delay, in seconds.
+        jitter: Whether delays are randomised (between 50% and 100% of the computed delay).
+        non_retryable: Error names that fail the step at once, whatever the attempt count.
+        errors: Error names this policy applies to (``"*"``: any), for a step whose ``retry``
+            is a list of policies: the first policy naming an error decides; an error no
+            policy names is not retried.
+        unlimited: Retry without limit (``max_attempts: unlimited``); ``max_attempts`` is then
+            the largest int and only lost attempts still count.
+    """
+
+    max_attempts: int = 3
+    initial: float = 1.0
+    factor: float = 2.0
+    max: float = 60.0
+    jitter: bool = True
+    non_retryable: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ("*",)
+    unlimited: bool = False
+
+    def applies_to(self, error_name: str) -> bool:
+        """Whether this policy covers the error named ``error_name``."""
+        return ("*" in self.errors or error_name in self.errors) and (
+            error_name not in self.non_retryable
+        )
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Return the delay, in seconds, before retrying after failed attempt number ``attempt``.
+
+        The delay is ``min(max, initial * factor ** (attempt - 1))``; with jitter it is then
+        scaled by a random factor between 0.5 and 1.0.
+
+        Args:
+            attempt: The 1-based number of the attempt that failed.
+            rand: Source of uniform random numbers in ``[0, 1)``; pass a fixed function for
+                deterministic tests.
+
+        Raises:
+            ValueError: If ``attempt`` is less than 1.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt numbers start at 1, got {attempt}")
+        try:
+            delay = min(self.max, self.initial * self.factor ** (attempt - 1))
+        except OverflowError:
+            delay = self.max
+        if self.jitter:
+            delay *= 0.5 + 0.5 * rand()
+        return delay
+
+
+@dataclass(frozen=True)
+class CatchRule:
+    """One rule of a step's ``catch``: go to ``next`` when the step fails with one of ``errors``.
+
+    Attributes:
+        errors: Error names; ``"*"`` stands for any error.
+        next: The step to go to.
+    """
+
+    errors: tuple[str, ...]
+    next: str
+
+    def matches(self, error_name: str) -> bool:
+        """Tell whether the rule catches the error named ``error_name``."""
+        return "*" in self.errors or error_name in self.errors
+
+
+def catch_target(rules: Sequence[CatchRule], error_name: str) -> str | None:
+    """Return the ``next`` of the first rule catching ``error_name``, or None when none does."""
+    for rule in rules:
+        if rule.matches(error_name):
+            return rule.next
+    return None

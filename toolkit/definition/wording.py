@@ -1,0 +1,52 @@
+"""How the definition checks word their messages: short reprs, close matches, JSON types.
+
+Shared by every check (and by the engine, for `json_type`); using nothing else of the
+package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import reprlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxdict = 4
+_short.maxlist = 4
+
+
+def short(value: Any) -> str:
+    """A repr of ``value`` short enough for a one-line message."""
+    return _short.repr(value)
+
+
+def closest(word: str, choices: Iterator[str] | list[str]) -> str | None:
+    """The choice closest to ``word`` (a likely misspelling of it), or None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def suggest(word: str, choices: Iterator[str] | list[str]) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
+    meant = closest(word, choices)
+    return f"; did you mean {meant!r}?" if meant else ""
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a Python value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, Mapping) else type(value).__name__
