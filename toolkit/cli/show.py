@@ -1,0 +1,159 @@
+"""``show``: one task in detail: state, checkpoint, effect evidence, signals and events."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from toolkit.cli.output import clip, echo_json
+from toolkit.cli.session import Settings, run_in_store
+from toolkit.store import Store
+
+
+@click.command()
+@click.argument("task_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+def show(settings: Settings, task_id: int, as_json: bool) -> None:
+    """Show a task: state, checkpoint, effect evidence and events.
+
+    Long values are cut to a line, ending in an ellipsis; --json prints them whole.
+    """
+
+    async def task_in_detail(store: Store) -> dict[str, Any]:
+        record = await store.tasks.get(task_id)
+        return {
+            "task": dataclasses.asdict(record),
+            "evidence": await store.tasks.evidence(task_id),
+            "signals": await store.tasks.signals(task_id),
+            "events": await store.tasks.events(task_id),
+        }
+
+    data = run_in_store(settings, task_in_detail)
+    if as_json:
+        echo_json(data)
+        return
+    task = data["task"]
+    click.echo(
+        f"task {task['id']}: {task['definition_name']} v{task['definition_version']} "
+        f"({task['definition_digest'][:12]}), tenant {task['tenant']}"
+    )
+    click.echo(
+        f"  state:      {task['state']}"
+        + (f" ({task['wait_reason']})" if task["wait_reason"] else "")
+    )
+    if task["lease_owner"]:
+        click.echo(
+            f"  lease:      {task['lease_owner']} token {task['lease_token']} "
+            f"until {task['lease_expires_at']}"
+        )
+    click.echo(f"  claims:     {task['attempts']}, fencing token {task['lease_token']}")
+    click.echo(f"  input:      {json.dumps(task['input'], default=str)}")
+    if task["state"] == "waiting" and task["wait_reason"] == "reconciliation":
+        click.echo(
+            f"  uncertain:  step occurrence {task['checkpoint'].get('pending')} "
+            "(intent recorded, outcome unknown)"
+        )
+    click.echo(f"  cursor:     {task['checkpoint'].get('cursor')}")
+    wait = task["checkpoint"].get("wait")
+    if task["state"] == "waiting" and wait:
+        due = f"at {wait['occurrence']}, due {task['run_at']}"
+        click.echo(f"  waits for:  {_wait_text(wait)} {due}")
+    for line in _budget_lines(task["checkpoint"]):
+        click.echo(line)
+    for occurrence, callback in (task["checkpoint"].get("callbacks") or {}).items():
+        click.echo(
+            f"  callback:   {occurrence} attempt {callback['attempt']}: token {callback['token']}"
+        )
+    for line in _fanout_lines(task["checkpoint"].get("fanout")):
+        click.echo(line)
+    if task["cancel_requested"] and task["state"] == "leased":
+        click.echo(f"  cancel:     requested ({task['cancel_requested'].get('reason')})")
+    if task["result"] is not None:
+        click.echo(f"  result:     {json.dumps(task['result'], default=str)}")
+    if task["error"] is not None:
+        click.echo(f"  error:      {json.dumps(task['error'], default=str)}")
+    click.echo("  evidence:")
+    for ev in data["evidence"]:
+        outcome = ev["result"] if ev["record"] == "completed" else ev["error"]
+        click.echo(
+            f"    {ev['recorded_at']:%H:%M:%S.%f} {ev['occurrence']:<20} {ev['record']:<9} "
+            f"attempt {ev['attempt']} token {ev['fencing_token']} "
+            f"{'' if outcome is None else clip(outcome, 160)}"
+        )
+    if data["signals"]:
+        click.echo("  signals:")
+    for sig in data["signals"]:
+        status = (
+            f"consumed by {sig['consumed_by']} (token {sig['consumed_token']})"
+            if sig["consumed_at"]
+            else "pending"
+        )
+        click.echo(
+            f"    {sig['sent_at']:%H:%M:%S.%f} {sig['name']:<20} {status} "
+            f"{clip(sig['payload'], 120)}"
+        )
+    click.echo("  events:")
+    for ev in data["events"]:
+        detail = "" if ev["detail"] is None else clip(ev["detail"], 160)
+        click.echo(
+            f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
+            f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"
+        )
+
+
+def _wait_text(wait: dict[str, Any]) -> str:
+    """What a waiting task waits for, from its checkpoint's ``wait``."""
+    if "signal" in wait:
+        return f"signal {wait['signal']!r}"
+    if "child" in wait:
+        return f"child task {wait['child']}"
+    if "budget" in wait:
+        return f"budget (deferral {wait['budget']})"
+    if "limit" in wait:
+        scope = f" of tenant {wait['scope']}" if wait.get("scope") else ""
+        return f"limit {wait['limit']!r}{scope} (deferral {wait.get('deferrals', 1)})"
+    if "callback" in wait:
+        return "a callback"
+    if "signals" in wait:
+        return "the first of signals " + ", ".join(map(repr, wait["signals"]))
+    return "timer"
+
+
+def _budget_lines(checkpoint: dict[str, Any]) -> list[str]:
+    """The task's budget: limit, spent and reserved per resource."""
+    return [
+        f"  budget:     {resource}: spent {entry['spent']:g} of {entry['limit']:g}"
+        + (f", {entry['reserved']:g} reserved" if entry["reserved"] else "")
+        for resource, entry in sorted((checkpoint.get("budget") or {}).items())
+    ]
+
+
+def _fanout_lines(fanout: dict[str, Any] | None) -> list[str]:
+    """The parallel or map step in progress: reservation, winner, each branch's progress."""
+    if not fanout:
+        return []
+    lines = [f"  branches:   of {fanout['occurrence']}"]
+    if fanout.get("reserved"):
+        spent = fanout.get("spent") or {}
+        lines.append(
+            "    reserved  "
+            + ", ".join(
+                f"{resource} {amount:g} (spent {spent.get(resource, 0):g})"
+                for resource, amount in sorted(fanout["reserved"].items())
+            )
+        )
+    if fanout.get("winner"):
+        lines.append(f"    winner    {fanout['winner']}")
+    for name, branch in fanout.get("branches", {}).items():
+        where = f"at {branch['cursor']}" if branch["cursor"] else ""
+        if branch.get("pending"):
+            where += f", uncertain {branch['pending']}"
+        spent = ", ".join(f"{r} {a:g}" for r, a in sorted((branch.get("spent") or {}).items()))
+        lines.append(
+            f"    {name:<9} {branch['status']:<9} {where}" + (f" spent {spent}" if spent else "")
+        )
+    return lines
