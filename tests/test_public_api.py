@@ -59,6 +59,7 @@ DOCUMENTED = [
     "toolkit.definition.diagram.step_kind",
     "toolkit.definition.schema_path",
     "toolkit.engine",
+    "toolkit.engine.interpreter",
     "toolkit.errors",
     "toolkit.errors.DefinitionFault",
     "toolkit.errors.EffectCancelled",
