@@ -160,3 +160,49 @@ def _too_large(limits: PayloadLimits, size: int, *, at_least: bool = False) -> P
         f"payload size limit of {limits.max_bytes} bytes"
     )
     return PayloadRefused(f"$: {reason}", path="$", reason=reason, limit=limits.max_bytes)
+
+
+def parse_json(text: str, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """Parse JSON text, refusing nesting past ``max_depth`` before the parser recurses.
+
+    :func:`json.loads` recurses once per level and raises ``RecursionError`` near a thousand
+    levels; this refuses anything deeper than the payload nesting limit first, with the same
+    message :func:`check_payload` gives, in one linear scan (skipped when the text has too
+    few brackets to nest that deep).
+
+    Args:
+        text: JSON text.
+        max_depth: most arrays and objects nested inside one another.
+
+    Returns:
+        The value.
+
+    Raises:
+        PayloadRefused: the text nests deeper than ``max_depth``.
+        json.JSONDecodeError: the text is not JSON.
+    """
+    if text.count("[") + text.count("{") > max_depth:
+        depth = 0
+        in_string = escaped = False
+        for char in text:
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif char == "\\":
+                    escaped = True
+                elif char == '"':
+                    in_string = False
+            elif char == '"':
+                in_string = True
+            elif char in "[{":
+                depth += 1
+                if depth > max_depth:
+                    raise _refused(
+                        (),
+                        f"the value nests deeper than {max_depth} levels of arrays and "
+                        "objects (the payload nesting limit)",
+                        limit=max_depth,
+                    )
+            elif char in "]}":
+                depth -= 1
+    return json.loads(text)

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolkit.durations import parse_duration
-from toolkit.errors import ConfigError
+from toolkit.errors import ConfigError, PayloadRefused
+from toolkit.payload import parse_json
 
 
 def json_option(text: str | None, option: str) -> Any:
@@ -19,14 +20,17 @@ def json_option(text: str | None, option: str) -> Any:
         option: how the error names the option, e.g. ``--result``.
 
     Raises:
-        ConfigError: the text is not valid JSON.
+        ConfigError: the text is not valid JSON, or it nests deeper than the payload
+            nesting limit (64 levels).
     """
     if text is None:
         return None
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{option}: not valid JSON: {exc}") from exc
+    except PayloadRefused as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 def duration_option(text: str, option: str) -> float:

@@ -129,7 +129,9 @@ def run(
         grace=grace, until_idle=until_idle,
     )  # fmt: skip
     app = load_app(app_spec)
-    definitions = load_definitions([definitions_path])
+    # A version registered before a check was made stricter still runs; registering one
+    # anew with such a fault is refused when the worker deploys its definitions.
+    definitions = load_definitions([definitions_path], accept_new_only=True)
 
     async def serve(store: Store) -> SupervisorReport:
         worker = Worker(store, app, definitions, worker_id=worker_id)

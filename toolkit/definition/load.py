@@ -29,6 +29,7 @@ order, comments or YAML formatting.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.resources
 import json
@@ -101,11 +102,20 @@ def load_definition(path: str | os.PathLike[str]) -> WorkflowDefinition:
     return _load(path)[0]
 
 
-def load_definitions(paths: Iterable[str | os.PathLike[str]]) -> list[WorkflowDefinition]:
+def load_definitions(
+    paths: Iterable[str | os.PathLike[str]], *, accept_new_only: bool = False
+) -> list[WorkflowDefinition]:
     """Load many definition files; a directory stands for its ``*.yaml`` / ``*.yml`` files.
 
     Directory entries are taken in sorted order (not recursively); a file given twice is
     loaded once. Two files declaring the same ``(name, version)`` is a fault.
+
+    Args:
+        paths: files and folders.
+        accept_new_only: a definition whose only faults are those of checks made stricter
+            for new registrations loads, carrying them (``new_only_faults``): a worker can
+            run a version registered before the check (registering it anew is refused, see
+            ``DefinitionCatalog.deploy``). Default: they are faults like any other.
 
     Returns:
         The definitions in load order.
@@ -137,7 +147,7 @@ def load_definitions(paths: Iterable[str | os.PathLike[str]]) -> list[WorkflowDe
             continue
         seen_files.add(real)
         try:
-            definition, yaml_source = _load(file)
+            definition, yaml_source = _load(file, accept_new_only)
         except DefinitionError as exc:
             faults += exc.faults
             continue
@@ -176,10 +186,12 @@ def definition_from_body(
     doc, problems = to_json(body)
     if problems:
         raise DefinitionError(_faults(problems, source or "<body>", None))
-    return _check_and_build(doc, [], source or "<body>", None, source)
+    return _check_and_build(doc, [], source or "<body>", None, source, registered=True)
 
 
-def _load(path: str | os.PathLike[str]) -> tuple[WorkflowDefinition, YamlSource | None]:
+def _load(
+    path: str | os.PathLike[str], accept_new_only: bool = False
+) -> tuple[WorkflowDefinition, YamlSource | None]:
     name = os.fspath(path)
     try:
         text = pathlib.Path(path).read_text(encoding="utf-8")
@@ -189,17 +201,21 @@ def _load(path: str | os.PathLike[str]) -> tuple[WorkflowDefinition, YamlSource 
     except OSError as exc:
         message = f"cannot read the file: {exc.strerror or exc}"
         raise DefinitionError([DefinitionFault(name, None, "$", message)]) from exc
-    return _parse(text, name)
+    return _parse(text, name, accept_new_only)
 
 
-def _parse(text: str, source: str) -> tuple[WorkflowDefinition, YamlSource | None]:
+def _parse(
+    text: str, source: str, accept_new_only: bool = False
+) -> tuple[WorkflowDefinition, YamlSource | None]:
     yaml_source = load_yaml(text)
     problems = list(yaml_source.problems)
     if yaml_source.empty:
         problems.append(Problem((), "the document is empty", None))
     if yaml_source.empty or (yaml_source.data is None and problems):  # nothing to validate
         raise DefinitionError(_faults(problems, source, yaml_source))
-    definition = _check_and_build(yaml_source.data, problems, source, yaml_source, source)
+    definition = _check_and_build(
+        yaml_source.data, problems, source, yaml_source, source, accept_new_only=accept_new_only
+    )
     return definition, yaml_source
 
 
@@ -209,15 +225,29 @@ def _check_and_build(
     file: str,
     yaml_source: YamlSource | None,
     source: str | None,
+    *,
+    registered: bool = False,
+    accept_new_only: bool = False,
 ) -> WorkflowDefinition:
-    """Run schema and semantic checks on ``doc``; build the definition if nothing is wrong."""
+    """Run schema and semantic checks on ``doc``; build the definition if nothing is wrong.
+
+    ``registered``: the document is a stored body of a version already registered: the
+    checks for new registrations only (``Problem.new_only``) are skipped. With
+    ``accept_new_only``, a document whose only faults are such is built, carrying them.
+    """
     lead, rest = schema_problems(doc, _workflow_validator())
     flagged = {p.path for p in lead + rest}
-    semantic = [p for p in semantic_problems(doc, flagged) if p.path not in flagged]
+    semantic = [
+        p for p in semantic_problems(doc, flagged)
+        if p.path not in flagged and not (registered and p.new_only)
+    ]  # fmt: skip
     line_of = yaml_source.line_of if yaml_source else (lambda path: None)
     ordered = (
         problems + lead + sorted(rest + semantic, key=lambda p: p.line or line_of(p.path) or 0)
     )
+    if ordered and accept_new_only and all(problem.new_only for problem in ordered):
+        deferred = tuple(_faults(ordered, file, yaml_source))
+        return dataclasses.replace(_build(doc, source), new_only_faults=deferred)
     if ordered:
         raise DefinitionError(_faults(ordered, file, yaml_source))
     return _build(doc, source)

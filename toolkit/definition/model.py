@@ -19,6 +19,7 @@ from jsonschema import Draft202012Validator
 from toolkit.definition.expressions import Template
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
+from toolkit.errors import DefinitionFault
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -373,6 +374,9 @@ class WorkflowDefinition:
             or None for none: at the deadline the task fails with ``Timeout`` (or goes to
             ``on_timeout``) whether it runs, waits or is queued.
         on_timeout: Step to go to at the deadline instead of failing, or None.
+        new_only_faults: What checks made stricter for new registrations found (see
+            ``load_definitions(accept_new_only=True)``): registering this version anew is
+            refused; one registered before them keeps running.
         max_steps: Most steps a task may run (loops included) before it fails with
             ``MaxStepsExceeded``; default `DEFAULT_MAX_STEPS`.
     """
@@ -392,6 +396,7 @@ class WorkflowDefinition:
     timeout: float | None = None
     on_timeout: str | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property
     def _input_validator(self) -> Draft202012Validator:

@@ -9,6 +9,11 @@ from dataclasses import dataclass
 __all__ = ["CatchRule", "RetryPolicy", "catch_target"]
 
 
+#: The shortest delay before a retry, seconds: a policy stored with a zero ``initial`` or
+#: ``max`` (refused for new registrations since) retries at this pace (docs/decisions.md).
+MIN_RETRY_DELAY = 0.01
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """When and how often a failed effect is attempted again.
@@ -47,7 +52,8 @@ class RetryPolicy:
         """Return the delay, in seconds, before retrying after failed attempt number ``attempt``.
 
         The delay is ``min(max, initial * factor ** (attempt - 1))``; with jitter it is then
-        scaled by a random factor between 0.5 and 1.0.
+        scaled by a random factor between 0.5 and 1.0; it is never below
+        :data:`MIN_RETRY_DELAY`.
 
         Args:
             attempt: The 1-based number of the attempt that failed.
@@ -65,7 +71,7 @@ class RetryPolicy:
             delay = self.max
         if self.jitter:
             delay *= 0.5 + 0.5 * rand()
-        return delay
+        return max(delay, MIN_RETRY_DELAY)
 
 
 @dataclass(frozen=True)

@@ -222,6 +222,13 @@ def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
             continue
         if where[-1] == "timeout" and seconds <= 0:
             problems.append(Problem(where, "timeout must be greater than zero"))
+        elif where[-1] in ("initial", "max") and seconds <= 0:
+            problems.append(Problem(
+                where,
+                f"a retry's {where[-1]} delay must be greater than zero (a zero backoff calls a "
+                "failing handler again at once, every attempt)",
+                new_only=True,
+            ))  # fmt: skip
     return problems
 
 

@@ -79,11 +79,17 @@ _Loader.add_constructor(_INT_TAG, _construct_int)
 
 @dataclass(frozen=True)
 class Problem:
-    """A fault found while loading, before it is tied to a file."""
+    """A fault found while loading, before it is tied to a file.
+
+    ``new_only``: a check that applies to new registrations only: a definition rebuilt from
+    its stored body (already registered) skips it, so a check made stricter never strands a
+    stored version (docs/decisions.md).
+    """
 
     path: JsonPath
     message: str
     line: int | None = None  # None: look it up from the path
+    new_only: bool = False
 
 
 @dataclass

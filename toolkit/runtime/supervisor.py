@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -43,6 +44,10 @@ logger = logging.getLogger(__name__)
 WAKEUP_CHANNEL = "toolkit_wakeup"
 _LISTEN: LiteralString = "LISTEN toolkit_wakeup"
 
+#: The shortest heartbeat interval, seconds: shorter ones are a renewal storm, not safety.
+MIN_HEARTBEAT = 0.05
+#: The longest lease, heartbeat, grace or backoff a supervisor takes, seconds (a day).
+MAX_SETTING = 86400.0
 #: Seconds a worker waits at most to record itself stopped when the database is away.
 UNREGISTER_TIMEOUT = 3.0
 #: A failure this soon after the database came back is part of the same outage (stale
@@ -115,8 +120,11 @@ class SupervisorConfig:
             raise ConfigError(f"concurrency must be at least 1, not {self.concurrency}")
         if self.claim_batch < 1:
             raise ConfigError(f"claim_batch must be at least 1, not {self.claim_batch}")
-        if self.lease <= 0 or self.heartbeat <= 0:
-            raise ConfigError("lease and heartbeat must be positive durations")
+        _seconds("heartbeat", self.heartbeat, MIN_HEARTBEAT)
+        _seconds("lease", self.lease, 3 * MIN_HEARTBEAT)
+        _seconds("grace", self.grace, 0.0)
+        _seconds("idle_backoff_min", self.idle_backoff_min, 0.0, strictly=True)
+        _seconds("idle_backoff_max", self.idle_backoff_max, 0.0, strictly=True)
         if self.heartbeat > self.lease / 3:
             raise ConfigError(
                 f"heartbeat interval {self.heartbeat:g} s must be at most a third of the "
@@ -126,6 +134,22 @@ class SupervisorConfig:
             raise ConfigError("idle backoff needs 0 < min <= max")
         if not 0 <= self.idle_jitter <= 1:
             raise ConfigError("idle_jitter must be between 0 and 1")
+
+
+def _seconds(name: str, value: float, least: float, *, strictly: bool = False) -> None:
+    """Refuse a duration that is not a finite number of seconds from ``least`` to a day.
+
+    Raises:
+        ConfigError: naming the setting (``--lease`` of ``toolkit run`` is ``lease``).
+    """
+    low = value > least if strictly else value >= least
+    if not (isinstance(value, int | float) and math.isfinite(value) and low
+            and value <= MAX_SETTING):  # fmt: skip
+        bound = f"above {least:g}" if strictly else f"at least {least:g}"
+        raise ConfigError(
+            f"{name} must be a number of seconds {bound} and at most {MAX_SETTING:g}, "
+            f"not {value!r}"
+        )
 
 
 @dataclasses.dataclass

@@ -11,6 +11,8 @@ from psycopg.types.json import Jsonb
 from toolkit.definition import WorkflowDefinition, definition_from_body
 from toolkit.errors import (
     DefinitionConflict,
+    DefinitionError,
+    DefinitionFault,
     DefinitionInUse,
     DefinitionRetired,
     UnknownDefinition,
@@ -60,7 +62,12 @@ class DefinitionCatalog:
         Raises:
             DefinitionConflict: the same ``(name, version)`` is registered with another
                 digest; the message names what changed and asks for a version bump.
+            DefinitionError: the definition carries faults of checks made stricter for new
+                registrations (``new_only_faults``) and this version is not registered yet
+                with this digest: it would be a new registration.
         """
+        if definition.new_only_faults:
+            await self._refuse_new_only([definition])
         inserted = await self._db.fetch_one(
             "insert_definition",
             {
@@ -90,7 +97,10 @@ class DefinitionCatalog:
         Raises:
             DefinitionConflict: a version is registered with another digest (one line per
                 conflicting definition); nothing was registered.
+            DefinitionError: a definition that is not registered yet carries faults of
+                checks made stricter for new registrations; nothing was registered.
         """
+        await self._refuse_new_only(definitions)
         conflicts = []
         for definition in definitions:
             try:
@@ -102,6 +112,28 @@ class DefinitionCatalog:
         if conflicts:
             raise DefinitionConflict("\n".join(conflicts))
         return [await self.deploy(definition) for definition in definitions]
+
+    async def _refuse_new_only(self, definitions: Sequence[WorkflowDefinition]) -> None:
+        """Refuse the definitions whose stricter-check faults would make a new registration.
+
+        A version registered before the check (same name, version and digest) is not new:
+        it keeps running (docs/decisions.md).
+
+        Raises:
+            DefinitionError: with the faults of every such definition.
+        """
+        faults: list[DefinitionFault] = []
+        for definition in definitions:
+            if not definition.new_only_faults:
+                continue
+            try:
+                existing = await self.get(definition.name, definition.version)
+            except UnknownDefinition:
+                existing = None
+            if existing is None or existing.digest != definition.digest:
+                faults += definition.new_only_faults
+        if faults:
+            raise DefinitionError(faults)
 
     async def get(self, name: str, version: int | None = None) -> WorkflowDefinition:
         """Load a registered definition; the latest non-retired version when ``version`` is None.

@@ -25,6 +25,7 @@ from toolkit.errors import (
 from toolkit.payload import check_payload
 from toolkit.store.callbacks import Callbacks
 from toolkit.store.database import Database
+from toolkit.store.names import check_signal_name, check_tenant
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
 ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -149,6 +150,7 @@ class Tasks:
                 the input schema; ``path`` locates the fault (nothing written). Also for a
                 budget override over the tenant's budget.
         """
+        check_tenant(tenant)
         validated = [self._checked_input(definition, value) for value in inputs]
         if not validated:
             return []
@@ -196,7 +198,7 @@ class Tasks:
             SubmitConflict: the existing task runs another definition version or digest.
         """
         params = {
-            "tenant": tenant,
+            "tenant": check_tenant(tenant),
             "name": definition.name,
             "version": definition.version,
             "digest": definition.digest,
@@ -293,8 +295,10 @@ class Tasks:
             InputError: the payload is over the payload limits or not storable JSON, or
                 fails the schema its wait step declares (``wait: {signal, schema}``) — the
                 message names the path of the fault; the signal was not stored. Defaults
-                of that schema are applied to the stored payload.
+                of that schema are applied to the stored payload; or ``name`` is not a
+                signal name any wait step could wait for.
         """
+        check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
         schema = await self._signal_schema(task_id, name)
         if schema is not None:

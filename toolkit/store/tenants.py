@@ -17,8 +17,9 @@ from typing import Any, Final
 
 from psycopg.rows import DictRow
 
-from toolkit.errors import ConfigError, UnknownTenant
+from toolkit.errors import ConfigError, InputError, UnknownTenant
 from toolkit.store.database import Database
+from toolkit.store.names import check_tenant
 
 
 class _Keep:
@@ -128,8 +129,10 @@ class Tenants:
             ConfigError: a value is out of range (nothing written).
             DatabaseUnavailable: the database cannot be reached.
         """
-        if not isinstance(tenant, str) or not tenant:
-            raise ConfigError("a tenant name must be a non-empty string")
+        try:
+            check_tenant(tenant)
+        except InputError as exc:
+            raise ConfigError(str(exc)) from None
         if not isinstance(max_active, _Keep) and max_active is not None:
             _positive(max_active, f"max_active of tenant {tenant!r}")
         if not isinstance(weight, _Keep):
