@@ -113,7 +113,8 @@ async def test_a_dead_local_process_id_is_taken_over_a_live_one_is_refused(store
     )
     dead_pid = int(dead.stdout)
     await store.workers.register(
-        "w", concurrency=1, definitions=[], lease_seconds=60, heartbeat_seconds=20
+        "w", incarnation="crashed", concurrency=1, definitions=[], lease_seconds=60,
+        heartbeat_seconds=20,
     )
     async with store.db.connection() as conn:  # as if a crashed process had registered it
         await conn.execute("UPDATE toolkit_workers SET pid = %s WHERE worker_id = 'w'", (dead_pid,))

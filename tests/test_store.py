@@ -123,13 +123,13 @@ async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> N
     ids = await store.tasks.submit(d, [{"n": i} for i in range(3)])
     claimed = await store.leases.claim("w", [d.digest], 3, 5.0)
     held = [t.fence("w") for t in claimed]
-    assert await store.leases.renew("w", held, 60.0) == {i: None for i in ids}
+    assert (await store.leases.renew("w", "i1", held, 60.0)).renewed == {i: None for i in ids}
     # A wrong token, another owner, or an expired lease is not renewed.
     await _expire(store, ids[0])
     wrong = dataclasses.replace(held[1], token=held[1].token + 1)
-    renewed = await store.leases.renew("w", [held[0], wrong, held[2]], 60.0)
-    assert renewed == {ids[2]: None}
-    assert await store.leases.renew("someone-else", held, 60.0) == {}
+    renewed = await store.leases.renew("w", "i1", [held[0], wrong, held[2]], 60.0)
+    assert renewed.renewed == {ids[2]: None}
+    assert (await store.leases.renew("someone-else", "i1", held, 60.0)).renewed == {}
 
 
 async def test_deploy_same_digest_is_noop_and_changed_digest_is_refused(store: Store) -> None:

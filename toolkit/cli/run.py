@@ -14,7 +14,7 @@ import click
 from toolkit.application import App
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition import load_definitions
-from toolkit.errors import ConfigError
+from toolkit.errors import ConfigError, ToolkitError
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.supervisor import (
     CancellationToken,
@@ -159,6 +159,11 @@ def run(
         f"max loop lag {report.max_loop_lag * 1000:.0f} ms, "
         f"wall {report.wall_time:.2f} s"
     )
+    if report.registration_lost:
+        raise ToolkitError(
+            f"worker id {report.worker_id!r} was taken over by another process while this one "
+            "was stalled; this worker stopped (give each worker its own --worker-id)"
+        )
 
 
 async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:

@@ -23,7 +23,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from typing import Any, LiteralString
+from typing import LiteralString
 
 import anyio
 import psycopg
@@ -36,7 +36,7 @@ from toolkit.runtime.worker import Worker
 from toolkit.store.database import redact_dsn
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
-from toolkit.store.leases import ClaimedTask
+from toolkit.store.leases import ClaimedTask, Renewal
 from toolkit.store.writes import FencedWrite
 
 logger = logging.getLogger(__name__)
@@ -169,6 +169,8 @@ class SupervisorReport:
         released: cycles released at shutdown.
         lease_lost: cycles that lost their lease.
         database_outages: times the database became unreachable.
+        registration_lost: the run stopped because another process took its worker id over
+            while it was away (see ``Worker.incarnation``).
         max_loop_lag: the longest event-loop stall seen, seconds.
         queue_delay_total: sum of queue delays of claimed tasks, seconds.
         wall_time: seconds from start to return.
@@ -186,6 +188,7 @@ class SupervisorReport:
     released: int = 0
     lease_lost: int = 0
     database_outages: int = 0
+    registration_lost: bool = False
     max_loop_lag: float = 0.0
     queue_delay_total: float = 0.0
     wall_time: float = 0.0
@@ -298,6 +301,7 @@ class WorkflowSupervisor:
         self._outage = _Outage(self.report, self.metrics)
         self._claim_scope: anyio.CancelScope | None = None
         self._refusals: dict[str, str] = {}
+        self._shutdown = CancellationToken()
         self._interpreter = Interpreter(
             worker.store, worker.app, worker.worker_id, self.metrics, self._commit
         )
@@ -331,6 +335,7 @@ class WorkflowSupervisor:
             DatabaseUnavailable: the database is unreachable at start.
         """
         shutdown = shutdown or CancellationToken()
+        self._shutdown = shutdown
         started = time.monotonic()
         config = self.config
         await self.worker.register(config.concurrency, config.lease, config.heartbeat)
@@ -509,11 +514,11 @@ class WorkflowSupervisor:
             await anyio.sleep(config.heartbeat)
             held = {task_id: entry[0] for task_id, entry in self._held.items()}
             sent = anyio.current_time()
-            renewed: dict[int, Any] | None = None
+            renewal: Renewal | None = None
             try:
                 with anyio.move_on_after(config.heartbeat):  # never skip an interval's check
-                    renewed = await self.worker.renew(list(held.values()), config.lease)
-                if renewed is None:
+                    renewal = await self.worker.renew(list(held.values()), config.lease)
+                if renewal is None:
                     raise DatabaseUnavailable(
                         f"lease renewal took longer than {config.heartbeat:g} s"
                     )
@@ -521,10 +526,13 @@ class WorkflowSupervisor:
                 self._outage.failed(exc)
             except ToolkitError as exc:
                 self._refused("heartbeat_failed", "heartbeat failed: %s", exc)
-            if renewed is None:
+            if renewal is None:
                 self._expire_overdue()
                 continue
             self._outage.succeeded()
+            if not renewal.registered:
+                self._registration_lost()
+            renewed = renewal.renewed
             self.metrics.lease_renewals.inc(len(renewed))
             lost: list[int] = []
             for task_id, fence in held.items():
@@ -558,6 +566,24 @@ class WorkflowSupervisor:
                     _ids(lost),
                     extra={"action": "lease_lost", "task_ids": lost[:20]},
                 )
+
+    def _registration_lost(self) -> None:
+        """Another process took this worker's id over (this one stalled past it): stop.
+
+        Nothing was renewed: the cycles still running lose their leases at the next check
+        (they write nothing more) and the run ends as at a shutdown, with the report saying
+        why (``registration_lost``).
+        """
+        if self.report.registration_lost:
+            return
+        self.report.registration_lost = True
+        logger.error(
+            "worker id %r was registered by another process while this one was away (stalled "
+            "past its registration); stopping: no two processes run under one id",
+            self.worker.worker_id,
+            extra={"action": "registration_lost", "worker_id": self.worker.worker_id},
+        )
+        self._shutdown.cancel()
 
     def _expire_overdue(self) -> None:
         """Cancel the cycles whose lease has not been renewed for a whole lease duration."""

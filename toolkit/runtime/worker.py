@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import socket
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from toolkit.application import App
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError
 from toolkit.store import Store
 from toolkit.store.fence import Fence
-from toolkit.store.leases import ClaimedTask
+from toolkit.store.leases import ClaimedTask, Renewal
 
 
 def default_worker_id() -> str:
@@ -58,6 +58,8 @@ class Worker:
         self.store = store
         self.app = app
         self.worker_id = worker_id or default_worker_id()
+        #: This process's registration of the id: drawn anew for each worker object.
+        self.incarnation = secrets.token_hex(8)
         self._by_digest: Mapping[str, WorkflowDefinition] = {d.digest: d for d in definitions}
         self._digests = list(self._by_digest)
 
@@ -90,6 +92,7 @@ class Worker:
             await self.store.definitions.deploy(definition)
         await self.store.workers.register(
             self.worker_id,
+            incarnation=self.incarnation,
             concurrency=concurrency,
             definitions=[
                 {"name": d.name, "version": d.version, "digest": d.digest}
@@ -102,7 +105,7 @@ class Worker:
     async def unregister(self) -> None:
         """Record the worker stopped; an unreachable database is ignored (its row expires)."""
         try:
-            await self.store.workers.stop(self.worker_id)
+            await self.store.workers.stop(self.worker_id, self.incarnation)
         except Exception:
             pass
 
@@ -110,13 +113,11 @@ class Worker:
         """Claim up to ``limit`` due tasks of the loaded definitions."""
         return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
 
-    async def renew(self, fences: Sequence[Fence], lease_seconds: float) -> dict[int, Any]:
-        """Renew the held leases (and the worker's registration).
-
-        Returns:
-            The ids still held, each with its cancel request or None.
-        """
-        return await self.store.leases.renew(self.worker_id, fences, lease_seconds)
+    async def renew(self, fences: Sequence[Fence], lease_seconds: float) -> Renewal:
+        """Renew the held leases and the worker's registration (see ``Leases.renew``)."""
+        return await self.store.leases.renew(
+            self.worker_id, self.incarnation, fences, lease_seconds
+        )
 
     async def idle_state(self) -> tuple[bool, float | None]:
         """``(pending, next_due)`` for the loaded definitions (see ``Tasks.idle_state``)."""

@@ -31,6 +31,21 @@ _RACED = frozenset({WaitReason.SIGNAL, WaitReason.CALLBACK})
 
 
 @dataclasses.dataclass(frozen=True)
+class Renewal:
+    """What a heartbeat renewed.
+
+    Attributes:
+        renewed: task id to its cancel request (``{"reason", "at"}``) or None, for every
+            lease renewed.
+        registered: the worker's registration is still this process's; False once another
+            process took its worker id over (its leases, which expire with it, are gone).
+    """
+
+    renewed: dict[int, Any]
+    registered: bool
+
+
+@dataclasses.dataclass(frozen=True)
 class ClaimedTask:
     """A task this worker now leases.
 
@@ -172,18 +187,19 @@ class Leases:
         return rows
 
     async def renew(
-        self, worker_id: str, fences: Sequence[Fence], lease_seconds: float
-    ) -> dict[int, Any]:
-        """Extend every lease of ``fences`` in one statement (the heartbeat).
+        self, worker_id: str, incarnation: str, fences: Sequence[Fence], lease_seconds: float
+    ) -> Renewal:
+        """Extend the registration and every lease of ``fences`` in one statement (heartbeat).
 
         Args:
             worker_id: the holder (it renews its registration too, with no lease held).
+            incarnation: the holder's registration (see ``Membership.register``).
             fences: every lease the process holds, all held by ``worker_id``.
             lease_seconds: new lease duration from database now, seconds.
 
         Returns:
-            For each task whose lease was renewed, its cancel request (``{"reason", "at"}``)
-            or None; any task of ``fences`` missing here has lost its lease.
+            The leases renewed (any of ``fences`` missing has lost its lease) and whether
+            the registration is still this process's.
 
         Runs on the database's reserved connection, so handlers holding every connection of
         the main pool do not starve it. Idempotent: safe to send again.
@@ -195,6 +211,7 @@ class Leases:
             "renew_leases",
             {
                 "worker_id": worker_id,
+                "incarnation": incarnation,
                 "task_ids": [fence.task_id for fence in fences],
                 "tenants": [fence.tenant for fence in fences],
                 "tokens": [fence.token for fence in fences],
@@ -202,7 +219,10 @@ class Leases:
             },
             reserved=True,
         )
-        return {row["id"]: row["cancel_requested"] for row in rows}
+        return Renewal(
+            renewed={row["id"]: row["cancel_requested"] for row in rows if row["id"] is not None},
+            registered=bool(rows and rows[0]["registered"]),
+        )
 
     async def commit(self, write: FencedWrite) -> TaskState:
         """Apply one fenced write: checkpoint, evidence, events and next state, atomically.

@@ -43,6 +43,7 @@ class Membership:
         self,
         worker_id: str,
         *,
+        incarnation: str,
         concurrency: int,
         definitions: Sequence[Mapping[str, Any]],
         lease_seconds: float,
@@ -56,6 +57,9 @@ class Membership:
 
         Args:
             worker_id: the id.
+            incarnation: this process's registration, unique per process and start: the
+                heartbeats and the stop are keyed by it (a process that stalled while
+                another took the id over finds that out).
             concurrency: the worker's cycles at most, for operators.
             definitions: ``{"name", "version", "digest"}`` of every loaded definition.
             lease_seconds: how long the registration lives without a heartbeat.
@@ -66,6 +70,7 @@ class Membership:
         """
         params = {
             "worker_id": worker_id,
+            "incarnation": incarnation,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "concurrency": concurrency,
@@ -91,9 +96,11 @@ class Membership:
                 "give each worker its own --worker-id, or stop that process"
             )
 
-    async def stop(self, worker_id: str) -> None:
-        """Record this process's worker as stopped."""
-        await self._db.execute("stop_worker", {"worker_id": worker_id, "pid": os.getpid()})
+    async def stop(self, worker_id: str, incarnation: str) -> None:
+        """Record this registration stopped (not one that took the id over since)."""
+        await self._db.execute(
+            "stop_worker", {"worker_id": worker_id, "incarnation": incarnation}
+        )
 
     async def list(self) -> list[WorkerRecord]:
         """Live workers first, then recently stopped ones."""

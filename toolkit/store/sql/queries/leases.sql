@@ -134,14 +134,21 @@ WITH candidates AS (
 ;
 
 -- name: renew_leases
--- One statement per heartbeat interval renews every lease this process holds, each fenced by
--- (worker, tenant, task, token): a lease that expired or moved to a higher token is not
--- revived. Rows are locked in id order, as the group commit does, so the two never deadlock.
+-- One statement per heartbeat interval renews this process's registration and every lease it
+-- holds, each fenced by (worker, tenant, task, token): a lease that expired or moved to a
+-- higher token is not revived. The registration renews only while it is this process's
+-- (%(incarnation)s): once another process took the worker id over, registered is false. (Its
+-- leases cannot outlive it: they expire at the same moment, renewed by this same statement,
+-- and the id is taken over only once the registration expired.) Rows are locked in id
+-- order, as the group
+-- commit does, so the two never deadlock. Returns one row per lease renewed, or one row
+-- with a NULL id when none was.
 WITH worker AS (
     UPDATE toolkit_workers
     SET heartbeat_at = clock_timestamp(),
         expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
-    WHERE worker_id = %(worker_id)s AND stopped_at IS NULL
+    WHERE worker_id = %(worker_id)s AND incarnation = %(incarnation)s AND stopped_at IS NULL
+    RETURNING worker_id
 ), held AS (
     SELECT t.id, h.tenant, h.token
     FROM toolkit_tasks t
@@ -151,11 +158,15 @@ WITH worker AS (
     WHERE toolkit_lease_held(t, %(worker_id)s, h.tenant, h.token)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
+), renewed AS (
+    UPDATE toolkit_tasks t
+    SET lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+    FROM held
+    WHERE t.id = held.id
+      AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)
+    RETURNING t.id, t.cancel_requested
 )
-UPDATE toolkit_tasks t
-SET lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
-FROM held
-WHERE t.id = held.id
-  AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)
-RETURNING t.id, t.cancel_requested;
+SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested
+FROM (SELECT 1) AS one
+LEFT JOIN renewed r ON true;
 

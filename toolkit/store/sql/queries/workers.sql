@@ -1,14 +1,16 @@
 -- name: register_worker
--- Registers a worker id; refused (no row) while another live process holds the same id.
--- %(dead_pid)s names a process of this host known to be gone, whose registration may be
--- taken over at once (a restart after a crash).
+-- Registers a worker id under this process's %(incarnation)s; refused (no row) while another
+-- live process holds the same id. %(dead_pid)s names a process of this host known to be gone,
+-- whose registration may be taken over at once (a restart after a crash).
 INSERT INTO toolkit_workers
-    (worker_id, pid, host, concurrency, lease_seconds, heartbeat_seconds, definitions, expires_at)
-VALUES (%(worker_id)s, %(pid)s, %(host)s, %(concurrency)s, %(lease_seconds)s,
+    (worker_id, incarnation, pid, host, concurrency, lease_seconds, heartbeat_seconds,
+     definitions, expires_at)
+VALUES (%(worker_id)s, %(incarnation)s, %(pid)s, %(host)s, %(concurrency)s, %(lease_seconds)s,
         %(heartbeat_seconds)s, %(definitions)s,
         clock_timestamp() + %(lease_seconds)s * interval '1 second')
 ON CONFLICT (worker_id) DO UPDATE
-SET pid = excluded.pid,
+SET incarnation = excluded.incarnation,
+    pid = excluded.pid,
     host = excluded.host,
     concurrency = excluded.concurrency,
     lease_seconds = excluded.lease_seconds,
@@ -31,9 +33,10 @@ FROM toolkit_workers
 WHERE worker_id = %(worker_id)s;
 
 -- name: stop_worker
+-- Records this incarnation's registration stopped (not one that took the id over since).
 UPDATE toolkit_workers
 SET stopped_at = clock_timestamp()
-WHERE worker_id = %(worker_id)s AND pid = %(pid)s AND stopped_at IS NULL;
+WHERE worker_id = %(worker_id)s AND incarnation = %(incarnation)s AND stopped_at IS NULL;
 
 -- name: list_workers
 -- Live workers first, then those stopped or expired (crashed) within the last day.
