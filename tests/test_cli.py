@@ -175,7 +175,8 @@ def test_a_worker_id_held_by_a_live_process_is_one_clear_error(dsn: str, three_s
     async def hold() -> None:
         async with await Store.open(dsn, migrate_schema=False) as store:
             await store.workers.register(
-                "busy", incarnation="other", concurrency=1, definitions=[], lease_seconds=60, heartbeat_seconds=20
+                "busy", incarnation="other", concurrency=1, definitions=[], lease_seconds=60,
+                heartbeat_seconds=20,
             )
 
     anyio.run(hold)
