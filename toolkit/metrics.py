@@ -128,6 +128,12 @@ class WorkerMetrics:
             "toolkit_database_outages_total", "Times the database became unreachable.",
             registry=r,
         )  # fmt: skip
+        self.listen_reconnects = Counter(
+            "toolkit_listen_reconnects_total",
+            "Times the LISTEN connection was opened again: it dropped, or stopped answering "
+            "its probe (a half-open connection).",
+            registry=r,
+        )  # fmt: skip
         self.loop_lag = Histogram(
             "toolkit_event_loop_lag_seconds", "Event-loop stall (runtime stall) per check.",
             buckets=_SECONDS, registry=r,

@@ -88,6 +88,20 @@ def load_app(spec: str) -> App:
 )
 @click.option("--grace", default=10.0, show_default=True, help="Shutdown grace period, seconds.")
 @click.option(
+    "--poll-max",
+    default=2.0,
+    show_default=True,
+    help="Longest wait between two claims of an idle worker, seconds (new work wakes it at "
+    "once through LISTEN/NOTIFY; polling is the fallback).",
+)
+@click.option(
+    "--listen-probe",
+    default=10.0,
+    show_default=True,
+    help="After this long without a notification, the LISTEN connection must answer a probe "
+    "within as long again, or it is opened anew, seconds.",
+)
+@click.option(
     "--until-idle",
     is_flag=True,
     help="Exit once no task is queued, leased, or waiting and due (future timers and signal "
@@ -119,6 +133,8 @@ def run(
     lease: float,
     heartbeat: float,
     grace: float,
+    poll_max: float,
+    listen_probe: float,
     until_idle: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -126,7 +142,9 @@ def run(
     """Run a worker until SIGINT/SIGTERM (or, with --until-idle, until the queue drains)."""
     config = SupervisorConfig(
         concurrency=concurrency, claim_batch=claim_batch, lease=lease, heartbeat=heartbeat,
-        grace=grace, until_idle=until_idle,
+        grace=grace, until_idle=until_idle, idle_backoff_max=poll_max,
+        idle_backoff_min=min(SupervisorConfig.idle_backoff_min, poll_max),
+        listen_probe=listen_probe,
     )  # fmt: skip
     app = load_app(app_spec)
     # A version registered before a check was made stricter still runs; registering one

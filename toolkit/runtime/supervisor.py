@@ -27,6 +27,7 @@ from typing import LiteralString
 
 import anyio
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import ConfigError, DatabaseUnavailable, ToolkitError
@@ -43,6 +44,12 @@ logger = logging.getLogger(__name__)
 
 WAKEUP_CHANNEL = "toolkit_wakeup"
 _LISTEN: LiteralString = "LISTEN toolkit_wakeup"
+#: The LISTEN connection's probe: a statement it must answer after a quiet interval.
+_LISTEN_PROBE: LiteralString = "SELECT 1 AS toolkit_listen_probe"
+#: TCP keepalives of the LISTEN connection (seconds; ignored on a Unix socket): the kernel
+#: finds a peer gone quiet too, between two probes.
+_KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+               "keepalives_count": "3"}  # fmt: skip
 
 #: The shortest heartbeat interval, seconds: shorter ones are a renewal storm, not safety.
 MIN_HEARTBEAT = 0.05
@@ -98,6 +105,9 @@ class SupervisorConfig:
         idle_backoff_max: longest idle wait; it doubles from the minimum up to this.
         idle_jitter: fraction of the wait drawn at random (0 to 1).
         grace: how long a shutdown lets started cycles finish before cancelling them.
+        listen_probe: after this long without a notification, the LISTEN connection must
+            answer a probe within as long again, or it is opened anew (a connection that
+            stopped delivering without closing, behind a NAT or a proxy, is found).
         until_idle: stop once no task of the loaded definitions is queued, leased, or waiting
             and due (a timer not yet due or a signal wait does not count).
 
@@ -114,6 +124,7 @@ class SupervisorConfig:
     idle_jitter: float = 0.25
     grace: float = 10.0
     until_idle: bool = False
+    listen_probe: float = 10.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -123,6 +134,7 @@ class SupervisorConfig:
         _seconds("heartbeat", self.heartbeat, MIN_HEARTBEAT)
         _seconds("lease", self.lease, 3 * MIN_HEARTBEAT)
         _seconds("grace", self.grace, 0.0)
+        _seconds("listen_probe", self.listen_probe, 0.0, strictly=True)
         _seconds("idle_backoff_min", self.idle_backoff_min, 0.0, strictly=True)
         _seconds("idle_backoff_max", self.idle_backoff_max, 0.0, strictly=True)
         if self.heartbeat > self.lease / 3:
@@ -604,23 +616,45 @@ class WorkflowSupervisor:
             )
 
     async def _listen(self) -> None:
-        """Wake the claim loop on NOTIFY; reconnect with backoff when the link drops.
+        """Wake the claim loop on NOTIFY; open the connection anew when it drops or goes dead.
 
-        Never raises: while it cannot listen, polling with idle backoff finds new work.
+        After ``listen_probe`` seconds without a notification the connection must answer a
+        probe within as long again: one that stopped delivering without closing (a
+        half-open TCP connection behind a NAT, a load balancer, a failed-over proxy) is
+        found so, closed and opened again, LISTEN first and then a wake-up, so the claim
+        that follows catches up on whatever came meanwhile. Never raises: while it cannot
+        listen, polling with idle backoff finds new work.
         """
         delay = self.config.idle_backoff_min
+        probe = self.config.listen_probe
         dsn = self.worker.store.db.dsn
+        listening = make_conninfo(dsn, **_KEEPALIVES)
+        opened = False
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(
-                    dsn, autocommit=True, application_name="runifold", connect_timeout=10
+                    listening, autocommit=True, application_name="runifold", connect_timeout=10
                 )
                 async with conn:
                     await conn.execute(_LISTEN)
+                    if opened:
+                        self.metrics.listen_reconnects.inc()
+                    opened = True
                     delay = self.config.idle_backoff_min
                     self._wake.set()  # anything submitted while we were not listening
-                    async for _ in conn.notifies():
-                        self._wake.set()
+                    while True:
+                        async for _ in conn.notifies(timeout=probe):
+                            self._wake.set()
+                        with anyio.fail_after(probe):
+                            await conn.execute(_LISTEN_PROBE)
+            except TimeoutError:
+                logger.warning(
+                    "the LISTEN connection to %s did not answer its probe within %g s; "
+                    "opening it again",
+                    redact_dsn(dsn),
+                    probe,
+                    extra={"action": "listen_dead"},
+                )
             except Exception as exc:  # psycopg errors, OSError ...: listen again later
                 logger.debug(
                     "LISTEN connection to %s lost: %s",
