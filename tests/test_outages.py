@@ -23,7 +23,7 @@ from toolkit.engine import CycleControl, CycleOutcome, Interpreter
 from toolkit.errors import DatabaseUnavailable, StoreError
 from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
-from toolkit.runtime import supervisor as supervisor_module
+from toolkit.runtime import listener as listener_module
 from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
@@ -130,7 +130,7 @@ async def test_listen_loop_survives_an_error_that_is_no_outage(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (task_id,) = await submit(store, THREE_STEPS, [{"n": 1}])
-    monkeypatch.setattr(supervisor_module, "_LISTEN", "LISTEN 1")  # a syntax error, SQLSTATE 42601
+    monkeypatch.setattr(listener_module, "_LISTEN", "LISTEN 1")  # a syntax error, SQLSTATE 42601
     report = await run_until_idle(Worker(store, app, [definition(THREE_STEPS)]))
     assert report.succeeded == 1  # polling found the work
     assert (await store.tasks.get(task_id)).state == "succeeded"

@@ -443,6 +443,27 @@ class Compensation:
         return data
 
 
+@dataclasses.dataclass(frozen=True)
+class Lapses:
+    """Leases that lapsed in a row at a pure step without the task finishing a step.
+
+    ``count`` of them, while ``steps_run`` stayed what it is here and the database server
+    stayed the one that started at ``server_started`` (a lapse across a restart of the
+    server is an outage's, not the task's). Cleared once the task finishes a step.
+    """
+
+    count: int
+    steps_run: int
+    server_started: str
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {
+            "count": self.count, "steps_run": self.steps_run,
+            "server_started": self.server_started,
+        }  # fmt: skip
+
+
 # --- the task's checkpoint ---------------------------------------------------------------------
 
 
@@ -462,6 +483,7 @@ class Checkpoint(Frame):
         compensable: the compensations of completed effects, oldest first.
         compensating: the compensation in progress once the task failed; None before.
         callbacks: the callbacks of effect occurrences in progress, by occurrence.
+        lapses: leases lapsed in a row without progress, once one has (see `Lapses`).
     """
 
     steps_run: int = 0
@@ -473,6 +495,7 @@ class Checkpoint(Frame):
     compensable: list[Compensable] = dataclasses.field(default_factory=list)
     compensating: Compensation | None = None
     callbacks: dict[str, CallbackState] = dataclasses.field(default_factory=dict)
+    lapses: Lapses | None = None
 
     @classmethod
     def initial(cls, start: str, budget: Mapping[str, float] | None = None) -> Checkpoint:
@@ -497,6 +520,12 @@ class Checkpoint(Frame):
         resolution = data.get("resolution")
         fanout = data.get("fanout")
         compensating = data.get("compensating")
+        lapses = data.get("lapses")
+        lapsed = (
+            Lapses(int(lapses["count"]), int(lapses["steps_run"]), str(lapses["server_started"]))
+            if lapses
+            else None
+        )
         return cls(
             cursor=data["cursor"],
             outputs=dict(data.get("outputs", {})),
@@ -518,6 +547,7 @@ class Checkpoint(Frame):
                 occurrence: CallbackState(entry["token"], int(entry["attempt"]), entry["called"])
                 for occurrence, entry in (data.get("callbacks") or {}).items()
             },
+            lapses=lapsed,
         )
 
     def to_json(self) -> Json:
@@ -545,9 +575,12 @@ class Checkpoint(Frame):
             data["compensating"] = self.compensating.to_json()
         if self.callbacks:
             data["callbacks"] = {occ: state.to_json() for occ, state in self.callbacks.items()}
+        if self.lapses is not None:
+            data["lapses"] = self.lapses.to_json()
         return data
 
     def enter(self, step: str | None) -> None:
         """Move the cursor to ``step`` (None: nothing left), counting a new occurrence."""
         self.steps_run += 1
+        self.lapses = None
         super().enter(step)

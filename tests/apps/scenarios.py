@@ -93,3 +93,22 @@ def units(ctx: EffectContext, units: int = 10, seconds: float = 1.0) -> dict[str
         time.sleep(seconds)
         done += 1
     return {"units": done}
+
+
+@app.effect("scn.never_returns")
+def never_returns(ctx: EffectContext) -> dict[str, Any]:
+    """A sync handler that never returns and never checks ``ctx.cancelled``."""
+    record_call_sync(ctx, ctx.idempotency_key)
+    while True:
+        time.sleep(0.5)
+
+
+@app.effect("scn.ignores_cancellation")
+async def ignores_cancellation(ctx: EffectContext) -> dict[str, Any]:
+    """An async handler that swallows every cancellation (an application bug)."""
+    await record_call(ctx)
+    while True:
+        try:
+            await anyio.sleep(0.2)
+        except BaseException:
+            continue

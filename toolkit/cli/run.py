@@ -102,6 +102,13 @@ def load_app(spec: str) -> App:
     "within as long again, or it is opened anew, seconds.",
 )
 @click.option(
+    "--call-grace",
+    default=5.0,
+    show_default=True,
+    help="How long a handler may run past its step's timeout, or a cycle past its "
+    "cancellation, before the worker gives it up (stops renewing its lease), seconds.",
+)
+@click.option(
     "--until-idle",
     is_flag=True,
     help="Exit once no task is queued, leased, or waiting and due (future timers and signal "
@@ -135,6 +142,7 @@ def run(
     grace: float,
     poll_max: float,
     listen_probe: float,
+    call_grace: float,
     until_idle: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -144,7 +152,7 @@ def run(
         concurrency=concurrency, claim_batch=claim_batch, lease=lease, heartbeat=heartbeat,
         grace=grace, until_idle=until_idle, idle_backoff_max=poll_max,
         idle_backoff_min=min(SupervisorConfig.idle_backoff_min, poll_max),
-        listen_probe=listen_probe,
+        listen_probe=listen_probe, call_grace=call_grace,
     )  # fmt: skip
     app = load_app(app_spec)
     # A version registered before a check was made stricter still runs; registering one
@@ -165,9 +173,32 @@ def run(
             tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
             await supervisor.run(shutdown)
             tg.cancel_scope.cancel()
+        if supervisor.report.abandoned:
+            # A handler that ignores cancellation cannot be stopped, and would hold the
+            # interpreter's exit up (its task is cancelled again and again): the process
+            # ends here, its work written and its leases released or lapsing.
+            _print_report(supervisor.report)
+            click.echo(
+                f"warning: {supervisor.report.abandoned} handler call(s) ignored their "
+                "cancellation and were given up; the worker exits without waiting for them",
+                err=True,
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
         return supervisor.report
 
     report = run_in_store(settings, serve, pool_size=concurrency + 2)
+    _print_report(report)
+    if report.registration_lost:
+        raise ToolkitError(
+            f"worker id {report.worker_id!r} was taken over by another process while this one "
+            "was stalled; this worker stopped (give each worker its own --worker-id)"
+        )
+
+
+def _print_report(report: SupervisorReport) -> None:
+    """The supervisor report, one line (docs/operations.md)."""
     click.echo(
         f"worker {report.worker_id}: claimed {report.claimed}, succeeded {report.succeeded}, "
         f"failed {report.failed}, cancelled {report.cancelled}, waiting {report.waiting}, "
@@ -177,11 +208,6 @@ def run(
         f"max loop lag {report.max_loop_lag * 1000:.0f} ms, "
         f"wall {report.wall_time:.2f} s"
     )
-    if report.registration_lost:
-        raise ToolkitError(
-            f"worker id {report.worker_id!r} was taken over by another process while this one "
-            "was stalled; this worker stopped (give each worker its own --worker-id)"
-        )
 
 
 async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:

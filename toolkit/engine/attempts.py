@@ -12,10 +12,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import EffectContext, Handler, SpendMeter
@@ -60,6 +64,9 @@ class Attempt:
     error: Error | None = None
     final: bool = False
     deferral: LimitDeferral | None = None
+
+
+T = TypeVar("T")
 
 
 class TimedOut(Exception):
@@ -257,8 +264,16 @@ async def call(
     if step.timeout is None:  # the common case: no cancel scope of its own (hot path)
         result = await _invoke(handler, ctx, args)
     else:
-        with anyio.move_on_after(step.timeout) as scope:
-            result = await _invoke(handler, ctx, args)
+        # Given up past the timeout and a grace, should it ignore its cancellation (see
+        # CycleControl.calls): the supervisor then stops renewing the lease.
+        calls = cycle.control.calls
+        give_up = anyio.current_time() + step.timeout + cycle.control.call_grace
+        calls[id(ctx)] = (give_up, step.id)
+        try:
+            with anyio.move_on_after(step.timeout) as scope:
+                result = await _invoke(handler, ctx, args)
+        finally:
+            calls.pop(id(ctx), None)
         if scope.cancelled_caught:
             ctx._stop.set()
             raise TimedOut
@@ -267,12 +282,43 @@ async def call(
 
 
 async def _invoke(handler: Handler, ctx: EffectContext, args: Any) -> Any:
-    """Call a handler: async ones on the loop, sync ones in a worker thread."""
+    """Call a handler: async ones on the loop, sync ones in a thread of their own."""
     if handler.is_async:
         return await handler.call(ctx, args)
-    return await anyio.to_thread.run_sync(
-        functools.partial(handler.call, ctx, args), abandon_on_cancel=True
-    )
+    return await in_thread(functools.partial(handler.call, ctx, args), f"step {ctx.step}")
+
+
+async def in_thread(func: Callable[[], T], name: str) -> T:
+    """Run a sync handler in a daemon thread; a cancelled call abandons the thread.
+
+    The thread is a daemon's, so a handler that never returns (``while True: sleep()``),
+    abandoned at its step's timeout or at shutdown, does not keep the process from exiting;
+    its result, should it come, is dropped. (The event loop's own thread pool would: its
+    threads are joined at exit.)
+
+    Raises:
+        Whatever the handler raised.
+    """
+    token = anyio.lowlevel.current_token()
+    finished = anyio.Event()
+    outcome: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((True, func()))
+        except BaseException as exc:  # handed to the awaiting task, or dropped
+            outcome.append((False, exc))
+        try:
+            anyio.from_thread.run_sync(finished.set, token=token)
+        except RuntimeError:
+            pass  # the event loop is gone: nobody awaits this call any more
+
+    threading.Thread(target=target, name=f"toolkit handler, {name}", daemon=True).start()
+    await finished.wait()
+    ok, value = outcome[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
 
 
 def retry_delay(step: EffectStep, done: Attempt) -> float | None:

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import App, SpendLedger, SpendLimits
@@ -38,6 +39,8 @@ T = TypeVar("T")
 #: Backoff between two tries of a store call while the database is unreachable, seconds.
 STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
+#: A run of pure steps yields to the event loop at least this often, seconds of its work.
+PACE_YIELD = 0.005
 
 
 class CycleOutcome(enum.StrEnum):
@@ -70,6 +73,18 @@ class CycleControl:
             then a store call that finds the database unreachable is tried again with
             backoff (the fence makes a repeated write safe); after it, the cycle gives up
             and the lease lapses. The default, minus infinity, never tries again.
+        call_grace: how long past its step's timeout a handler call may go on before the
+            supervisor gives it up (the call ignores its cancellation), seconds.
+        calls: the calls with a timeout in progress, by call, each with the event-loop time
+            it is given up at (timeout plus ``call_grace``) and its step.
+        abandoned: the supervisor gave this cycle up (its call ignored a cancellation):
+            it holds no lease any more and is not counted; if the call ever returns, the
+            cycle writes nothing (``lease_lost`` is set too).
+        progress_every: how often a run of pure steps commits its progress, seconds (the
+            supervisor's heartbeat interval, well inside the lease; `Cycle.pace`).
+        outage_seen: the worker found the database unreachable within one lease duration
+            before this claim: a lapsed lease it takes over may be the outage's, so it is not
+            counted against the task (`TaskGraph`).
     """
 
     cancel_requested: dict[str, Any] | None = None
@@ -77,6 +92,11 @@ class CycleControl:
     deadline: float = math.inf
     call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
     lease_deadline: float = -math.inf
+    call_grace: float = 5.0
+    calls: dict[int, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    abandoned: bool = False
+    progress_every: float = 1.0
+    outage_seen: bool = False
 
     def new_call(self) -> threading.Event:
         """A fresh stop flag for the next handler call."""
@@ -139,6 +159,10 @@ class Cycle:
         self.lock = anyio.Lock()
         #: The workflow deadline was met by going to ``on_timeout``: writes clear it.
         self.clear_deadline = False
+        #: Event-loop times the run of pure steps in progress began (or last committed) and
+        #: last yielded; None between runs (see `pace`).
+        self._pure_since: float | None = None
+        self._yielded_at = 0.0
 
     @property
     def dirty(self) -> bool:
@@ -227,6 +251,33 @@ class Cycle:
             for record in write.evidence:
                 if record.record == "completed":
                     faults.fault_point("after_commit", record.step)
+
+    async def pace(self) -> None:
+        """Before a pure step: yield to the event loop now and then, and commit progress.
+
+        Pure steps need no write each (DESIGN §4), but a run of them must neither starve
+        the worker (heartbeats, signals, shutdown) nor run on unseen: it yields every
+        :data:`PACE_YIELD` seconds and commits the checkpoint every
+        ``control.progress_every`` seconds, so that ``steps_run`` is durable and
+        ``max_steps`` ends a loop of pure steps.
+
+        Raises:
+            LeaseLost, DatabaseUnavailable: as :meth:`commit`.
+        """
+        now = anyio.current_time()
+        if self._pure_since is None:
+            self._pure_since = self._yielded_at = now
+            return
+        if now - self._yielded_at >= PACE_YIELD:
+            await anyio.lowlevel.checkpoint()
+            self._yielded_at = anyio.current_time()
+        if now - self._pure_since >= self.control.progress_every:
+            await self.commit()
+            self._pure_since = anyio.current_time()
+
+    def unpaced(self) -> None:
+        """Before a step that is not pure: the run of pure steps, if any, has ended."""
+        self._pure_since = None
 
     async def retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """Make a store call, again with backoff while the lease surely holds (`retrying`)."""

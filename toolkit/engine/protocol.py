@@ -17,6 +17,7 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
+from toolkit import faults
 from toolkit.application import SpendLimits
 from toolkit.checkpoint import Frame
 from toolkit.checkpoint import Wait as WaitState
@@ -125,10 +126,15 @@ class StepKind:
 
     ``run`` returns its transition; ``taken_over``, for a kind whose step may have been in
     progress when a previous lease lapsed, says what that lost attempt means (None: go on).
+    ``pure`` marks a kind that calls no handler and needs no write of its own (``choice``,
+    ``set``, ``succeed``, ``fail``; DESIGN §4): a run of such steps is paced
+    (:meth:`Cycle.pace`), and leases that lapse at one are counted (a step that stalls or
+    crashes its worker ends its task, `TaskGraph`).
     """
 
     run: Callable[[StepContext, Any], Awaitable[Transition]]
     taken_over: Callable[[StepContext, Any], Transition | None] | None = None
+    pure: bool = False
 
 
 Kinds = Mapping[type, StepKind]
@@ -191,8 +197,17 @@ async def run_graph(level: Level) -> CycleOutcome | None:
         outcome = await level.before(step)
         if outcome is not None:
             return outcome
+        if not level.running():  # ``before`` ended the graph (a branch past max_steps)
+            continue
         ctx = level.context(step)
-        transition = await ctx.kinds[type(step)].run(ctx, step)
+        kind = ctx.kinds[type(step)]
+        if kind.pure:
+            await ctx.cycle.pace()
+            if faults.ARMED:
+                faults.fault_point(faults.PURE_STEP, step.id)
+        else:
+            ctx.cycle.unpaced()
+        transition = await kind.run(ctx, step)
         outcome = await level.apply(step, transition)
         if outcome is not None:
             return outcome

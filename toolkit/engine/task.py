@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from toolkit.checkpoint import Checkpoint, Compensation
+from toolkit.checkpoint import Checkpoint, Compensation, Lapses
 from toolkit.definition import Step, catch_target
 from toolkit.engine.compensation import compensate as run_compensations
 from toolkit.engine.cycle import Cycle, CycleOutcome
@@ -36,6 +36,9 @@ from toolkit.engine.reservations import release
 from toolkit.errors import ExpressionError, HandlerNotFound, ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind, TaskState, WaitReason
 from toolkit.store.writes import NEVER, Event
+
+#: Leases lapsed in a row at a pure step, without a step finished, that fail the task.
+MAX_LAPSES = 5
 
 
 class TaskGraph:
@@ -113,11 +116,21 @@ class TaskGraph:
         return outcome
 
     async def _taken_over(self) -> CycleOutcome | None:
-        """A takeover: the previous lease expired mid-cycle. Its attempt counts."""
+        """A takeover: the previous lease expired mid-cycle. Its attempt counts.
+
+        At an effect, the lost attempt counts against its retries. At a pure step the lapse
+        itself counts: :data:`MAX_LAPSES` in a row without a step finished fail the task
+        ``LeasesLapsed`` (a step that stalls or crashes every worker that runs it). A lapse
+        is not counted across a restart of the database server, or when this worker found
+        the database unreachable within the lease before the claim (an outage's lapse).
+        """
         cp = self.cycle.checkpoint
         assert cp.cursor is not None
         step = self.cycle.definition.steps[cp.cursor]
-        taken_over = self.kinds[type(step)].taken_over
+        kind = self.kinds[type(step)]
+        if kind.pure:
+            return await self._lapsed(step)
+        taken_over = kind.taken_over
         if taken_over is None:
             return None
         transition = taken_over(self.context(step), step)
@@ -125,6 +138,30 @@ class TaskGraph:
             await self.cycle.commit()
             return None
         return await self.apply(step, transition)
+
+    async def _lapsed(self, step: Step) -> CycleOutcome | None:
+        """Count a lease that lapsed at pure ``step``; fail the task at the bound."""
+        cycle = self.cycle
+        if cycle.control.outage_seen:
+            return None
+        cp = cycle.checkpoint
+        leases = cycle.services.store.leases
+        started = await cycle.retrying(leases.server_started)
+        previous = cp.lapses
+        count = 1
+        if previous is not None and (previous.steps_run, previous.server_started) == (
+            cp.steps_run, started
+        ):
+            count = previous.count + 1
+        if count >= MAX_LAPSES:
+            message = (
+                f"the task's lease lapsed {count} times in a row at step {step.id!r} without "
+                "a step finishing: a step that stalls or crashes the worker running it?"
+            )
+            return await self.fail({"name": "LeasesLapsed", "message": message})
+        cp.lapses = Lapses(count, cp.steps_run, started)
+        await cycle.commit()  # durable before the step runs again: it may crash this worker
+        return None
 
     async def apply(self, step: Step, transition: Transition) -> CycleOutcome | None:
         """Carry out what ``step`` came to at the task's level.

@@ -17,269 +17,35 @@ any write that would still arrive.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import Callable
-from typing import LiteralString
 
 import anyio
-import psycopg
-from psycopg.conninfo import make_conninfo
 
 from toolkit.engine import CycleControl, CycleOutcome, Interpreter
-from toolkit.errors import ConfigError, DatabaseUnavailable, ToolkitError
+from toolkit.errors import DatabaseUnavailable, ToolkitError
 from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
+from toolkit.runtime.config import CancellationToken, SupervisorConfig
+from toolkit.runtime.listener import Listener
+from toolkit.runtime.outage import Outage
+from toolkit.runtime.report import SupervisorReport
 from toolkit.runtime.worker import Worker
-from toolkit.store.database import redact_dsn
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
 from toolkit.store.leases import ClaimedTask, Renewal
 from toolkit.store.writes import FencedWrite
 
+__all__ = ["CancellationToken", "SupervisorConfig", "SupervisorReport", "WorkflowSupervisor"]
+
 logger = logging.getLogger(__name__)
 
-WAKEUP_CHANNEL = "toolkit_wakeup"
-_LISTEN: LiteralString = "LISTEN toolkit_wakeup"
-#: The LISTEN connection's probe: a statement it must answer after a quiet interval.
-_LISTEN_PROBE: LiteralString = "SELECT 1 AS toolkit_listen_probe"
-#: TCP keepalives of the LISTEN connection (seconds; ignored on a Unix socket): the kernel
-#: finds a peer gone quiet too, between two probes.
-_KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
-               "keepalives_count": "3"}  # fmt: skip
-
-#: The shortest heartbeat interval, seconds: shorter ones are a renewal storm, not safety.
-MIN_HEARTBEAT = 0.05
-#: The longest lease, heartbeat, grace or backoff a supervisor takes, seconds (a day).
-MAX_SETTING = 86400.0
 #: Seconds a worker waits at most to record itself stopped when the database is away.
 UNREGISTER_TIMEOUT = 3.0
-#: A failure this soon after the database came back is part of the same outage (stale
-#: connections of the pool failing one by one), seconds.
-OUTAGE_SETTLE = 1.0
-
-
-class CancellationToken:
-    """A one-way flag that asks a supervisor to shut down gracefully.
-
-    ``cancel()`` may be called from any task of the event loop (a signal handler task, a
-    test); it is idempotent.
-    """
-
-    def __init__(self) -> None:
-        self._cancelled = False
-        self._callbacks: list[Callable[[], None]] = []
-
-    @property
-    def cancelled(self) -> bool:
-        """True once :meth:`cancel` was called."""
-        return self._cancelled
-
-    def cancel(self) -> None:
-        """Ask for shutdown."""
-        if not self._cancelled:
-            self._cancelled = True
-            for callback in self._callbacks:
-                callback()
-
-    def on_cancel(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` at cancellation (at once if already cancelled)."""
-        self._callbacks.append(callback)
-        if self._cancelled:
-            callback()
-
-
-@dataclasses.dataclass(frozen=True)
-class SupervisorConfig:
-    """How a supervisor runs its worker. Durations are in seconds.
-
-    Attributes:
-        concurrency: cycles in flight at most (this process only; DESIGN §2).
-        claim_batch: tasks claimed per claim statement at most.
-        lease: lease duration.
-        heartbeat: interval between lease renewals; at most a third of ``lease``.
-        idle_backoff_min: first idle wait after an empty claim.
-        idle_backoff_max: longest idle wait; it doubles from the minimum up to this.
-        idle_jitter: fraction of the wait drawn at random (0 to 1).
-        grace: how long a shutdown lets started cycles finish before cancelling them.
-        listen_probe: after this long without a notification, the LISTEN connection must
-            answer a probe within as long again, or it is opened anew (a connection that
-            stopped delivering without closing, behind a NAT or a proxy, is found).
-        until_idle: stop once no task of the loaded definitions is queued, leased, or waiting
-            and due (a timer not yet due or a signal wait does not count).
-
-    Raises:
-        ConfigError: a value is out of range, or the heartbeat is not well below the lease.
-    """
-
-    concurrency: int = 8
-    claim_batch: int = 16
-    lease: float = 30.0
-    heartbeat: float = 10.0
-    idle_backoff_min: float = 0.05
-    idle_backoff_max: float = 2.0
-    idle_jitter: float = 0.25
-    grace: float = 10.0
-    until_idle: bool = False
-    listen_probe: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency must be at least 1, not {self.concurrency}")
-        if self.claim_batch < 1:
-            raise ConfigError(f"claim_batch must be at least 1, not {self.claim_batch}")
-        _seconds("heartbeat", self.heartbeat, MIN_HEARTBEAT)
-        _seconds("lease", self.lease, 3 * MIN_HEARTBEAT)
-        _seconds("grace", self.grace, 0.0)
-        _seconds("listen_probe", self.listen_probe, 0.0, strictly=True)
-        _seconds("idle_backoff_min", self.idle_backoff_min, 0.0, strictly=True)
-        _seconds("idle_backoff_max", self.idle_backoff_max, 0.0, strictly=True)
-        if self.heartbeat > self.lease / 3:
-            raise ConfigError(
-                f"heartbeat interval {self.heartbeat:g} s must be at most a third of the "
-                f"lease ({self.lease:g} s), so one late heartbeat does not lose every lease"
-            )
-        if not 0 < self.idle_backoff_min <= self.idle_backoff_max:
-            raise ConfigError("idle backoff needs 0 < min <= max")
-        if not 0 <= self.idle_jitter <= 1:
-            raise ConfigError("idle_jitter must be between 0 and 1")
-
-
-def _seconds(name: str, value: float, least: float, *, strictly: bool = False) -> None:
-    """Refuse a duration that is not a finite number of seconds from ``least`` to a day.
-
-    Raises:
-        ConfigError: naming the setting (``--lease`` of ``toolkit run`` is ``lease``).
-    """
-    low = value > least if strictly else value >= least
-    if not (isinstance(value, int | float) and math.isfinite(value) and low
-            and value <= MAX_SETTING):  # fmt: skip
-        bound = f"above {least:g}" if strictly else f"at least {least:g}"
-        raise ConfigError(
-            f"{name} must be a number of seconds {bound} and at most {MAX_SETTING:g}, "
-            f"not {value!r}"
-        )
-
-
-@dataclasses.dataclass
-class SupervisorReport:
-    """What a supervisor did, returned by :meth:`WorkflowSupervisor.run`.
-
-    Attributes:
-        worker_id: the worker's id.
-        claimed: tasks claimed (takeovers included).
-        recovered: claims of tasks whose previous lease had expired.
-        cycles: claim-and-execute cycles finished.
-        succeeded: cycles that ended the task ``succeeded``.
-        failed: cycles that ended the task ``failed``.
-        cancelled: cycles that ended the task ``cancelled``.
-        waiting: cycles that left the task ``waiting``.
-        retried: cycles that scheduled a retry.
-        released: cycles released at shutdown.
-        lease_lost: cycles that lost their lease.
-        database_outages: times the database became unreachable.
-        registration_lost: the run stopped because another process took its worker id over
-            while it was away (see ``Worker.incarnation``).
-        max_loop_lag: the longest event-loop stall seen, seconds.
-        queue_delay_total: sum of queue delays of claimed tasks, seconds.
-        wall_time: seconds from start to return.
-    """
-
-    worker_id: str
-    claimed: int = 0
-    recovered: int = 0
-    cycles: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    cancelled: int = 0
-    waiting: int = 0
-    retried: int = 0
-    released: int = 0
-    lease_lost: int = 0
-    database_outages: int = 0
-    registration_lost: bool = False
-    max_loop_lag: float = 0.0
-    queue_delay_total: float = 0.0
-    wall_time: float = 0.0
-
-    def count(self, outcome: CycleOutcome) -> None:
-        """Count one finished cycle."""
-        self.cycles += 1
-        field = {
-            CycleOutcome.SUCCEEDED: "succeeded",
-            CycleOutcome.FAILED: "failed",
-            CycleOutcome.CANCELLED: "cancelled",
-            CycleOutcome.WAITING: "waiting",
-            CycleOutcome.RETRY: "retried",
-            CycleOutcome.RELEASED: "released",
-            CycleOutcome.LEASE_LOST: "lease_lost",
-        }.get(outcome)
-        if field is not None:
-            setattr(self, field, getattr(self, field) + 1)
-
-
-class _Outage:
-    """Whether the database is reachable, as every part of the supervisor sees it.
-
-    The first failure of an outage logs one warning and counts one outage; the first success
-    after it logs one line that it is back. Failures in between are silent. Failures within
-    :data:`OUTAGE_SETTLE` seconds of a recovery (stale connections failing one by one) are
-    announced only if they go on past that long.
-    """
-
-    def __init__(self, report: SupervisorReport, metrics: WorkerMetrics) -> None:
-        self._report = report
-        self._metrics = metrics
-        self.down_since: float | None = None
-        self._announced = False
-        self._last_recovery = -float("inf")
-        self.leases_lost = 0
-
-    @property
-    def down(self) -> bool:
-        """True while the database is presumed unreachable."""
-        return self.down_since is not None
-
-    def failed(self, exc: BaseException) -> None:
-        """A store call found the database unreachable."""
-        now = time.monotonic()
-        if self.down_since is None:
-            self.down_since = now
-            self._announced = False
-        if self._announced:
-            return
-        if now - self._last_recovery < OUTAGE_SETTLE and now - self.down_since < OUTAGE_SETTLE:
-            return  # maybe a straggler of the outage that just ended
-        self._announced = True
-        self.leases_lost = 0
-        self._report.database_outages += 1
-        self._metrics.database_outages.inc()
-        logger.warning(
-            "database unavailable; the worker keeps its leases while it can and tries again "
-            "with backoff: %s",
-            exc,
-            extra={"action": "database_unavailable"},
-        )
-
-    def succeeded(self) -> None:
-        """A store call went through."""
-        if self.down_since is None:
-            return
-        now = time.monotonic()
-        seconds = now - self.down_since
-        self.down_since = None
-        self._last_recovery = now
-        if self._announced:
-            logger.info(
-                "database reachable again after %.1f s; leases lost meanwhile: %d",
-                seconds,
-                self.leases_lost,
-                extra={"action": "database_back", "seconds": round(seconds, 3)},
-            )
-
 
 class WorkflowSupervisor:
     """Runs one worker: claims, executes, heartbeats, and shuts down gracefully.
@@ -304,13 +70,15 @@ class WorkflowSupervisor:
         self.config = config or SupervisorConfig()
         self.metrics = metrics or WorkerMetrics(worker.store.db.pool_stats)
         self.report = SupervisorReport(worker_id=worker.worker_id)
-        #: Task id to the fence, cancel scope and control of the cycle holding its lease.
-        self._held: dict[int, tuple[Fence, anyio.CancelScope, CycleControl]] = {}
+        #: The cycles running, by the task whose lease each holds.
+        self._held: dict[int, RunningCycle] = {}
+        #: Cycles given up: their handler call ignored its cancellation (see `_give_up`).
+        self._abandoned: set[asyncio.Task[None]] = set()
         self._in_flight = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._group_commit = GroupCommit(worker.store.leases)
-        self._outage = _Outage(self.report, self.metrics)
+        self._outage = Outage(self.report, self.metrics)
         self._claim_scope: anyio.CancelScope | None = None
         self._refusals: dict[str, str] = {}
         self._shutdown = CancellationToken()
@@ -363,12 +131,14 @@ class WorkflowSupervisor:
                 services.start_soon(self._listen)
                 services.start_soon(self._watch_loop_lag)
                 services.start_soon(self._watch_unavailable)
-                async with anyio.create_task_group() as cycles:
-                    await self._claim_loop(cycles, shutdown)
+                try:
+                    await self._claim_loop(shutdown)
                     if self._in_flight:
                         with anyio.move_on_after(self.config.grace):
                             await self._drained.wait()
-                    cycles.cancel_scope.cancel()
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await self._stop_cycles()
                 self._group_commit.stop_soon(1.0)
                 services.cancel_scope.cancel()
         finally:
@@ -398,7 +168,7 @@ class WorkflowSupervisor:
         if self._outage.down and self._claim_scope is not None:
             self._claim_scope.cancel()
 
-    async def _claim_loop(self, cycles: anyio.abc.TaskGroup, shutdown: CancellationToken) -> None:
+    async def _claim_loop(self, shutdown: CancellationToken) -> None:
         config = self.config
         backoff = config.idle_backoff_min
         # Claim in batches: while cycles run, wait until a good share of the slots is free
@@ -435,7 +205,7 @@ class WorkflowSupervisor:
                 break
             self._outage.succeeded()
             for task in tasks:
-                self._start_cycle(cycles, task, sent + config.lease)
+                self._start_cycle(task, sent + config.lease)
             if tasks:
                 backoff = config.idle_backoff_min
                 continue
@@ -452,9 +222,8 @@ class WorkflowSupervisor:
         if self._wake.is_set():
             self._wake = anyio.Event()
 
-    def _start_cycle(
-        self, cycles: anyio.abc.TaskGroup, task: ClaimedTask, lease_deadline: float
-    ) -> None:
+    def _start_cycle(self, task: ClaimedTask, lease_deadline: float) -> None:
+        """Start a cycle for a claimed task: an asyncio task of its own (see `RunningCycle`)."""
         self.report.claimed += 1
         self.report.recovered += int(task.recovered)
         self.report.queue_delay_total += task.queue_delay
@@ -464,7 +233,11 @@ class WorkflowSupervisor:
         self.metrics.in_flight.inc()
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
-        control = CycleControl(lease_deadline=lease_deadline)
+        control = CycleControl(
+            lease_deadline=lease_deadline, call_grace=self.config.call_grace,
+            progress_every=self.config.heartbeat,
+            outage_seen=self._outage.seen_within(self.config.lease),
+        )  # fmt: skip
         if task.deadline_in is not None and task.deadline_in > 0:
             # The workflow deadline (database time, as seconds left at the claim) stops a
             # running cycle like a cancellation; the next claim applies it.
@@ -472,10 +245,14 @@ class WorkflowSupervisor:
         scope = anyio.CancelScope(deadline=control.deadline)
         stale = self._held.get(task.id)
         if stale is not None:  # this worker took over its own task: the old cycle lost it
-            stale[2].lease_lost = True
-            stale[1].cancel()
-        self._held[task.id] = (task.fence(self.worker.worker_id), scope, control)
-        cycles.start_soon(self._cycle, task, scope, control)
+            stale.control.lease_lost = True
+            stale.cancel()
+        runner = asyncio.get_running_loop().create_task(
+            self._cycle(task, scope, control), name=f"toolkit cycle, task {task.id}"
+        )
+        runner.add_done_callback(_report_fault)
+        self._held[task.id] = RunningCycle(task.fence(self.worker.worker_id), scope, control,
+                                           runner)  # fmt: skip
 
     async def _cycle(
         self, task: ClaimedTask, scope: anyio.CancelScope, control: CycleControl
@@ -493,15 +270,89 @@ class WorkflowSupervisor:
                     else CycleOutcome.RELEASED
                 )  # fmt: skip
         finally:
-            held = self._held.get(task.id)
-            if held is not None and held[0].token == task.token:
-                del self._held[task.id]  # not a newer cycle's entry for the same task
-            self._in_flight -= 1
-            self.report.count(outcome)
-            self._observe(definition.name, outcome, anyio.current_time() - started)
-            if self._in_flight == 0:
-                self._drained.set()
-            self._wake.set()
+            self._cycle_ended(task, definition.name, control, outcome, started)
+
+    def _cycle_ended(
+        self, task: ClaimedTask, definition: str, control: CycleControl,
+        outcome: CycleOutcome, started: float,
+    ) -> None:  # fmt: skip
+        """Count a cycle that ended, and free its slot (unless it was given up before)."""
+        if control.abandoned:  # its slot and counts were freed when it was given up
+            logger.info(
+                "an abandoned cycle of task %d ended after all (it writes nothing)", task.id,
+                extra={"action": "abandoned_cycle_ended", "task_id": task.id},
+            )  # fmt: skip
+            return
+        held = self._held.get(task.id)
+        if held is not None and held.fence.token == task.token:
+            del self._held[task.id]  # not a newer cycle's entry for the same task
+        self._in_flight -= 1
+        self.report.count(outcome)
+        self._observe(definition, outcome, anyio.current_time() - started)
+        if self._in_flight == 0:
+            self._drained.set()
+        self._wake.set()
+
+    async def _stop_cycles(self) -> None:
+        """Cancel the cycles still running; give up those that do not end within a grace.
+
+        A cancelled cycle ends its lease protocol (releases its task, or commits a requested
+        cancel). One whose handler call ignores the cancellation is given up after
+        ``call_grace`` seconds, so the run can end (see `_give_up`).
+        """
+        if not self._in_flight:
+            return
+        for entry in list(self._held.values()):
+            entry.cancel()
+        with anyio.move_on_after(self.config.call_grace):
+            await self._drained.wait()
+        for task_id in list(self._held):
+            self._give_up(task_id, "it did not stop within the grace after its cancellation")
+
+    def _give_up_overdue(self) -> None:
+        """Give up the cycles whose handler call ignores its cancellation (checked each beat).
+
+        A call past its step's timeout plus ``call_grace``, or a cycle cancelled that long
+        ago (a cancel request, a lost lease) and still running, is given up: its lease is no
+        longer renewed, so it lapses and the task is claimed again.
+        """
+        now = anyio.current_time()
+        grace = self.config.call_grace
+        for task_id, entry in list(self._held.items()):
+            overdue = [step for at, step in entry.control.calls.values() if now >= at]
+            if overdue:
+                self._give_up(task_id, f"its call of step {overdue[0]!r} ran past its "
+                                       f"timeout and {grace:g} s more")  # fmt: skip
+            elif entry.cancelled_at + grace <= now:
+                self._give_up(task_id, f"it ran on {grace:g} s after it was cancelled")
+
+    def _give_up(self, task_id: int, why: str) -> None:
+        """Stop renewing a cycle's lease and stop waiting for it.
+
+        Its handler call ignores its cancellation (a handler that swallows
+        ``CancelledError``). The lease lapses and the task is claimed again as after a crash
+        (a non-idempotent effect goes to reconciliation); if the call ever returns, its
+        cycle writes nothing. The cycle's slot is freed. A process with a cycle given up
+        exits without waiting for it (``SupervisorReport.abandoned``; ``toolkit run`` ends
+        the process).
+        """
+        entry = self._held.pop(task_id)
+        entry.control.lease_lost = True
+        entry.control.abandoned = True
+        self._abandoned.add(entry.runner)
+        self._in_flight -= 1
+        self.metrics.in_flight.dec()
+        self.report.abandoned += 1
+        if self._in_flight == 0:
+            self._drained.set()
+        self._wake.set()
+        logger.error(
+            "gave up the cycle of task %d: %s (its handler ignores cancellation); its lease "
+            "is no longer renewed, and the task will be claimed again as after a crash",
+            task_id,
+            why,
+            extra={"action": "cycle_abandoned", "task_id": task_id, "token": entry.fence.token},
+        )
 
     def _observe(self, definition: str, outcome: CycleOutcome, seconds: float) -> None:
         metrics = self.metrics
@@ -524,7 +375,8 @@ class WorkflowSupervisor:
         config = self.config
         while True:
             await anyio.sleep(config.heartbeat)
-            held = {task_id: entry[0] for task_id, entry in self._held.items()}
+            self._give_up_overdue()
+            held = {task_id: entry.fence for task_id, entry in self._held.items()}
             sent = anyio.current_time()
             renewal: Renewal | None = None
             try:
@@ -549,15 +401,15 @@ class WorkflowSupervisor:
             lost: list[int] = []
             for task_id, fence in held.items():
                 entry = self._held.get(task_id)
-                if entry is None or entry[0] != fence:
+                if entry is None or entry.fence != fence:
                     continue  # that cycle ended meanwhile
-                _, scope, control = entry
+                control = entry.control
                 if control.lease_lost:
                     continue  # presumed lost already; its cycle is ending
                 if task_id not in renewed:
                     lost.append(task_id)
                     control.lease_lost = True
-                    scope.cancel()
+                    entry.cancel()
                     continue
                 control.lease_deadline = sent + config.lease
                 if renewed[task_id] is not None and control.cancel_requested is None:
@@ -569,7 +421,7 @@ class WorkflowSupervisor:
                         },
                     )
                     control.cancel_requested = renewed[task_id]
-                    scope.cancel()
+                    entry.cancel()
             if lost:
                 logger.warning(
                     "%d lease(s) lost at heartbeat (expired or taken over); cancelling their "
@@ -601,11 +453,12 @@ class WorkflowSupervisor:
         """Cancel the cycles whose lease has not been renewed for a whole lease duration."""
         now = anyio.current_time()
         lost = []
-        for task_id, (_, scope, control) in list(self._held.items()):
+        for task_id, entry in list(self._held.items()):
+            control = entry.control
             if not control.lease_lost and now >= control.lease_deadline:
                 lost.append(task_id)
                 control.lease_lost = True
-                scope.cancel()
+                entry.cancel()
         if lost:
             logger.info(
                 "%d lease(s) not renewed for a whole lease duration are presumed lost; "
@@ -616,54 +469,12 @@ class WorkflowSupervisor:
             )
 
     async def _listen(self) -> None:
-        """Wake the claim loop on NOTIFY; open the connection anew when it drops or goes dead.
+        await Listener(
+            self.worker.store.db.dsn, self.config, self.metrics, self._wake_up
+        ).run()
 
-        After ``listen_probe`` seconds without a notification the connection must answer a
-        probe within as long again: one that stopped delivering without closing (a
-        half-open TCP connection behind a NAT, a load balancer, a failed-over proxy) is
-        found so, closed and opened again, LISTEN first and then a wake-up, so the claim
-        that follows catches up on whatever came meanwhile. Never raises: while it cannot
-        listen, polling with idle backoff finds new work.
-        """
-        delay = self.config.idle_backoff_min
-        probe = self.config.listen_probe
-        dsn = self.worker.store.db.dsn
-        listening = make_conninfo(dsn, **_KEEPALIVES)
-        opened = False
-        while True:
-            try:
-                conn = await psycopg.AsyncConnection.connect(
-                    listening, autocommit=True, application_name="runifold", connect_timeout=10
-                )
-                async with conn:
-                    await conn.execute(_LISTEN)
-                    if opened:
-                        self.metrics.listen_reconnects.inc()
-                    opened = True
-                    delay = self.config.idle_backoff_min
-                    self._wake.set()  # anything submitted while we were not listening
-                    while True:
-                        async for _ in conn.notifies(timeout=probe):
-                            self._wake.set()
-                        with anyio.fail_after(probe):
-                            await conn.execute(_LISTEN_PROBE)
-            except TimeoutError:
-                logger.warning(
-                    "the LISTEN connection to %s did not answer its probe within %g s; "
-                    "opening it again",
-                    redact_dsn(dsn),
-                    probe,
-                    extra={"action": "listen_dead"},
-                )
-            except Exception as exc:  # psycopg errors, OSError ...: listen again later
-                logger.debug(
-                    "LISTEN connection to %s lost: %s",
-                    redact_dsn(dsn),
-                    exc,
-                    extra={"action": "listen_lost"},
-                )
-            await anyio.sleep(delay)
-            delay = min(delay * 2, self.config.idle_backoff_max)
+    def _wake_up(self) -> None:
+        self._wake.set()
 
     async def _watch_loop_lag(self) -> None:
         interval = 0.1
@@ -693,3 +504,39 @@ def _ids(ids: list[int]) -> str:
     """Task ids for a log line: the first twenty, then how many more."""
     shown = ", ".join(map(str, ids[:20]))
     return shown + (f" and {len(ids) - 20} more" if len(ids) > 20 else "")
+
+
+@dataclasses.dataclass(eq=False)
+class RunningCycle:
+    """A cycle the supervisor runs, holding a task's lease.
+
+    Each cycle is an asyncio task of its own, not a child of a task group: a cycle whose
+    handler call ignores cancellation can be given up without holding the run up.
+
+    Attributes:
+        fence: the lease it holds.
+        scope: its cancel scope.
+        control: the supervisor's side of the cycle.
+        runner: the asyncio task running it.
+        cancelled_at: event-loop time it was first cancelled (infinity: not yet).
+    """
+
+    fence: Fence
+    scope: anyio.CancelScope
+    control: CycleControl
+    runner: asyncio.Task[None]
+    cancelled_at: float = math.inf
+
+    def cancel(self) -> None:
+        """Cancel the cycle (it ends its lease protocol), noting when."""
+        self.cancelled_at = min(self.cancelled_at, anyio.current_time())
+        self.scope.cancel()
+
+
+def _report_fault(runner: asyncio.Task[None]) -> None:
+    """Log a fault of a cycle's own code (the interpreter fails tasks, never raises)."""
+    if not runner.cancelled() and runner.exception() is not None:
+        logger.error(
+            "a cycle ended with an error of the supervisor's", exc_info=runner.exception(),
+            extra={"action": "cycle_fault"},
+        )  # fmt: skip

@@ -310,3 +310,9 @@ class Leases:
         row = await self._db.fetch_one("database_now")
         assert row is not None
         return row["now"]  # type: ignore[no-any-return]
+
+    async def server_started(self) -> str:
+        """When the database server started (ISO-8601 text): a restart changes it."""
+        row = await self._db.fetch_one("server_started")
+        assert row is not None
+        return row["started"].isoformat()  # type: ignore[no-any-return]

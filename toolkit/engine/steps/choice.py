@@ -19,4 +19,4 @@ async def run(ctx: StepContext, step: ChoiceStep) -> Transition:
     return Goto(target)
 
 
-KIND = StepKind(run)
+KIND = StepKind(run, pure=True)

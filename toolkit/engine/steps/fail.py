@@ -18,4 +18,4 @@ async def run(ctx: StepContext, step: FailStep) -> Transition:
     return Failed({"name": step.error, "message": text}, compensate=step.compensate)
 
 
-KIND = StepKind(run)
+KIND = StepKind(run, pure=True)

@@ -319,7 +319,18 @@ class BranchLevel:
         return StepContext(self._cycle, frame, scope, spend, branches.kinds)
 
     async def before(self, step: Step) -> CycleOutcome | None:
-        """Nothing: a branch counts its steps in the task's."""
+        """Fail the branch once the task has run its ``max_steps`` (branches count in it).
+
+        The step then fails (or its ``catch`` routes), and the task's next step ends it.
+        """
+        cycle = self._cycle
+        if cycle.checkpoint.steps_run < cycle.definition.max_steps:
+            return None
+        message = (
+            f"the task ran {cycle.checkpoint.steps_run} steps, its definition's max_steps, "
+            f"in branch {self._name!r}: a loop that does not end?"
+        )
+        self._fail({"name": "MaxStepsExceeded", "message": message, "step": step.id})
         return None
 
     async def apply(self, step: Step, transition: Transition) -> CycleOutcome | None:
@@ -376,13 +387,7 @@ class BranchLevel:
         cycle, frame, name = self._cycle, self._frame, self._name
         target = catch_target(getattr(step, "catch", ()), error["name"])
         if target is None:
-            frame.status = BranchStatus.FAILED
-            frame.error = {**error, "step": step.id}
-            frame.cursor = None
-            cycle.events.append(
-                Event(EventKind.BRANCH_FAILED, {"step": self._branches.step.id, "branch": name,
-                                                "error": frame.error})
-            )  # fmt: skip
+            self._fail({**error, "step": step.id})
             return
         frame.outputs[step.id] = {"error": error}
         cycle.events.append(
@@ -390,6 +395,17 @@ class BranchLevel:
                                      "next": target})
         )  # fmt: skip
         self._enter(target)
+
+    def _fail(self, error: Error) -> None:
+        """The branch fails with ``error``."""
+        frame = self._frame
+        frame.status = BranchStatus.FAILED
+        frame.error = error
+        frame.cursor = None
+        self._cycle.events.append(
+            Event(EventKind.BRANCH_FAILED, {"step": self._branches.step.id,
+                                            "branch": self._name, "error": error})
+        )  # fmt: skip
 
     def _enter(self, target: str | None) -> None:
         self._frame.enter(target)

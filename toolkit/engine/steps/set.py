@@ -20,4 +20,4 @@ async def run(ctx: StepContext, step: SetStep) -> Transition:
     return Advance(values, step.next)
 
 
-KIND = StepKind(run)
+KIND = StepKind(run, pure=True)

@@ -17,4 +17,4 @@ async def run(ctx: StepContext, step: SucceedStep) -> Transition:
     return Finish(output)
 
 
-KIND = StepKind(run)
+KIND = StepKind(run, pure=True)

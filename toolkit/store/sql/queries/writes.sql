@@ -211,3 +211,8 @@ RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 -- name: database_now
 -- The database's clock (time is always the database's, DESIGN §2).
 SELECT clock_timestamp() AS now;
+
+-- name: server_started
+-- When the database server started: a lease that lapsed across a restart of the server is
+-- the outage's, not its task's (docs/reliability.md, lapsed leases).
+SELECT pg_postmaster_start_time() AS started;
