@@ -19,7 +19,7 @@ workers' throughput).
 Run: ``.venv/bin/python bench/hot_tenant.py [--hot 20000] [--cold 100] [--workers 2]
 [--concurrency 32] [--dsn SERVER_DSN] [--json PATH]``; without ``--dsn`` a temporary embedded
 server is used. All numbers are measurements; nothing here asserts a timing (the test
-``tests/test_tenants.py`` runs a small version and asserts B gets through first).
+``tests/process/test_hot_tenant.py`` runs a small version and asserts B gets through first).
 """
 
 from __future__ import annotations

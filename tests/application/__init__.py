@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.application``: the App registry and spend accounting."""

@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.cli``: the command's parsing, its one-line errors and its output."""

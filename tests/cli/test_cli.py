@@ -1,0 +1,202 @@
+"""The `toolkit` command: clear one-line errors, nothing written on refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.helpers.workflows import THREE_STEPS
+from toolkit.cli import cli
+
+UNREACHABLE = "postgresql://user:hunter2@127.0.0.1:1/nowhere?connect_timeout=2"
+
+
+def invoke(*args: str, dsn: str | None = None) -> tuple[int, str, str]:
+    runner = CliRunner()
+    env = {"TOOLKIT_DSN": dsn} if dsn else {}
+    result = runner.invoke(cli, list(args), env=env, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+@pytest.fixture
+def three_steps(tmp_path: Path) -> Path:
+    path = tmp_path / "three.yaml"
+    path.write_text(THREE_STEPS)
+    return path
+
+
+def test_validate_reports_every_fault_with_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        THREE_STEPS.replace("next: second", "next: nowhere").replace("version: 1", "version: 0")
+    )
+    code, out, err = invoke("validate", str(bad))
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) >= 2
+    assert all(line.startswith(f"error: {bad}:") for line in lines)
+    assert any("$.version" in line for line in lines)
+    assert any("nowhere" in line for line in lines)
+    assert "Traceback" not in err
+
+
+def test_validate_accepts_the_examples() -> None:
+    code, out, _ = invoke("validate", "definitions")
+    assert code == 0 and out.count("ok: ") >= 2
+
+
+def test_invalid_yaml_is_one_located_error(tmp_path: Path) -> None:
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("name: x\nsteps: [unclosed\n")
+    code, _, err = invoke("validate", str(bad))
+    assert code == 1 and f"{bad}:" in err and "Traceback" not in err
+
+
+def test_unreachable_database_is_one_line_without_the_password(three_steps: Path) -> None:
+    code, _, err = invoke("deploy", str(three_steps), dsn=UNREACHABLE)
+    assert code == 1
+    assert err.startswith("error: cannot reach PostgreSQL at ") and err.count("\n") == 1
+    assert "hunter2" not in err
+
+
+def test_submit_and_show_and_tasks(dsn: str, three_steps: Path) -> None:
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    code, out, err = invoke("deploy", str(three_steps), dsn=dsn)
+    assert code == 0 and out.startswith("unchanged"), err
+    code, out, err = invoke("submit", "three-steps", "--input", '{"n": 3}', dsn=dsn)
+    assert code == 0, err
+    task_id = int(out)
+    code, out, _ = invoke("show", str(task_id), "--json", dsn=dsn)
+    shown = json.loads(out)
+    assert shown["task"]["state"] == "queued" and shown["events"][0]["kind"] == "submitted"
+    code, out, _ = invoke("tasks", "--state", "queued", dsn=dsn)
+    assert code == 0 and f"{task_id:>8}  queued" in out
+
+
+def test_show_cuts_long_values_with_an_ellipsis_and_json_keeps_them(
+    dsn: str, three_steps: Path
+) -> None:
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    task_id = invoke("submit", "three-steps", "--input", '{"n": 3}', dsn=dsn)[1].strip()
+    note = "x" * 300
+    assert invoke("signal", task_id, "note", "--payload", json.dumps(note), dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    (line,) = [line for line in out.splitlines() if " note " in line]
+    assert line.endswith("xxx…") and len(line) < 200
+    shown = json.loads(invoke("show", task_id, "--json", dsn=dsn)[1])
+    assert shown["signals"][0]["payload"] == note
+
+
+def test_validate_refuses_a_folder_without_definitions(tmp_path: Path) -> None:
+    code, out, err = invoke("validate", str(tmp_path))
+    assert (code, out) == (1, "")
+    assert err == f"error: {tmp_path}: $: no *.yaml or *.yml file in this folder\n"
+
+
+def test_demo_without_its_definitions_folder_says_where_to_run_it(tmp_path: Path) -> None:
+    code, out, err = invoke("demo", "--definitions", str(tmp_path / "none"), dsn=UNREACHABLE)
+    assert (code, out) == (1, "") and "run it from the repository's root" in err
+
+
+def test_submit_refuses_a_budget_without_a_resource_or_a_number() -> None:
+    for text, message in [
+        ("=5", "error: --budget =5: expected RESOURCE=AMOUNT"),
+        ("tokens=", "error: --budget tokens=: expected RESOURCE=AMOUNT"),
+        ("tokens=lots", "error: --budget tokens=lots: 'lots' is not a number"),
+    ]:
+        code, out, err = invoke("submit", "x", "--budget", text, dsn=UNREACHABLE)
+        assert (code, out) == (1, "") and err.startswith(message), err
+
+
+def test_tasks_refuses_a_limit_below_one() -> None:
+    code, _, err = invoke("tasks", "--limit", "-1", dsn=UNREACHABLE)
+    assert code == 2 and "Invalid value for '--limit'" in err and "Traceback" not in err
+
+
+def test_submit_refuses_bad_input_and_writes_nothing(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "strict.yaml"
+    path.write_text(
+        THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}")
+    )
+    invoke("deploy", str(path), dsn=dsn)
+    code, _, err = invoke("submit", "three-steps", "--input", '{"m": 1}', dsn=dsn)
+    assert code == 1 and "n" in err and "Traceback" not in err
+    code, _, err = invoke("submit", "three-steps", "--input", "{not json", dsn=dsn)
+    assert code == 1 and "--input: not valid JSON" in err
+    code, _, err = invoke("submit", "no-such-workflow", dsn=dsn)
+    assert code == 1 and "no definition 'no-such-workflow'" in err
+    assert invoke("tasks", "--json", dsn=dsn)[1].strip() == "[]"
+
+
+def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps: Path) -> None:
+    code, _, err = invoke(
+        "run", "--app", "toolkit.examples", "--definitions", str(three_steps), dsn=dsn
+    )
+    assert code == 1
+    assert f"{three_steps}: $.steps.first.effect: no handler 'count.work'" in err
+    code, _, err = invoke(
+        "run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn
+    )
+    assert code == 1 and "cannot import 'no.such.module'" in err
+    for spec, message in [
+        ("tests.apps.counting:nope", "module 'tests.apps.counting' has no 'nope' (it has app)"),
+        ("tests.apps.counting:CREATE_CALLS", "tests.apps.counting.CREATE_CALLS is a str, not a"),
+    ]:
+        code, _, err = invoke("run", "--app", spec, "--definitions", str(three_steps), dsn=dsn)
+        assert code == 1 and message in err, err
+    code, _, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),
+        "--lease", "3", "--heartbeat", "2", dsn=dsn,
+    )  # fmt: skip
+    assert code == 1 and "at most a third of the lease" in err
+
+
+def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
+    invoke("deploy", str(three_steps), dsn=dsn)
+    for n in range(3):
+        invoke("submit", "three-steps", "--input", json.dumps({"n": n}), dsn=dsn)
+    code, out, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps), "--until-idle",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "succeeded 3" in out
+
+
+def test_a_worker_id_held_by_a_live_process_is_one_clear_error(dsn: str, three_steps: Path) -> None:
+    """Regression: the refusal came out of the worker's task group as a traceback."""
+    import anyio
+
+    from toolkit.store import Store
+
+    async def hold() -> None:
+        async with await Store.open(dsn, migrate_schema=False) as store:
+            await store.workers.register(
+                "busy", incarnation="other", concurrency=1, definitions=[], lease_seconds=60,
+                heartbeat_seconds=20,
+            )
+
+    anyio.run(hold)
+    code, _, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps),
+        "--worker-id", "busy", "--until-idle", dsn=dsn,
+    )  # fmt: skip
+    assert code == 1
+    assert err.startswith("error: worker id 'busy' is held by another live process")
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_deploy_registers_nothing_when_one_file_conflicts(dsn: str, tmp_path: Path) -> None:
+    """Regression: files before a conflicting one stayed registered."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    second.write_text(THREE_STEPS)
+    assert invoke("deploy", str(second), dsn=dsn)[0] == 0
+    first.write_text(THREE_STEPS.replace("name: three-steps", "name: another"))
+    second.write_text(THREE_STEPS.replace("succeed: {output: zero}", "succeed: {output: two}"))
+    code, _, err = invoke("deploy", str(first), str(second), dsn=dsn)
+    assert code == 1 and "bump `version`" in err
+    code, out, _ = invoke("definitions", "list", "--json", dsn=dsn)
+    assert [entry["name"] for entry in json.loads(out)] == ["three-steps"]

@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.definition``: the format, its checks, expressions and drawings."""

@@ -1,0 +1,142 @@
+"""Running workflows in the test's own process: deploy, submit, drain with a supervisor.
+
+The helpers every in-process store and worker test shares (process-level tests use
+``tests.helpers.processes``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from click.testing import CliRunner
+
+from tests.apps.counting import app
+from tests.apps.counting import app as counting_app
+from tests.helpers.workflows import definition
+from toolkit.application import App
+from toolkit.cli import cli
+from toolkit.runtime.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
+from toolkit.store import Store
+
+#: A worker configuration for tests: short lease and heartbeat, next to no idle backoff.
+FAST: dict[str, Any] = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05)
+
+
+async def deploy_submit(store: Store, text: str, inputs: list[Any], **submit: Any) -> list[int]:
+    """Deploy the definition ``text`` and submit one task per input; return the task ids."""
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return await store.tasks.submit(d, inputs, **submit)
+
+
+async def drain(
+    store: Store, *texts: str, handlers: App = counting_app, **config: Any
+) -> SupervisorReport:
+    """Run a worker of these definitions until nothing is left to do now; its report."""
+    worker = Worker(store, handlers, [definition(text) for text in texts])
+    return await WorkflowSupervisor(
+        worker, SupervisorConfig(until_idle=True, **{**FAST, **config})
+    ).run()
+
+
+async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Run a statement on a pooled connection; its rows (none for a statement without)."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(statement, params)  # type: ignore[arg-type]
+        return await cursor.fetchall() if cursor.description else []
+
+
+async def make_due(store: Store, task_id: int) -> None:
+    """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
+    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
+
+
+async def kinds(store: Store, task_id: int) -> list[str]:
+    """The kinds of a task's events, oldest first."""
+    return [event["kind"] for event in await store.tasks.events(task_id)]
+
+
+async def due_in(store: Store, task_id: int) -> float:
+    """Seconds from now until the task's ``run_at``, in database time."""
+    rows = await sql(
+        store,
+        "SELECT extract(epoch FROM run_at - clock_timestamp())::float8 FROM toolkit_tasks"
+        " WHERE id = %s",
+        task_id,
+    )
+    return float(rows[0][0])
+
+
+# --- the command, in-process ------------------------------------------------------------------
+
+
+def invoke(dsn: str, *args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(cli, list(args), env={"TOOLKIT_DSN": dsn}, catch_exceptions=False)
+    return result.exit_code, result.stdout, result.stderr
+
+
+# --- running the counting app's workflows until idle ------------------------------------------
+
+#: The configuration of ``run_until_idle`` (a longer idle backoff than ``FAST``).
+WORKER_FAST = dict(lease=6.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.1)
+
+
+async def run_until_idle(store: Store, *texts: str, **config: Any):
+    definitions = [definition(t) for t in texts]
+    worker = Worker(store, app, definitions)
+    return await WorkflowSupervisor(
+        worker, SupervisorConfig(until_idle=True, **{**WORKER_FAST, **config})
+    ).run()
+
+
+async def submit(store: Store, text: str, inputs: list[Any]) -> list[int]:
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return await store.tasks.submit(d, inputs)
+
+
+async def calls(store: Store) -> dict[str, int]:
+    async with store.db.connection() as conn:
+        exists = await (
+            await conn.execute("SELECT to_regclass('test_calls') IS NOT NULL")
+        ).fetchone()
+        if not exists or not exists[0]:
+            return {}
+        rows = await (
+            await conn.execute("SELECT idempotency_key, calls FROM test_calls")
+        ).fetchall()
+    return dict(rows)
+
+
+# --- tenant budgets ---------------------------------------------------------------------------
+
+
+async def set_tenant_budget(
+    store: Store, tenant: str, amount: float, used: float = 0, reserved: float = 0
+) -> None:
+    """The tenant's ``tokens`` budget: ``used`` (spent plus reserved), ``reserved`` of it."""
+    await sql(
+        store,
+        "INSERT INTO toolkit_tenants (tenant) VALUES (%s) ON CONFLICT DO NOTHING",
+        tenant,
+    )
+    await sql(
+        store,
+        "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount, used, reserved) "
+        "VALUES (%s, 'tokens', %s, %s, %s) ON CONFLICT (tenant, resource) "
+        "DO UPDATE SET amount = excluded.amount, used = excluded.used, "
+        "reserved = excluded.reserved",
+        tenant, amount, used, reserved,
+    )  # fmt: skip
+
+
+async def tenant_use(store: Store, tenant: str) -> tuple[float, float]:
+    """The tenant's ``tokens`` use: (used, reserved)."""
+    rows = await sql(
+        store,
+        "SELECT used::float8, reserved::float8 FROM toolkit_tenant_budgets"
+        " WHERE tenant = %s AND resource = 'tokens'",
+        tenant,
+    )
+    return rows[0]

@@ -1,0 +1,145 @@
+"""Helpers to run real ``toolkit`` worker processes and wait on store conditions."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import psycopg
+
+from tests.helpers.workflows import definition
+from toolkit.store import Store
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[str]:
+    """Start ``python -m toolkit ARGS`` against ``dsn`` with the tests' apps importable.
+
+    Its stdout and stderr are pipes unless ``kwargs`` (passed to `subprocess.Popen`) say
+    otherwise."""
+    env = {
+        **os.environ,
+        "TOOLKIT_DSN": dsn,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolkit", *args],
+        env=env,
+        cwd=REPO,
+        text=True,
+        **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs},  # type: ignore[arg-type]
+    )
+
+
+def wait_for(
+    condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition"
+) -> None:
+    """Poll a store condition until it holds, failing the test past ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def query(dsn: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()  # type: ignore[arg-type]
+
+
+def call_counts(dsn: str) -> dict[str, int]:
+    if not query(dsn, "SELECT to_regclass('test_calls')")[0][0]:
+        return {}
+    return {str(k): int(v) for k, v in query(dsn, "SELECT idempotency_key, calls FROM test_calls")}  # type: ignore[call-overload]
+
+
+# --- helpers of the crash-matrix and acceptance tests -------------------------------------------
+
+
+def submit_tasks(dsn: str, text: str, inputs: Sequence[Any]) -> list[int]:
+    """Deploy the definition ``text`` and submit one task per input; return their ids."""
+
+    async def main() -> list[int]:
+        async with await Store.open(dsn, migrate_schema=False) as store:
+            d = definition(text)
+            await store.definitions.deploy(d)
+            return await store.tasks.submit(d, inputs)
+
+    return anyio.run(main)
+
+
+def task_row(dsn: str, task_id: int) -> dict[str, Any]:
+    """The task's row as a dict (column name to value)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute("SELECT * FROM toolkit_tasks WHERE id = %s", (task_id,))
+        names = [c.name for c in cursor.description or ()]
+        row = cursor.fetchone()
+    assert row is not None, f"no task {task_id}"
+    return dict(zip(names, row, strict=True))
+
+
+def task_events(dsn: str, task_id: int) -> list[dict[str, Any]]:
+    """The task's events, oldest first: kind, at, worker_id, fencing_token, detail."""
+    rows = query(
+        dsn,
+        "SELECT kind, at, worker_id, fencing_token, detail FROM toolkit_task_events "
+        "WHERE task_id = %s ORDER BY id",
+        (task_id,),
+    )
+    keys = ("kind", "at", "worker_id", "fencing_token", "detail")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def task_evidence(dsn: str, task_id: int) -> list[dict[str, Any]]:
+    """The task's effect evidence, oldest first."""
+    rows = query(
+        dsn,
+        "SELECT step, record, idempotency_key, attempt, fencing_token, worker_id, result "
+        "FROM toolkit_effect_evidence WHERE task_id = %s ORDER BY id",
+        (task_id,),
+    )
+    keys = ("step", "record", "idempotency_key", "attempt", "fencing_token", "worker_id", "result")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
+def backdate_leases(dsn: str, task_ids: list[int] | None = None) -> int:
+    """Row surgery: expire the lease of these (default: all) leased tasks now; return count."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        cursor = conn.execute(
+            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second' "
+            "WHERE state = 'leased' AND (%s::bigint[] IS NULL OR id = ANY(%s::bigint[]))",
+            (task_ids, task_ids),
+        )
+        return cursor.rowcount
+
+
+def worker_report(output: str) -> dict[str, float]:
+    """Parse the ``toolkit run`` report line: ``{"claimed": 1, ..., "max loop lag": 12}``."""
+    import re
+
+    line = next(line for line in output.splitlines() if line.startswith("worker "))
+    counts = line.split(": ", 1)[1]
+    fields = {}
+    for name, value in re.findall(r"([a-z][a-z ]*?) (\d+(?:\.\d+)?)(?: ms| s)?(?:,|$)", counts):
+        fields[name.strip()] = float(value)
+    return fields
+
+
+async def eventually(
+    condition: Callable[[], Awaitable[bool]], *, timeout: float = 30.0, what: str = "condition"
+) -> None:
+    """Await a store condition until it holds, failing the test past ``timeout`` seconds."""
+    try:
+        with anyio.fail_after(timeout):
+            while not await condition():
+                await anyio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}") from None

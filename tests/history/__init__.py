@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.history``: export, analytics, retention, the fencing audit, the notebook."""

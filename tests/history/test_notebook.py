@@ -1,0 +1,135 @@
+"""Notebook inspection: the task browser filters, opens and acts on tasks through the store,
+and the history dashboard plots an export (the drawings: ``tests/definition/test_diagram.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.history import deploy, run_until_idle, submit_and_run
+from tests.helpers.workflows import DEFINITIONS, FLOW, WAITER
+from toolkit import history
+from toolkit.history.export import export_history
+from toolkit.history.notebook import TaskBrowser, plot_history
+from toolkit.store import Store
+
+# --- the task browser -------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
+    await deploy(store)
+    await submit_and_run(store, flows=2, broken=1)
+    waiting = await store.tasks.submit(WAITER, [{}, {}], tenant="acme")
+    await run_until_idle(store, DEFINITIONS)
+
+    browser = TaskBrowser(store)
+    listed = await browser.refresh()
+    assert len(listed) == 5
+    assert set(browser.tenant_filter.options) == {"(any)", "acme", "globex"}
+    assert set(browser.definition_filter.options) >= {"hist-flow", "hist-broken", "hist-wait"}
+
+    # Filters: through the widgets (the change schedules a refresh) and through the API.
+    browser.state_filter.value = "failed"
+    await browser.settle()
+    assert [t.definition_name for t in browser.tasks] == ["hist-broken"]
+    browser.set_filters(state="waiting", tenant="acme", definition="hist-wait", version=1)
+    assert sorted(t.id for t in await browser.refresh()) == sorted(waiting)
+    assert browser.version_filter.options == ("(any)", "1")
+    assert "hist-wait v1" in browser.listing()
+
+    # Selecting a task in the list opens it.
+    browser.task_list.value = waiting[0]
+    await browser.settle()
+    assert browser.detail is not None and browser.detail.task.id == waiting[0]
+    assert browser.detail.wait == "signal 'go'"
+    assert browser.signal_name.value == "go"  # filled in from the wait
+    text = browser.detail.text()
+    assert "waits for:  signal 'go'" in text and "timeline" in text and "claimed" in text
+    assert "<pre>" in browser.detail_pane.value
+
+    # The signal button sends the signal through store.tasks.signal.
+    browser.signal_payload.value = '{"by": "test"}'
+    browser.signal_button.click()
+    await browser.settle()
+    signals = await store.tasks.signals(waiting[0])
+    assert [(s["name"], s["payload"]) for s in signals] == [("go", {"by": "test"})]
+    assert "sent to task" in browser.status
+    await run_until_idle(store, DEFINITIONS)
+    assert (await store.tasks.get(waiting[0])).state == "succeeded"
+
+    # The cancel button cancels the other waiting task.
+    await browser.open(waiting[1])
+    browser.cancel_reason.value = "not needed"
+    browser.cancel_button.click()
+    await browser.settle()
+    cancelled = await store.tasks.get(waiting[1])
+    assert cancelled.state == "cancelled" and cancelled.error["message"] == "not needed"
+    assert browser.detail.task.state == "cancelled"
+
+    # An action the store refuses shows in the status line, not as a traceback.
+    browser.cancel_button.click()
+    await browser.settle()
+    assert browser.status.startswith("error: task") and "cancelled" in browser.status
+
+
+@pytest.mark.anyio
+async def test_the_browser_reconciles(store: Store) -> None:
+    await deploy(store)
+    [task_id] = await store.tasks.submit(FLOW, [{"n": 1}], tenant="acme")
+    # A non-idempotent intent without outcome: put the task in reconciliation by hand.
+    broken = DEFINITIONS[1]
+    [uncertain] = await store.tasks.submit(broken, [{}], tenant="globex")
+    [claimed] = await store.leases.claim("gone", [broken.digest], limit=1, lease_seconds=30)
+    assert claimed.id == uncertain
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO toolkit_effect_evidence (task_id, occurrence, step, handler, "
+            "idempotent, idempotency_key, record, attempt, fencing_token, worker_id) "
+            "VALUES (%s, 'only#1', 'only', 'hist.broken', false, 'k', 'started', 1, %s, 'gone')",
+            (uncertain, claimed.token),
+        )
+        await conn.execute(
+            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 s', "
+            "checkpoint = checkpoint || jsonb_build_object('pending', 'only#1', "
+            "'attempts', jsonb_build_object('only#1', 1)) WHERE id = %s",
+            (uncertain,),
+        )
+    await run_until_idle(store, DEFINITIONS)
+    record = await store.tasks.get(uncertain)
+    assert (record.state, record.wait_reason) == ("waiting", "reconciliation")
+
+    browser = TaskBrowser(store, operator="alice")
+    await browser.refresh()
+    detail = await browser.open(uncertain)
+    assert detail.reconciliation is not None and "step 'only'" in detail.reconciliation
+    assert browser.reconcile_step.value == "only"
+    browser.reconcile_outcome.value = "completed"
+    browser.reconcile_result.value = '{"done": true}'
+    browser.reconcile_button.click()
+    await browser.settle()
+    assert "reconciled as completed" in browser.status
+    evidence = await store.tasks.evidence(uncertain)
+    assert (evidence[-1]["record"], evidence[-1]["worker_id"]) == ("completed", "alice")
+    await run_until_idle(store, DEFINITIONS)
+    assert (await store.tasks.get(uncertain)).state == "succeeded"
+    assert (await store.tasks.get(task_id)).state == "succeeded"
+
+
+# --- the dashboard ----------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_the_dashboard_plots_an_export(store: Store, tmp_path: Path) -> None:
+    await deploy(store)
+    await submit_and_run(store)
+    await export_history(store.db, tmp_path)
+    with history.open(tmp_path) as h:
+        figure = plot_history(h, "10s")
+    assert [ax.get_ylabel() for ax in figure.axes] == [
+        "queue delay (s)",
+        "tasks ended",
+        "failed tasks",
+    ]
+    assert figure.axes[0].lines and figure.axes[2].lines

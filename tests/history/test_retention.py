@@ -1,0 +1,98 @@
+"""Retention (``toolkit prune``): only exported history is deleted, in batches, unless forced."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.helpers.history import deploy, run_until_idle, submit_and_run, with_store
+from tests.helpers.workflows import DEFINITIONS, WAITER
+from toolkit.cli import cli
+from toolkit.errors import NotExported
+from toolkit.history.export import export_history
+from toolkit.history.retention import prune
+from toolkit.store import Store
+
+pytestmark = pytest.mark.anyio
+
+
+async def task_count(store: Store) -> int:
+    return sum((await store.tasks.counts_by_state()).values())
+
+
+async def backdate(store: Store, seconds: int) -> None:
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_tasks SET finished_at = finished_at - %s * interval '1 second' "
+            "WHERE finished_at IS NOT NULL",
+            (seconds,),
+        )
+
+
+async def test_prune_refuses_unexported_tasks(store: Store, tmp_path: Path) -> None:
+    await deploy(store)
+    await submit_and_run(store)
+    await backdate(store, 7200)
+    with pytest.raises(NotExported, match="4 terminal tasks older than 1h are not exported"):
+        await prune(store.db, older_than=3600, exported_to=tmp_path / "none")
+    await export_history(store.db, tmp_path)
+    await submit_and_run(store, flows=2, broken=0)  # finished after the export
+    await backdate(store, 7200)
+    with pytest.raises(NotExported, match="2 terminal tasks"):
+        await prune(store.db, older_than=3600, exported_to=tmp_path)
+    assert await task_count(store) == 6  # refused whole: nothing deleted
+
+
+async def test_prune_deletes_exported_tasks_in_batches(store: Store, tmp_path: Path) -> None:
+    await deploy(store)
+    await submit_and_run(store, flows=5)
+    [waiting] = await store.tasks.submit(WAITER, [{}], tenant="acme")
+    await run_until_idle(store, DEFINITIONS)
+    await backdate(store, 7200)
+    await export_history(store.db, tmp_path)
+
+    report = await prune(store.db, older_than=3600, exported_to=tmp_path, batch_size=2)
+    assert report.tasks == 6 and report.batches == 3 and report.refused == 0
+    assert report.events > 0 and report.evidence > 0
+    assert [t.id for t in await store.tasks.list()] == [waiting]  # live tasks stay
+    async with store.db.connection() as conn:
+        row = await (await conn.execute("SELECT count(*) FROM toolkit_task_events")).fetchone()
+    assert row is not None and row[0] == len(await store.tasks.events(waiting))
+
+    # Younger than the limit: kept.
+    await store.tasks.signal(waiting, "go")
+    await run_until_idle(store, DEFINITIONS)
+    again = await prune(store.db, older_than=3600, exported_to=tmp_path)
+    assert again.tasks == 0 and await task_count(store) == 1
+
+
+async def test_prune_force_deletes_without_export(store: Store, tmp_path: Path) -> None:
+    await deploy(store)
+    await submit_and_run(store)
+    await backdate(store, 7200)
+    report = await prune(store.db, older_than=3600, force=True)
+    assert report.tasks == 4 and await task_count(store) == 0
+
+
+def test_cli_prune(dsn: str, tmp_path: Path) -> None:
+    async def setup(store: Store) -> None:
+        await deploy(store)
+        await submit_and_run(store)
+        await backdate(store, 7200)
+
+    with_store(dsn, setup)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["--dsn", dsn, "prune", "--older-than", "1h"])
+    assert result.exit_code == 1
+    assert result.output.startswith("error: ") and "--exported-to" in result.output
+    out = tmp_path / "hist"
+    assert runner.invoke(cli, ["--dsn", dsn, "export", str(out)]).exit_code == 0
+    result = runner.invoke(
+        cli, ["--dsn", dsn, "prune", "--older-than", "1h", "--exported-to", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "pruned 4 tasks" in result.output
+    result = runner.invoke(cli, ["--dsn", dsn, "prune", "--older-than", "soon", "--force"])
+    assert result.exit_code != 0 and "Traceback" not in result.output

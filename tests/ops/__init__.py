@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.ops``: doctor and the demo, with the example application it runs."""

@@ -1,0 +1,74 @@
+"""The demo end to end against the test database: every task succeeds, effects run once."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from psycopg import sql
+
+from toolkit.examples import orders
+from toolkit.ops.demo import DemoSummary, order_inputs, run_demo
+from toolkit.store import Store
+
+DEFINITIONS = Path(__file__).resolve().parents[2] / "definitions"
+REVIEW_THRESHOLD = Decimal(1000)  # definitions/order-saga.yaml, step `route`
+
+
+def _expected_effects() -> int:
+    """4 effects per ingest task; 3 per order, plus the review of the large ones."""
+    totals = [
+        orders.price_order(o["items"]).total
+        for o in order_inputs(DEFINITIONS / "data" / "orders.jsonl")
+    ]
+    return 72 * 4 + 300 * 3 + sum(total > REVIEW_THRESHOLD for total in totals)
+
+
+def test_render_names_states_effects_time_and_reports() -> None:
+    summary = DemoSummary(
+        submitted={"order-saga": 300, "file-ingest": 72},
+        tasks_by_state={"succeeded": 372},
+        effects_run=1245,
+        wall_time=2.0,
+        report_dir="/tmp/r",
+    )
+    text = summary.render()
+    assert "succeeded" in text and "372" in text
+    assert "1245" in text
+    assert "186.0 tasks/s" in text
+    assert "/tmp/r" in text
+
+
+@pytest.mark.anyio
+async def test_demo_runs_every_task_to_success(store: Store, tmp_path: Path) -> None:
+    summary = await run_demo(store, DEFINITIONS, home=tmp_path, concurrency=8)
+
+    assert summary.submitted == {"file-ingest": 72, "order-saga": 300}
+    assert summary.tasks_by_state == {"succeeded": 372}
+    assert summary.effects_run == _expected_effects()
+    assert summary.report_dir == str((tmp_path / "reports").resolve())
+    reports = sorted((tmp_path / "reports").iterdir())
+    assert len(reports) == 72
+    report = json.loads((tmp_path / "reports" / "oslo-blindern-2024.json").read_text())
+    assert report["profile"]["rows"] == 366
+    assert sorted(report["aggregates"]) == sorted(report["profile"]["numeric"])
+    assert len(report["aggregates"]) == 5
+
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT count(*), count(DISTINCT idempotency_key) FROM demo_outbox"
+        )
+        assert await cursor.fetchone() == (300, 300)  # the non-idempotent charge ran once each
+        for table in ("demo_inventory_reservations", "demo_shipments"):
+            count = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+            cursor = await conn.execute(count)
+            assert await cursor.fetchone() == (300,)
+
+    # A second run on the same database counts only its own tasks; reports are rewritten.
+    again = await run_demo(store, DEFINITIONS, home=tmp_path, concurrency=8)
+    assert again.tasks_by_state == {"succeeded": 372}
+    assert again.effects_run == summary.effects_run
+    assert len(list((tmp_path / "reports").iterdir())) == 72
+    assert await store.tasks.counts_by_state() == {"succeeded": 744}

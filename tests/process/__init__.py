@@ -1,0 +1,1 @@
+"""Tests that start or kill real worker processes (``python -m toolkit run``)."""

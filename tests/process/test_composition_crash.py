@@ -1,0 +1,214 @@
+"""Crashes in the middle of parallel and map steps and races: real worker processes, SIGKILL.
+
+Each test kills a ``toolkit run`` process while branches are in flight, lets another worker
+take the task over, and checks per-branch handler call counts in ``test_calls`` (the ground
+truth outside the task rows): a finished branch never runs again, a non-idempotent effect
+never runs twice, and a race's recorded winner survives the crash.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.helpers.processes import (
+    backdate_leases,
+    call_counts,
+    query,
+    submit_tasks,
+    task_events,
+    task_row,
+    toolkit_process,
+    wait_for,
+)
+from toolkit.history.audit import audit_task
+
+RUN = ["run", "--app", "tests.apps.scenarios", "--lease", "2", "--heartbeat", "0.5"]
+
+
+def _worker(
+    dsn: str, text: str, tmp_path: Path, worker_id: str, *extra: str
+) -> subprocess.Popen[str]:
+    path = tmp_path / "definition.yaml"
+    path.write_text(text)
+    return toolkit_process(dsn, *RUN, "--definitions", str(path), "--worker-id", worker_id, *extra)
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    process.kill()
+    process.communicate(timeout=10)
+
+
+def _finish(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, f"exit {process.returncode}\n{out}\n{err}"
+    assert "Traceback" not in err, err
+    return out
+
+
+def _audit_clean(dsn: str, task_id: int) -> None:
+    import anyio
+
+    from toolkit.store import Store
+
+    async def main() -> None:
+        async with await Store.open(dsn) as store:
+            assert await audit_task(store, task_id) == []
+
+    anyio.run(main)
+
+
+PARALLEL = """
+name: crash-parallel
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        a:
+          start: quick
+          steps:
+            quick: {effect: scn.work, idempotent: false, next: slow}
+            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60}}
+        b:
+          start: quick
+          steps:
+            quick: {effect: scn.work, idempotent: false}
+        c:
+          start: quick
+          steps:
+            quick: {effect: scn.work, idempotent: false, next: slow}
+            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60}}
+    next: done
+  done: {succeed: {output: "${ steps.fan }"}}
+"""
+
+
+def test_a_crash_mid_parallel_resumes_each_branch_where_it_was(dsn: str, tmp_path: Path) -> None:
+    (task_id,) = submit_tasks(dsn, PARALLEL, [{}])
+    first = _worker(dsn, PARALLEL, tmp_path, "w1")
+    try:
+        slow = {f"{task_id}:fan#1/a/slow#1", f"{task_id}:fan#1/c/slow#1"}
+        wait_for(lambda: slow <= call_counts(dsn).keys(), timeout=20, what="both slow steps")
+        # Branch b's end and the quick steps' evidence are committed before the slow calls.
+        wait_for(
+            lambda: "b" in str(task_row(dsn, task_id)["checkpoint"]["fanout"]["branches"]),
+            timeout=10,
+            what="branch b recorded",
+        )
+    finally:
+        _kill(first)
+    backdate_leases(dsn, [task_id])
+    second = _worker(dsn, PARALLEL, tmp_path, "w2", "--until-idle")
+    _finish(second)
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", row["error"]
+    assert sorted(row["result"]) == ["a", "b", "c"]
+    counts = call_counts(dsn)
+    for branch in "abc":  # the non-idempotent quick steps ran exactly once each
+        assert counts[f"{task_id}:fan#1/{branch}/quick#1"] == 1, counts
+    for branch in "ac":  # the idempotent slow steps in flight at the kill ran again
+        assert counts[f"{task_id}:fan#1/{branch}/slow#1"] == 2, counts
+    kinds = [e["kind"] for e in task_events(dsn, task_id)]
+    assert kinds.count("branch_succeeded") == 3  # b's success was not repeated
+    assert "recovered" in kinds
+    _audit_clean(dsn, task_id)
+
+
+MAP = """
+name: crash-map
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      max_concurrency: 2
+      branch:
+        start: once
+        steps:
+          once: {effect: scn.work, idempotent: false, next: slow}
+          slow:
+            effect: scn.slow_first_call
+            idempotent: true
+            args: {seconds: "${ context.item }"}
+"""
+
+
+def test_a_crash_mid_map_keeps_finished_items_and_the_concurrency_bound(
+    dsn: str, tmp_path: Path
+) -> None:
+    # Items 0 and 1 are quick; 2 and 3 hang on their first call until the worker dies.
+    (task_id,) = submit_tasks(dsn, MAP, [{"items": [0, 0, 60, 60, 0]}])
+    first = _worker(dsn, MAP, tmp_path, "w1")
+    try:
+        hanging = {f"{task_id}:each#1/2/slow#1", f"{task_id}:each#1/3/slow#1"}
+        wait_for(lambda: hanging <= call_counts(dsn).keys(), timeout=20, what="items 2 and 3")
+    finally:
+        _kill(first)
+    counts = call_counts(dsn)
+    assert f"{task_id}:each#1/4/once#1" not in counts  # never more than 2 at once
+    backdate_leases(dsn, [task_id])
+    _finish(_worker(dsn, MAP, tmp_path, "w2", "--until-idle"))
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", row["error"]
+    assert len(row["result"]) == 5
+    counts = call_counts(dsn)
+    for item in range(5):
+        assert counts[f"{task_id}:each#1/{item}/once#1"] == 1, counts
+    for item in (0, 1, 4):
+        assert counts[f"{task_id}:each#1/{item}/slow#1"] == 1, counts
+    for item in (2, 3):
+        assert counts[f"{task_id}:each#1/{item}/slow#1"] == 2, counts
+    _audit_clean(dsn, task_id)
+
+
+RACE = """
+name: crash-race
+version: 1
+start: race
+steps:
+  race:
+    parallel:
+      mode: first_success
+      branches:
+        fast:
+          start: win
+          steps:
+            win: {effect: scn.work, idempotent: false, args: {value: fast}}
+        slow:
+          start: lose
+          steps:
+            lose: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60}}
+    next: after
+  after: {effect: scn.work, idempotent: false, args: {value: "${ steps.race.value }"}}
+"""
+
+
+def test_a_race_winner_survives_a_crash(dsn: str, tmp_path: Path) -> None:
+    (task_id,) = submit_tasks(dsn, RACE, [{}])
+    first = _worker(dsn, RACE, tmp_path, "w1")
+    try:
+        wait_for(
+            lambda: (task_row(dsn, task_id)["checkpoint"].get("fanout") or {}).get("winner")
+            == "fast",
+            timeout=20,
+            what="the winner recorded",
+        )
+    finally:
+        _kill(first)  # the loser is still running: the step has not ended
+    backdate_leases(dsn, [task_id])
+    _finish(_worker(dsn, RACE, tmp_path, "w2", "--until-idle"))
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", row["error"]
+    assert row["result"]["value"] == "fast"
+    counts = call_counts(dsn)
+    assert counts[f"{task_id}:race#1/fast/win#1"] == 1  # the race was never re-run
+    assert counts[f"{task_id}:after#1"] == 1
+    won = [e for e in task_events(dsn, task_id) if e["kind"] == "race_won"]
+    assert len(won) == 1
+    rows = query(dsn, "SELECT count(*) FROM toolkit_effect_evidence WHERE task_id = %s "
+                      "AND occurrence = %s AND record = 'started'",
+                 (task_id, "race#1/fast/win#1"))  # fmt: skip
+    assert rows == [(1,)]

@@ -1,0 +1,1 @@
+"""Checks across the project: the docs, the packaging, the public API, security."""

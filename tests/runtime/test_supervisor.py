@@ -1,0 +1,97 @@
+"""The supervisor in-process (``toolkit.runtime.supervisor``): a graceful shutdown, and the
+heartbeat of a worker that takes its own task over."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.apps.counting import app
+from tests.helpers.inprocess import WORKER_FAST as FAST
+from tests.helpers.inprocess import calls, run_until_idle, submit
+from tests.helpers.processes import eventually
+from tests.helpers.workflows import FIVE_SLOW_STEPS, definition
+from toolkit.application import App
+from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
+from toolkit.store import Store
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_shutdown_waits_for_started_cycles_then_releases(store: Store) -> None:
+    ids = await submit(store, FIVE_SLOW_STEPS, [{"seconds": 0.3}] * 2)
+    worker = Worker(store, app, [definition(FIVE_SLOW_STEPS)])
+    shutdown = CancellationToken()
+    config = SupervisorConfig(concurrency=2, grace=0.2, **FAST)
+
+    async def stop_when_running() -> None:
+        async def running() -> bool:
+            return bool(await calls(store))
+
+        await eventually(running, what="a handler running")
+        shutdown.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_when_running)
+        report = await WorkflowSupervisor(worker, config).run(shutdown)
+    assert report.released == 2
+    for task_id in ids:
+        task = await store.tasks.get(task_id)
+        assert task.state == "queued" and task.lease_owner is None
+    # Nothing lost: another worker finishes them, and completed steps are not re-run.
+    before = await calls(store)
+    await run_until_idle(store, FIVE_SLOW_STEPS, concurrency=2)
+    assert [(await store.tasks.get(i)).state for i in ids] == ["succeeded", "succeeded"]
+    after = await calls(store)
+    assert all(after[key] <= count + 1 for key, count in before.items())
+
+
+async def test_a_worker_that_takes_over_its_own_task_keeps_the_new_lease_alive(
+    store: Store,
+) -> None:
+    """Regression: the stale cycle's end removed the new cycle's lease from the heartbeat."""
+    text = """
+name: own-takeover
+version: 1
+input: {type: object}
+start: slow
+steps:
+  slow: {effect: own.slow, idempotent: true}
+"""
+    (task_id,) = await submit(store, text, [{}])
+    own = App("own")
+    calls_seen: list[int] = []
+
+    @own.effect("own.slow")
+    async def slow(ctx: Any) -> dict[str, Any]:
+        calls_seen.append(ctx.fencing_token)
+        await anyio.sleep(1.0 if len(calls_seen) == 1 else 4.0)
+        return {"token": ctx.fencing_token}
+
+    worker = Worker(store, own, [definition(text)])
+    config = SupervisorConfig(
+        lease=2.0, heartbeat=0.5, idle_backoff_min=0.01, idle_backoff_max=0.05, until_idle=True
+    )
+
+    async def expire_the_first_lease() -> None:
+        async def called() -> bool:
+            return bool(calls_seen)
+
+        await eventually(called, what="the first call")
+        async with store.db.connection() as conn:
+            await conn.execute(
+                "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+                " WHERE id = %s",
+                (task_id,),
+            )
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(expire_the_first_lease)
+            await WorkflowSupervisor(worker, config).run()
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded" and task.result == {"token": 2}
+    assert calls_seen == [1, 2]  # the new lease lived through the 4 s call: no third claim

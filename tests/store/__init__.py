@@ -1,0 +1,1 @@
+"""Tests of ``toolkit.store``: PostgreSQL, leases, fencing, tenants, limits, budgets."""

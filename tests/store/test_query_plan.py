@@ -1,0 +1,224 @@
+"""Plan-regression guard of the claim path: the claim must go through its index.
+
+A realistic mix of tasks (mostly terminal history, a few live ones) is inserted in its final
+states, the table is vacuumed and analyzed (``enable_seqscan`` stays on), and the plans are
+read with ``EXPLAIN (FORMAT JSON)``: the custom plan (parameters bound, as on a statement's
+first executions) and the generic plan (``plan_cache_mode = force_generic_plan``: what a
+worker connection may run once psycopg has prepared the statement and PostgreSQL has
+settled on a generic plan). Nothing is executed.
+
+The idle path is guarded too: a claim that finds nothing due and the idle worker's
+``idle_state`` read index ranges, never every waiting timer.
+
+The claim is fair across tenants (docs/tenants.md): per tenant, a lateral subquery reads that
+tenant's due tasks off ``toolkit_tasks_tenant_due`` in due order. The plans are read with the
+tasks spread over a few tenants, one of them limited (``max_active``) and locked by the claim.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from psycopg import sql
+
+from tests.helpers.workflows import THREE_STEPS, definition
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WorkflowDefinition
+from toolkit.store import Store
+from toolkit.store.queries import query
+
+pytestmark = pytest.mark.anyio
+
+TERMINAL, QUEUED, LEASED, WAITING = 5_000, 200, 50, 100
+#: The types of the claim's named parameters (a prepared statement needs them).
+CLAIM_TYPES = {
+    "worker_id": "text",
+    "digests": "text[]",
+    "limit": "bigint",
+    "lease_seconds": "float8",
+    "locked": "text[]",
+}
+
+_INSERT = """
+INSERT INTO toolkit_tasks
+    (definition_name, definition_version, definition_digest, input, checkpoint, state,
+     wait_reason, run_at, lease_owner, lease_token, lease_expires_at, attempts, result, error,
+     finished_at, tenant)
+SELECT %(name)s, %(version)s, %(digest)s, jsonb_build_object('n', i), %(checkpoint)s, state,
+       CASE WHEN state = 'waiting' THEN 'timer' END,
+       CASE state
+           WHEN 'waiting' THEN now() + interval '1 hour' + i * interval '1 second'
+           WHEN 'queued' THEN now() - i * interval '10 milliseconds'
+           ELSE now() - interval '1 day' + i * interval '10 milliseconds' END,
+       CASE WHEN state = 'leased' THEN 'other-worker' END,
+       CASE WHEN state = 'queued' THEN 0 ELSE 1 END,
+       CASE WHEN state = 'leased' THEN now() + interval '30 seconds' END,
+       CASE WHEN state = 'queued' THEN 0 ELSE 1 END,
+       CASE WHEN state = 'succeeded' THEN '{}'::jsonb END,
+       CASE WHEN state IN ('failed', 'cancelled')
+            THEN jsonb_build_object('name', 'Boom', 'message', 'failed') END,
+       CASE WHEN state IN ('succeeded', 'failed', 'cancelled')
+            THEN now() - interval '1 day' + i * interval '10 milliseconds' END,
+       (ARRAY['default', 'acme', 'globex', 'limited'])[1 + i %% 4]
+FROM (SELECT i, CASE WHEN i %% 10 = 0 THEN 'failed' WHEN i %% 10 = 1 THEN 'cancelled'
+                     ELSE 'succeeded' END AS state
+      FROM generate_series(1, %(terminal)s) i
+      UNION ALL SELECT i, 'queued' FROM generate_series(1, %(queued)s) i
+      UNION ALL SELECT i, 'leased' FROM generate_series(1, %(leased)s) i
+      UNION ALL SELECT i, 'waiting' FROM generate_series(1, %(waiting)s) i) mix
+ORDER BY mix.state = 'succeeded' DESC, i
+"""
+
+
+async def _mixed(store: Store) -> WorkflowDefinition:
+    """Deploy a definition and insert the mix of tasks, then VACUUM (ANALYZE) the table, so
+    autovacuum has nothing left to change under the plans."""
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    params = {
+        "name": d.name, "version": d.version, "digest": d.digest,
+        "checkpoint": json.dumps(Checkpoint.initial(d.start).to_json()),
+        "terminal": TERMINAL, "queued": QUEUED, "leased": LEASED, "waiting": WAITING,
+    }  # fmt: skip
+    async with store.db.connection() as conn:
+        await conn.execute(_INSERT, params)
+        # Tasks inserted by hand: register their tenants as a submit would.
+        await conn.execute(
+            "INSERT INTO toolkit_tenants (tenant, max_active) SELECT DISTINCT tenant,"
+            " CASE WHEN tenant = 'limited' THEN 5 END FROM toolkit_tasks"
+        )
+        await conn.execute("VACUUM (ANALYZE) toolkit_tasks")
+        await conn.execute("VACUUM (ANALYZE) toolkit_tenants")
+        cursor = await conn.execute("SELECT state, count(*) FROM toolkit_tasks GROUP BY state")
+        states = dict(await cursor.fetchall())
+    assert states == {
+        "succeeded": 4_000, "failed": 500, "cancelled": 500,
+        "queued": QUEUED, "leased": LEASED, "waiting": WAITING,
+    }  # fmt: skip
+    return d
+
+
+def _claim_params(d: WorkflowDefinition) -> dict[str, Any]:
+    return {
+        "worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0,
+        "locked": ["limited"],
+    }  # fmt: skip
+
+
+async def _custom_plan(store: Store, name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """``EXPLAIN (FORMAT JSON)`` of a named query with its parameters bound."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(f"EXPLAIN (FORMAT JSON) {query(name)}", params)
+        row = await cursor.fetchone()
+    assert row is not None
+    return _root(row[0])
+
+
+async def _generic_plan(store: Store, d: WorkflowDefinition) -> dict[str, Any]:
+    """The claim's generic plan: prepared with typed ``$n`` parameters, explained with
+    ``plan_cache_mode = force_generic_plan``."""
+    names: list[str] = []
+
+    def positional(match: re.Match[str]) -> str:
+        if match[1] not in names:
+            names.append(match[1])
+        return f"${names.index(match[1]) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", positional, query("claim_tasks"))
+    types = ", ".join(CLAIM_TYPES[name] for name in names)
+    values = _claim_params(d)
+    execute = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE claim_plan({})").format(
+        sql.SQL(", ").join(sql.Literal(values[name]) for name in names)
+    )
+    async with store.db.connection() as conn:
+        await conn.execute(f"PREPARE claim_plan({types}) AS {text}")
+        try:
+            await conn.execute("SET plan_cache_mode = force_generic_plan")
+            cursor = await conn.execute(execute)
+            row = await cursor.fetchone()
+        finally:
+            await conn.execute("RESET plan_cache_mode")
+            await conn.execute("DEALLOCATE claim_plan")
+    assert row is not None
+    return _root(row[0])
+
+
+def _root(explained: Any) -> dict[str, Any]:
+    document = json.loads(explained) if isinstance(explained, str) else explained
+    plan: dict[str, Any] = document[0]["Plan"]
+    return plan
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from _nodes(child)
+
+
+def _task_scans(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """``(node type, index)`` of every scan of toolkit_tasks."""
+    return [
+        (node["Node Type"], node.get("Index Name"))
+        for node in _nodes(plan)
+        if node.get("Relation Name") == "toolkit_tasks" and "Scan" in node["Node Type"]
+    ]
+
+
+def _candidates(plan: dict[str, Any]) -> dict[str, Any]:
+    """The per-tenant read of due tasks: the ``LockRows`` under the lateral ``Limit``."""
+    (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE candidates"]
+    (locked,) = [node for node in _nodes(cte) if node["Node Type"] == "LockRows"]
+    return locked
+
+
+def _assert_claims_through_the_index(plan: dict[str, Any]) -> None:
+    # No scan of the whole table anywhere: not for the due tasks, nor to count the leases
+    # of a limited tenant or of the tenants in the batch (those read one tenant's leases).
+    scans = _task_scans(plan)
+    assert ("Seq Scan", None) not in scans
+    assert set(scans) <= {
+        ("Index Scan", "toolkit_tasks_tenant_due"),  # due tasks, per tenant
+        ("Index Only Scan", "toolkit_tasks_tenant_leased"),  # leases, per tenant
+        ("Index Scan", "toolkit_tasks_tenant_leased"),
+        ("Index Scan", "toolkit_tasks_pkey"),  # the update of the picked tasks
+    }, scans
+    for node in _nodes(plan):
+        if node.get("Index Name") == "toolkit_tasks_tenant_leased":
+            assert "tenant" in node["Index Cond"] and "lease_expires_at" in node["Index Cond"]
+    # Each tenant's due tasks are read in due order straight off the claim index (a Limit
+    # over a LockRows over an ordered Index Scan): no bitmap scan, no sort of the live tasks.
+    assert _task_scans(_candidates(plan)) == [("Index Scan", "toolkit_tasks_tenant_due")]
+    assert not [node for node in _nodes(_candidates(plan)) if node["Node Type"] == "Sort"]
+    # The per-tenant read is driven by the tenants (a nested loop with the tenant as key).
+    (scan,) = [n for n in _nodes(_candidates(plan)) if n.get("Relation Name") == "toolkit_tasks"]
+    assert "tenant" in scan["Index Cond"]
+
+
+async def test_claim_uses_the_claim_index(store: Store) -> None:
+    d = await _mixed(store)
+    _assert_claims_through_the_index(await _custom_plan(store, "claim_tasks", _claim_params(d)))
+
+
+async def test_prepared_claim_uses_the_claim_index_with_a_generic_plan(store: Store) -> None:
+    d = await _mixed(store)
+    _assert_claims_through_the_index(await _generic_plan(store, d))
+
+
+async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
+    d = await _mixed(store)
+    (scan,) = [
+        node
+        for node in _nodes(_candidates(await _custom_plan(store, "claim_tasks", _claim_params(d))))
+        if node.get("Index Name") == "toolkit_tasks_tenant_due"
+    ]
+    assert "Index Cond" in scan
+
+
+async def test_idle_state_reads_no_whole_table(store: Store) -> None:
+    d = await _mixed(store)
+    plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
+    assert ("Seq Scan", None) not in _task_scans(plan)

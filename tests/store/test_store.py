@@ -1,0 +1,172 @@
+"""The store against a real PostgreSQL: claims, fencing, heartbeats, deploys, submits."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+import pytest
+
+from tests.helpers.workflows import THREE_STEPS, definition
+from toolkit.checkpoint import Checkpoint
+from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
+from toolkit.store import Store
+from toolkit.store.database import Database
+from toolkit.store.migrations import migrate, schema_status
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 30.0
+
+
+async def _deployed(store: Store, text: str = THREE_STEPS):
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return d
+
+
+async def _expire(store: Store, task_id: int) -> None:
+    """Row surgery: the lease expired a second ago (no sleeping)."""
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            " WHERE id = %s",
+            (task_id,),
+        )
+
+
+async def test_migrations_are_idempotent(store: Store) -> None:
+    assert await migrate(store.db) == []
+    status = await schema_status(store.db)
+    assert status.pending == () and status.current == status.expected >= 1
+
+
+async def test_claim_is_exclusive_under_four_concurrent_claimers(store: Store, dsn: str) -> None:
+    d = await _deployed(store)
+    ids = await store.tasks.submit(d, [{"n": i} for i in range(200)])
+    claims: dict[str, list[int]] = {}
+
+    async def claimer(name: str) -> None:
+        async with await Store.open(dsn, pool_size=1, migrate_schema=False) as own:
+            claims[name] = []
+            while True:
+                batch = await own.leases.claim(name, [d.digest], 7, LEASE)
+                if not batch:
+                    return
+                claims[name].extend(t.id for t in batch)
+                assert all(t.token == 1 and not t.recovered for t in batch)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(claimer, f"w{i}")
+    everything = [task_id for batch in claims.values() for task_id in batch]
+    assert sorted(everything) == sorted(ids)  # every task once, none twice
+    assert len(set(everything)) == len(everything)
+
+
+async def test_claim_only_loaded_definitions(store: Store) -> None:
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{"n": 1}])
+    assert await store.leases.claim("w", ["some-other-digest"], 10, LEASE) == []
+    assert len(await store.leases.claim("w", [d.digest], 10, LEASE)) == 1
+
+
+async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_refused(
+    store: Store,
+) -> None:
+    d = await _deployed(store)
+    (task_id,) = await store.tasks.submit(d, [{"n": 1}])
+    (first,) = await store.leases.claim("old", [d.digest], 1, LEASE)
+    assert first.token == 1
+    assert await store.leases.claim("new", [d.digest], 1, LEASE) == []  # still held
+
+    await _expire(store, task_id)
+    (second,) = await store.leases.claim("new", [d.digest], 1, LEASE)
+    assert second.token == 2 and second.recovered
+
+    before = await store.tasks.get(task_id)
+    stale = FencedWrite(
+        fence=first.fence("old"),
+        checkpoint={**Checkpoint.initial("second").to_json()},
+        state="succeeded",
+        result={"stale": True},
+        evidence=[EvidenceRecord("first#1", "first", "count.work", True, "k", "completed", 1, {})],
+        events=[Event("succeeded")],
+    )
+    with pytest.raises(LeaseLost):
+        await store.leases.commit(stale)
+    after = await store.tasks.get(task_id)
+    assert after == before  # nothing changed
+    assert await store.tasks.evidence(task_id) == []
+    assert [e["kind"] for e in await store.tasks.events(task_id)] == [
+        "submitted",
+        "claimed",
+        "recovered",
+    ]
+    # The same write under the current token applies.
+    await store.leases.commit(dataclasses.replace(stale, fence=second.fence("new")))
+    assert (await store.tasks.get(task_id)).state == "succeeded"
+
+
+async def test_write_after_expiry_is_refused_even_without_a_new_claim(store: Store) -> None:
+    d = await _deployed(store)
+    (task_id,) = await store.tasks.submit(d, [{"n": 1}])
+    (task,) = await store.leases.claim("w", [d.digest], 1, LEASE)
+    await _expire(store, task_id)
+    with pytest.raises(LeaseLost):
+        await store.leases.commit(FencedWrite(task.fence("w"), task.checkpoint))
+
+
+async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> None:
+    d = await _deployed(store)
+    ids = await store.tasks.submit(d, [{"n": i} for i in range(3)])
+    claimed = await store.leases.claim("w", [d.digest], 3, 5.0)
+    held = [t.fence("w") for t in claimed]
+    assert (await store.leases.renew("w", "i1", held, 60.0)).renewed == {i: None for i in ids}
+    # A wrong token, another owner, or an expired lease is not renewed.
+    await _expire(store, ids[0])
+    wrong = dataclasses.replace(held[1], token=held[1].token + 1)
+    renewed = await store.leases.renew("w", "i1", [held[0], wrong, held[2]], 60.0)
+    assert renewed.renewed == {ids[2]: None}
+    assert (await store.leases.renew("someone-else", "i1", held, 60.0)).renewed == {}
+
+
+async def test_deploy_same_digest_is_noop_and_changed_digest_is_refused(store: Store) -> None:
+    d = definition(THREE_STEPS)
+    assert await store.definitions.deploy(d) == "registered"
+    assert await store.definitions.deploy(d) == "unchanged"
+    changed = definition(THREE_STEPS.replace("succeed: {output: zero}", "succeed: {output: nil}"))
+    with pytest.raises(DefinitionConflict, match="steps changed: zero"):
+        await store.definitions.deploy(changed)
+    assert (await store.definitions.get("three-steps")).digest == d.digest
+    with pytest.raises(UnknownDefinition):
+        await store.definitions.get("three-steps", 2)
+
+
+async def test_submit_validates_input_before_writing(store: Store) -> None:
+    d = await _deployed(
+        store, THREE_STEPS.replace("input: {type: object}", "input: {type: object, required: [n]}")
+    )
+    with pytest.raises(InputError):
+        await store.tasks.submit(d, [{"n": 1}, {"m": 2}])
+    assert await store.tasks.counts_by_state() == {}
+
+
+async def test_unreachable_database_is_one_clear_error() -> None:
+    from toolkit.errors import DatabaseUnavailable
+
+    with pytest.raises(DatabaseUnavailable, match=r"cannot reach PostgreSQL at .*port=1") as info:
+        await Database.connect("postgresql://u:secret@127.0.0.1:1/x", timeout=2)
+    assert "secret" not in str(info.value)
+
+
+async def test_a_rolled_back_transaction_is_a_retryable_error_not_a_refusal(store: Store) -> None:
+    """Regression: a deadlock was a StoreError, which fails the task for good."""
+    from toolkit.errors import DatabaseUnavailable
+
+    with pytest.raises(DatabaseUnavailable, match=r"rolled the transaction back \(40P01\)"):
+        async with store.db.connection() as conn:
+            await conn.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = 'deadlock_detected'; END $$"
+            )
