@@ -286,9 +286,13 @@ class WorkflowSupervisor:
         held = self._held.get(task.id)
         if held is not None and held.fence.token == task.token:
             del self._held[task.id]  # not a newer cycle's entry for the same task
-        self._in_flight -= 1
         self.report.count(outcome)
         self._observe(definition, outcome, anyio.current_time() - started)
+        self._free_slot()
+
+    def _free_slot(self) -> None:
+        """A cycle ended or was given up: one more may start (and shutdown may end)."""
+        self._in_flight -= 1
         if self._in_flight == 0:
             self._drained.set()
         self._wake.set()
@@ -317,14 +321,10 @@ class WorkflowSupervisor:
         longer renewed, so it lapses and the task is claimed again.
         """
         now = anyio.current_time()
-        grace = self.config.call_grace
         for task_id, entry in list(self._held.items()):
-            overdue = [step for at, step in entry.control.calls.values() if now >= at]
-            if overdue:
-                self._give_up(task_id, f"its call of step {overdue[0]!r} ran past its "
-                                       f"timeout and {grace:g} s more")  # fmt: skip
-            elif entry.cancelled_at + grace <= now:
-                self._give_up(task_id, f"it ran on {grace:g} s after it was cancelled")
+            why = entry.overdue(now, self.config.call_grace)
+            if why is not None:
+                self._give_up(task_id, why)
 
     def _give_up(self, task_id: int, why: str) -> None:
         """Stop renewing a cycle's lease and stop waiting for it.
@@ -340,12 +340,9 @@ class WorkflowSupervisor:
         entry.control.lease_lost = True
         entry.control.abandoned = True
         self._abandoned.add(entry.runner)
-        self._in_flight -= 1
         self.metrics.in_flight.dec()
         self.report.abandoned += 1
-        if self._in_flight == 0:
-            self._drained.set()
-        self._wake.set()
+        self._free_slot()
         logger.error(
             "gave up the cycle of task %d: %s (its handler ignores cancellation); its lease "
             "is no longer renewed, and the task will be claimed again as after a crash",
@@ -531,6 +528,19 @@ class RunningCycle:
         """Cancel the cycle (it ends its lease protocol), noting when."""
         self.cancelled_at = min(self.cancelled_at, anyio.current_time())
         self.scope.cancel()
+
+    def overdue(self, now: float, grace: float) -> str | None:
+        """Why the cycle is to be given up at event-loop time ``now``, or None.
+
+        A handler call past its step's timeout plus ``grace`` seconds, or a cycle still
+        running ``grace`` seconds after it was cancelled, ignores its cancellation.
+        """
+        late = [step for at, step in self.control.calls.values() if now >= at]
+        if late:
+            return f"its call of step {late[0]!r} ran past its timeout and {grace:g} s more"
+        if self.cancelled_at + grace <= now:
+            return f"it ran on {grace:g} s after it was cancelled"
+        return None
 
 
 def _report_fault(runner: asyncio.Task[None]) -> None:
