@@ -48,6 +48,7 @@ from psycopg.types.json import Jsonb
 from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
+from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import Event, FencedWrite, write_json
 
@@ -58,6 +59,8 @@ MODES: tuple[Mode, ...] = (*FLOOR_MODES, "engine-sql")
 LEASE_SECONDS = 30.0
 #: Stands for the task id in a write's evidence records (their idempotency keys).
 TASK_ID = "@task@"
+#: The seeded tasks' tenant (the one ``submit`` gives by default).
+TENANT = "default"
 
 CLAIM: LiteralString = """
 UPDATE toolkit_tasks t
@@ -170,7 +173,7 @@ def write_plan(workload: Workload) -> list[Write]:
     def flush(final: bool) -> None:
         state = json.dumps(checkpoint.to_json())  # a snapshot: the checkpoint moves on
         fenced = FencedWrite(
-            task_id=0, token=0, checkpoint=json.loads(state),
+            fence=Fence("", 0, TENANT, 0), checkpoint=json.loads(state),
             state="succeeded" if final else "leased", result={} if final else None,
             events=(Event("succeeded"),) if final else (),
         )  # fmt: skip

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anyio
 import psycopg
@@ -34,8 +35,15 @@ def with_dbname(dsn: str, dbname: str) -> str:
     return make_conninfo(**params)
 
 
+#: Tests that start, stop or kill worker processes: run once, on the default server, and
+#: not again by ``-m integration`` on a second one (CI's second pass).
+PROCESS_TESTS = Path(__file__).resolve().parent / "process"
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if PROCESS_TESTS in item.path.parents:
+            continue
         if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers.processes import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 FIGURES = re.compile(
     r"^chaos: seed (?P<seed>\d+), (?P<submitted>\d+) submitted, (?P<terminal>\d+) terminal "

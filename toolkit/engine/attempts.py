@@ -12,14 +12,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import threading
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
-import anyio.from_thread
-import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import EffectContext, Handler, SpendMeter
@@ -30,6 +26,7 @@ from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import NEVER_RETRIED, Error, error_data
 from toolkit.engine.limits import take_limits
 from toolkit.engine.protocol import StepContext
+from toolkit.engine.threads import in_thread
 from toolkit.errors import ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind
 from toolkit.store.callbacks import new_token
@@ -282,43 +279,10 @@ async def call(
 
 
 async def _invoke(handler: Handler, ctx: EffectContext, args: Any) -> Any:
-    """Call a handler: async ones on the loop, sync ones in a thread of their own."""
+    """Call a handler: async ones on the loop, sync ones in a daemon thread (``threads``)."""
     if handler.is_async:
         return await handler.call(ctx, args)
-    return await in_thread(functools.partial(handler.call, ctx, args), f"step {ctx.step}")
-
-
-async def in_thread(func: Callable[[], T], name: str) -> T:
-    """Run a sync handler in a daemon thread; a cancelled call abandons the thread.
-
-    The thread is a daemon's, so a handler that never returns (``while True: sleep()``),
-    abandoned at its step's timeout or at shutdown, does not keep the process from exiting;
-    its result, should it come, is dropped. (The event loop's own thread pool would: its
-    threads are joined at exit.)
-
-    Raises:
-        Whatever the handler raised.
-    """
-    token = anyio.lowlevel.current_token()
-    finished = anyio.Event()
-    outcome: list[tuple[bool, Any]] = []
-
-    def target() -> None:
-        try:
-            outcome.append((True, func()))
-        except BaseException as exc:  # handed to the awaiting task, or dropped
-            outcome.append((False, exc))
-        try:
-            anyio.from_thread.run_sync(finished.set, token=token)
-        except RuntimeError:
-            pass  # the event loop is gone: nobody awaits this call any more
-
-    threading.Thread(target=target, name=f"toolkit handler, {name}", daemon=True).start()
-    await finished.wait()
-    ok, value = outcome[0]
-    if ok:
-        return value  # type: ignore[no-any-return]
-    raise value
+    return await in_thread(functools.partial(handler.call, ctx, args))
 
 
 def retry_delay(step: EffectStep, done: Attempt) -> float | None:

@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 #: Seconds a worker waits at most to record itself stopped when the database is away.
 UNREGISTER_TIMEOUT = 3.0
 
+
 class WorkflowSupervisor:
     """Runs one worker: claims, executes, heartbeats, and shuts down gracefully.
 
