@@ -208,7 +208,7 @@ steps:
     effect: bad.result
     idempotent: true
     args: {kind: "${ input.kind }"}
-    retry: {max_attempts: 3, initial: 0.01}
+    retry: {max_attempts: 3, initial: 10ms}
     catch:
       - errors: [ResultTooLarge]
         next: fallback
@@ -303,7 +303,7 @@ steps:
     effect: bad.error
     idempotent: true
     args: {huge: "${ input.huge }"}
-    retry: {max_attempts: 2, initial: 0.01}
+    retry: {max_attempts: 2, initial: 10ms}
 """
     d = await deployed(store, text)
     (task_id,) = await store.tasks.submit(d, [{"huge": huge}])

@@ -54,6 +54,7 @@ __all__ = [
     "ToolkitError",
     "UnknownDefinition",
     "UnknownLimit",
+    "UnknownSignal",
     "UnknownTask",
     "UnknownTenant",
     "WorkerIdInUse",
@@ -287,6 +288,14 @@ class UnknownLimit(ToolkitError):
 
 class ResultNotJson(ToolkitError):
     """A handler returned a value that cannot be stored as JSON."""
+
+
+class UnknownSignal(InputError):
+    """No step of the task's definition waits for a signal of that name; nothing was stored.
+
+    Sending it anyway (``force=True``, ``toolkit signal --force``) stores it for a later
+    version of the task's definition to consume, e.g. after a redrive.
+    """
 
 
 class TaskTerminal(ToolkitError):

@@ -27,8 +27,32 @@ class TaskState(enum.StrEnum):
         """Whether the task has ended."""
         return self in TERMINAL_STATES
 
+    def phrase(self, wait_reason: str | None = None) -> str:
+        """The state as a sentence's verb: ``has succeeded``, ``is waiting (signal)`` ...
+
+        Args:
+            wait_reason: why a ``waiting`` task waits, shown in brackets.
+        """
+        if self.terminal:
+            return "was cancelled" if self is TaskState.CANCELLED else f"has {self.value}"
+        if self is TaskState.LEASED:
+            return "is running (leased)"
+        return f"is {self.value}{f' ({wait_reason})' if wait_reason else ''}"
+
 
 TERMINAL_STATES = frozenset({TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED})
+
+
+def cursor_text(cursor: object, state: str) -> str:
+    """A checkpoint's cursor for people: the step, or why there is none.
+
+    Args:
+        cursor: the checkpoint's ``cursor`` (None before the first step and after the last).
+        state: the task's state.
+    """
+    if cursor is not None:
+        return str(cursor)
+    return "(ended)" if state in TERMINAL_STATES else "(not started)"
 
 
 class WaitReason(enum.StrEnum):

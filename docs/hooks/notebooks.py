@@ -56,7 +56,9 @@ def notebook_markdown(path: Path) -> str:
     for cell in notebook["cells"]:
         source = _text(cell.get("source", ""))
         if cell["cell_type"] == "markdown":
-            parts.append(source + "\n")
+            # A notebook links the docs' pictures as `../docs/images/...`; the page sits in
+            # `tutorials/`, beside `images/`.
+            parts.append(source.replace("](../docs/", "](../") + "\n")
         elif cell["cell_type"] == "code":
             lines = [line for line in source.splitlines() if not line.startswith("# NBVAL_")]
             parts.append(_fence("python", "\n".join(lines)))

@@ -82,7 +82,8 @@ def test_show_cuts_long_values_with_an_ellipsis_and_json_keeps_them(
     assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
     task_id = invoke("submit", "three-steps", "--input", '{"n": 3}', dsn=dsn)[1].strip()
     note = "x" * 300
-    assert invoke("signal", task_id, "note", "--payload", json.dumps(note), dsn=dsn)[0] == 0
+    signal = ("signal", task_id, "note", "--payload", json.dumps(note), "--force")
+    assert invoke(*signal, dsn=dsn)[0] == 0  # no step waits for it: stored all the same
     out = invoke("show", task_id, dsn=dsn)[1]
     (line,) = [line for line in out.splitlines() if " note " in line]
     assert line.endswith("xxx…") and len(line) < 200
@@ -164,6 +165,11 @@ def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
     )  # fmt: skip
     assert code == 0, err
     assert "succeeded 3" in out
+    # It said what it runs, where, and how it stops; a DSN without its password.
+    (start,) = [line for line in err.splitlines() if "running 1 definition(s)" in line]
+    assert "(three-steps@1)" in start and "concurrency 8" in start, start
+    assert "on PostgreSQL at " in start and "exits when idle" in start, start
+    assert "password" not in start.lower()
 
 
 def test_a_worker_id_held_by_a_live_process_is_one_clear_error(dsn: str, three_steps: Path) -> None:

@@ -163,7 +163,7 @@ steps:
     faults = faults_of(text.replace("next: b}, b: {succeed", "next: c}, b: {succeed"))
     assert (faults[0].path, faults[0].message) == (
         "$.steps.a.parallel.branches.left.steps.a.next",
-        "next step 'c' does not exist in branch 'left'",
+        "next step 'c' does not exist in branch 'left' (no step goes to 'b' yet)",
     )
     faults = faults_of(text.replace("    next: b\n  b: {succeed: {}}\n", "    next: b\n"))
     assert [f.path for f in faults] == ["$.steps.a.next"]

@@ -65,3 +65,19 @@ def test_input_schema_never_fetches_remote_references() -> None:
     assert d.validate_input({"type": "object"}) == {"type": "object"}
     with pytest.raises(InputError):
         d.validate_input({"type": 5})
+
+
+def test_every_fault_of_an_input_is_listed_the_most_relevant_first() -> None:
+    """Issue 24, item 13: ``submit`` reported only the first fault; fixing one at a time
+    took as many submits as there were faults."""
+    d = load_definition(CORPUS / "valid" / "input-defaults.yaml")
+    value = {"priority": -1, "options": {"channel": "fax"}}
+    with pytest.raises(InputError) as caught:
+        d.validate_input(value)
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 3, lines
+    assert all(line.startswith("invalid input for input-defaults v1: $") for line in lines), lines
+    joined = "\n".join(lines)
+    assert 'missing required field "customer"' in joined
+    assert "$.priority" in joined and "$.options.channel" in joined
+    assert caught.value.path == "$" and ': $: missing required field "customer"' in lines[0]

@@ -97,7 +97,7 @@ version: 1
 defaults: {retry: {max_attempts: 4, initial: 2s, jitter: false}, timeout: 1m}
 start: a
 steps:
-  a: {effect: h, idempotent: true, retry: {initial: 500ms, non_retryable: [Boom]}, timeout: 5}
+  a: {effect: h, idempotent: true, retry: {initial: 500ms, non_retryable: [Boom]}, timeout: 5s}
 """
     )
     step = d.steps["a"]

@@ -122,7 +122,7 @@ async def test_a_callback_of_an_ended_task_is_refused(store: Store) -> None:
     (task_id,) = await deploy_submit(store, CALLBACK, [{"early": False}])
     await drain(store, CALLBACK)
     await store.tasks.cancel(task_id)
-    with pytest.raises(CallbackRefused, match=f"task {task_id} .* is cancelled"):
+    with pytest.raises(CallbackRefused, match=f"task {task_id} .* was cancelled"):
         await store.tasks.complete(TOKENS[0], result=1)
 
 

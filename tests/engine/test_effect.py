@@ -69,7 +69,7 @@ steps:
     effect: count.flaky
     idempotent: true
     args: {fail_times: "${ input.fail_times }", error: "${ input.error }"}
-    retry: {max_attempts: 3, initial: 0.01, factor: 2, max: 0.05, non_retryable: [Fatal]}
+    retry: {max_attempts: 3, initial: 10ms, factor: 2, max: 50ms, non_retryable: [Fatal]}
 """
 
 
@@ -180,7 +180,7 @@ input: {type: object}
 start: a
 steps:
   a: {effect: count.work, idempotent: true, next: b}
-  b: {effect: count.work, idempotent: true, retry: {max_attempts: 2, initial: 0.01}}
+  b: {effect: count.work, idempotent: true, retry: {max_attempts: 2, initial: 10ms}}
 """
     (task_id,) = await deploy_submit(store, text, [{}])
     d = definition(text)
@@ -218,7 +218,7 @@ steps:
     effect: count.flaky
     idempotent: true
     args: {fail_times: 9, error: "${ input.error }"}
-    retry: {max_attempts: 2, initial: 0.01}
+    retry: {max_attempts: 2, initial: 10ms}
     catch:
       - errors: [OutOfStock]
         next: restock
@@ -331,7 +331,7 @@ steps:
     effect: count.work
     idempotent: false
     args: {value: charged}
-    retry: {max_attempts: 2, initial: 0.01}
+    retry: {max_attempts: 2, initial: 10ms}
     catch: [{errors: [Declined], next: declined}]
     next: done
   done: {succeed: {output: "${ steps.charge }"}}

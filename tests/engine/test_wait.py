@@ -11,7 +11,7 @@ from tests.apps.counting import app
 from tests.helpers.inprocess import deploy_submit, drain, due_in, make_due, sql
 from tests.helpers.workflows import TIMER, definition
 from toolkit.engine import Interpreter
-from toolkit.errors import InputError, TaskTerminal, UnknownTask
+from toolkit.errors import InputError, TaskTerminal, UnknownSignal, UnknownTask
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -93,7 +93,7 @@ async def test_signals_are_kept_consumed_once_in_order_and_wake_the_task(store: 
     late_task = await store.tasks.get(late)
     assert late_task.state == "waiting" and late_task.wait_reason == "signal"
     await store.tasks.signal(late, "go", "a")
-    await store.tasks.signal(late, "other", "ignored")
+    await store.tasks.signal(late, "other", "ignored", force=True)
     await drain(store, SIGNALLED)
     assert (await store.tasks.get(late)).state == "waiting"  # now on the second wait
     await store.tasks.signal(late, "go", "b")
@@ -109,6 +109,19 @@ async def test_signals_are_kept_consumed_once_in_order_and_wake_the_task(store: 
         await store.tasks.signal(early, "go")
     with pytest.raises(UnknownTask):
         await store.tasks.signal(10**9, "go")
+
+
+async def test_a_signal_no_step_waits_for_is_refused_unless_forced(store: Store) -> None:
+    """Issue 24, item 11: a misspelt signal name was stored forever without a word."""
+    (task_id,) = await deploy_submit(store, SIGNALLED, [{}])
+    with pytest.raises(UnknownSignal) as refused:
+        await store.tasks.signal(task_id, "og", {"n": 1})
+    message = str(refused.value)
+    assert "no step of its definition waits for signal 'og'" in message, message
+    assert "it waits for 'go'" in message and "--force" in message, message
+    assert await store.tasks.signals(task_id) == [], "a refused signal must not be stored"
+    forced = await store.tasks.signal(task_id, "og", {"n": 2}, force=True)
+    assert [s["id"] for s in await store.tasks.signals(task_id)] == [forced]
 
 
 async def test_a_signal_racing_the_wait_commit_is_not_lost(

@@ -34,7 +34,7 @@ steps:
     effect: count.flaky
     idempotent: false
     args: {fail_times: 1}
-    retry: {max_attempts: 2, initial: 0.01}
+    retry: {max_attempts: 2, initial: 10ms}
     next: done
   done: {succeed: {output: "${ steps.charge }"}}
 """

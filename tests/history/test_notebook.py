@@ -26,7 +26,11 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
 
     browser = TaskBrowser(store)
     listed = await browser.refresh()
-    assert len(listed) == 5
+    assert len(listed) == 5 and browser.status == "5 tasks"
+    # Past its limit the list says how many there are (issue 24, item 6).
+    few = TaskBrowser(store, limit=2)
+    assert len(await few.refresh()) == 2
+    assert few.status == "2 tasks (the newest) of 5", few.status
     assert set(browser.tenant_filter.options) == {"(any)", "acme", "globex"}
     assert set(browser.definition_filter.options) >= {"hist-flow", "hist-broken", "hist-wait"}
 
@@ -45,6 +49,9 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     assert browser.detail is not None and browser.detail.task.id == waiting[0]
     assert browser.detail.wait == "signal 'go'"
     assert browser.signal_name.value == "go"  # filled in from the wait
+    # Only the actions the task can take are offered.
+    assert not browser.signal_button.disabled and not browser.cancel_button.disabled
+    assert browser.reconcile_button.disabled, "the task does not wait for reconciliation"
     text = browser.detail.text()
     assert "waits for:  signal 'go'" in text and "timeline" in text and "claimed" in text
     assert "<pre>" in browser.detail_pane.value
@@ -67,6 +74,7 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     cancelled = await store.tasks.get(waiting[1])
     assert cancelled.state == "cancelled" and cancelled.error["message"] == "not needed"
     assert browser.detail.task.state == "cancelled"
+    assert browser.cancel_button.disabled and browser.signal_button.disabled
 
     # An action the store refuses shows in the status line, not as a traceback.
     browser.cancel_button.click()
@@ -105,6 +113,7 @@ async def test_the_browser_reconciles(store: Store) -> None:
     detail = await browser.open(uncertain)
     assert detail.reconciliation is not None and "step 'only'" in detail.reconciliation
     assert browser.reconcile_step.value == "only"
+    assert not browser.reconcile_button.disabled
     browser.reconcile_outcome.value = "completed"
     browser.reconcile_result.value = '{"done": true}'
     browser.reconcile_button.click()

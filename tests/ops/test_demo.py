@@ -43,10 +43,26 @@ def test_render_names_states_effects_time_and_reports() -> None:
 
 @pytest.mark.anyio
 async def test_demo_runs_every_task_to_success(store: Store, tmp_path: Path) -> None:
-    summary = await run_demo(store, DEFINITIONS, home=tmp_path, concurrency=8)
+    lines: list[str] = []
+    summary = await run_demo(
+        store, DEFINITIONS, home=tmp_path, concurrency=8, progress=lines.append
+    )
 
     assert summary.submitted == {"file-ingest": 72, "order-saga": 300}
     assert summary.tasks_by_state == {"succeeded": 372}
+    # The story (issue 24, item 8): a worker process crashed right after a payment call, the
+    # next took its tasks over, charges in flight failed closed and were reconciled from the
+    # outbox, and a busy carrier's bookings were retried.
+    assert summary.crash is not None and summary.crash.crashed, summary.crash
+    assert summary.recovered >= 1
+    assert summary.reconciled, "the crash left no charge waiting for reconciliation"
+    assert summary.retried == sum(
+        orders.carrier_busy(o["order_id"], 1)
+        for o in order_inputs(DEFINITIONS / "data" / "orders.jsonl")
+    )
+    text = summary.render()
+    assert "fail closed" in text and "reconciled   from the payment outbox" in text, text
+    assert lines and lines[0].startswith("demo: a worker process runs"), lines
     assert summary.effects_run == _expected_effects()
     assert summary.report_dir == str((tmp_path / "reports").resolve())
     reports = sorted((tmp_path / "reports").iterdir())
@@ -67,7 +83,7 @@ async def test_demo_runs_every_task_to_success(store: Store, tmp_path: Path) -> 
             assert await cursor.fetchone() == (300,)
 
     # A second run on the same database counts only its own tasks; reports are rewritten.
-    again = await run_demo(store, DEFINITIONS, home=tmp_path, concurrency=8)
+    again = await run_demo(store, DEFINITIONS, home=tmp_path, concurrency=8, crash=False)
     assert again.tasks_by_state == {"succeeded": 372}
     assert again.effects_run == summary.effects_run
     assert len(list((tmp_path / "reports").iterdir())) == 72

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from psycopg.types.json import Jsonb
 
 from tests.apps import counting
-from tests.helpers.inprocess import FAST, sql
+from tests.helpers.inprocess import FAST, make_due, sql
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.cli import cli
 from toolkit.definition import load_definitions, schema_path
@@ -211,3 +211,44 @@ async def test_a_version_registered_with_a_zero_backoff_keeps_running(
         if event["kind"] == "retry_scheduled"
     ]
     assert len(delays) == 4 and all(d >= MIN_RETRY_DELAY for d in delays), delays
+
+
+# --- a duration without a unit ----------------------------------------------------------------
+
+UNITLESS = """
+name: unitless
+version: 1
+start: pause
+steps:
+  pause: {wait: {duration: 0.2}, next: done}
+  done: {succeed: {output: paused}}
+"""
+
+
+@pytest.mark.anyio
+async def test_a_duration_without_a_unit_is_refused_for_new_registrations_only(
+    store: Store, tmp_path: Path
+) -> None:
+    """Issue 24, item 10: ``initial: 500`` was silently 500 seconds."""
+    path = tmp_path / "unitless.yaml"
+    path.write_text(UNITLESS)
+    with pytest.raises(DefinitionError, match=r"write a unit on durations: 0.2 would be 0.2 s"):
+        load_definitions([path])
+    (loaded,) = load_definitions([path], accept_new_only=True)
+    with pytest.raises(DefinitionError, match=r"write '0\.2s' for seconds, '0\.2ms' for milli"):
+        await store.definitions.deploy(loaded)
+    # Registered by an older release: it still deploys as unchanged and its tasks run.
+    await sql(
+        store,
+        "INSERT INTO toolkit_definitions (name, version, digest, body) VALUES (%s, %s, %s, %s)",
+        loaded.name, loaded.version, loaded.digest, Jsonb(dict(loaded.body)),
+    )  # fmt: skip
+    assert await store.definitions.deploy(loaded) == "unchanged"
+    stored = await store.definitions.get(loaded.name, loaded.version)
+    (task_id,) = await store.tasks.submit(stored, [{}])
+    for _ in range(2):  # the first run reaches the timer; the second, once it is due, ends
+        worker = Worker(store, counting.app, [loaded])
+        await WorkflowSupervisor(worker, SupervisorConfig(until_idle=True, **FAST)).run()
+        await make_due(store, task_id)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.result) == ("succeeded", "paused"), task

@@ -43,9 +43,9 @@ EXPORTS = [
     "MissingHandlers", "MissingLimits", "NotExported", "NotReconcilable", "PayloadRefused",
     "ResultNotJson", "ResultTooLarge", "Store", "SubmitConflict", "SupervisorConfig",
     "SupervisorReport", "TaskTerminal", "ToolkitError", "UnknownDefinition", "UnknownLimit",
-    "UnknownTask", "UnknownTenant", "Worker", "WorkerIdInUse", "WorkflowDefinition",
-    "WorkflowSupervisor", "load_definition", "load_definitions", "parse_definition",
-    "start_embedded", "stop_embedded",
+    "UnknownSignal", "UnknownTask", "UnknownTenant", "Worker", "WorkerIdInUse",
+    "WorkflowDefinition", "WorkflowSupervisor", "load_definition", "load_definitions",
+    "parse_definition", "start_embedded", "stop_embedded",
 ]  # fmt: skip
 
 #: Every dotted name the docs (API reference included), the README and the tutorials import
@@ -86,6 +86,8 @@ DOCUMENTED = [
     "toolkit.history.notebook.plot_history",
     "toolkit.history.open",
     "toolkit.history.retention",
+    "toolkit.history.scratch",
+    "toolkit.history.scratch.ScratchDatabase",
     "toolkit.ops.demo",
     "toolkit.ops.log_format.JsonFormatter",
     "toolkit.runtime.supervisor",

@@ -225,7 +225,7 @@ async def test_nasty_tenants_keys_and_names_are_stored_and_matched_literally(
         # A signal name follows the format's rule (tests/project/test_checked_inputs.py): those of
         # the nasty names that do ("_") are stored literally too.
         signal_name = name if SIGNAL_NAME.fullmatch(name) else "from-a-nasty-tenant"
-        signal_id = await store.tasks.signal(ids[name], signal_name, {"from": name})
+        signal_id = await store.tasks.signal(ids[name], signal_name, {"from": name}, force=True)
         (signal,) = await store.tasks.signals(ids[name])
         assert signal["id"] == signal_id and signal["name"] == signal_name
     worker = Worker(store, app, [d], worker_id="w'; DELETE FROM toolkit_tasks; --")

@@ -40,6 +40,11 @@ def db_status(settings: Settings) -> None:
 @db.command("stop")
 @click.pass_obj
 def db_stop(settings: Settings) -> None:
-    """Stop the embedded server of TOOLKIT_HOME."""
+    """Stop the embedded server of TOOLKIT_HOME (the nearest .toolkit by default)."""
     stopped = stop_embedded(settings.home)
-    click.echo("embedded PostgreSQL stopped" if stopped else "embedded PostgreSQL was not running")
+    where = settings.home.resolve()
+    click.echo(
+        f"embedded PostgreSQL in {where} stopped"
+        if stopped
+        else f"embedded PostgreSQL in {where} was not running"
+    )

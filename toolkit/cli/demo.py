@@ -30,14 +30,27 @@ def demo(settings: Settings, definitions_dir: Path, concurrency: int) -> None:
             " definitions/ (and definitions/data/): run it from the repository's root, or give"
             " --definitions"
         )
+    def progress(line: str) -> None:
+        click.echo(line, err=True)
+
     summary = run_in_store(
         settings,
-        lambda store: run_demo(store, definitions_dir, home=settings.home, concurrency=concurrency),
+        lambda store: run_demo(
+            store, definitions_dir, home=settings.home, concurrency=concurrency,
+            progress=progress,
+        ),
         pool_size=concurrency + 2,
-    )
+    )  # fmt: skip
     click.echo(summary.render())
+    shown = summary.reconciled[0].task_id if summary.reconciled else 1
+    click.echo("")
+    click.echo("what next")
+    click.echo("  toolkit tasks --limit 5                 the newest tasks")
+    click.echo(f"  toolkit show {shown:<26} a task: its steps, evidence and events")
+    click.echo("  toolkit export history/ && toolkit stats history/")
+    click.echo('  pip install -e ".[notebook]" && jupyter lab notebooks/    the tutorials')
     if settings.embedded:
         click.echo(
-            f"(embedded PostgreSQL keeps running with its data in {settings.home}/pgdata; "
-            "`toolkit db stop` stops it)"
+            f"(the embedded PostgreSQL keeps running with its data in "
+            f"{settings.home.resolve()}/pgdata; `toolkit db stop` stops it)"
         )

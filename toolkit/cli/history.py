@@ -12,6 +12,7 @@ import click
 
 from toolkit.cli.options import duration_option, since_option
 from toolkit.cli.session import Settings, run_in_store
+from toolkit.counts import counted
 
 
 @click.command("export")
@@ -100,6 +101,7 @@ def prune(
         ),
     )
     click.echo(
-        f"pruned {report.tasks} tasks ({report.events} events, {report.evidence} evidence "
-        f"records, {report.signals} signals) in {report.batches} batches"
+        f"pruned {counted(report.tasks, 'task')} ({counted(report.events, 'event')}, "
+        f"{counted(report.evidence, 'evidence record')}, {counted(report.signals, 'signal')}) "
+        f"in {counted(report.batches, 'batch', 'batches')}"
     )

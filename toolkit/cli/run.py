@@ -109,6 +109,13 @@ def load_app(spec: str) -> App:
     "cancellation, before the worker gives it up (stops renewing its lease), seconds.",
 )
 @click.option(
+    "--summary-every",
+    default=60.0,
+    show_default=True,
+    help="Print a line of what the worker did every this many seconds, on stderr, when it did "
+    "anything (0: never).",
+)
+@click.option(
     "--until-idle",
     is_flag=True,
     help="Exit once no task is queued, leased, or waiting and due (future timers and signal "
@@ -143,6 +150,7 @@ def run(
     poll_max: float,
     listen_probe: float,
     call_grace: float,
+    summary_every: float,
     until_idle: bool,
     metrics_port: int | None,
     metrics_host: str,
@@ -169,8 +177,16 @@ def run(
             except OSError as exc:
                 raise ConfigError(f"--metrics-port {metrics_port}: {exc}") from exc
         supervisor = WorkflowSupervisor(worker, config, metrics)
+        names = ", ".join(f"{d.name}@{d.version}" for d in definitions)
+        start_line = (
+            f"worker {worker.worker_id}: running {len(definitions)} definition(s) ({names}) "
+            f"from {definitions_path}, concurrency {concurrency}, on {settings.describe()}"
+            f"{'' if metrics_port is None else f', metrics on {metrics_host}:{metrics_port}'}; "
+            f"{'exits when idle' if until_idle else 'Ctrl-C stops it gracefully'}"
+        )
         async with anyio.create_task_group() as tg:
             tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
+            tg.start_soon(_announce, supervisor, start_line, summary_every)
             await supervisor.run(shutdown)
             tg.cancel_scope.cancel()
         if supervisor.report.abandoned:
@@ -208,6 +224,26 @@ def _print_report(report: SupervisorReport) -> None:
         f"max loop lag {report.max_loop_lag * 1000:.0f} ms, "
         f"wall {report.wall_time:.2f} s"
     )
+
+
+async def _announce(supervisor: WorkflowSupervisor, start_line: str, every: float) -> None:
+    """The start line on stderr once the worker is registered, then a line of what changed.
+
+    The summary comes every ``every`` seconds (0: never), when something changed.
+    """
+    await supervisor.registered.wait()
+    click.echo(start_line, err=True)
+    report = supervisor.report
+    fields = ("claimed", "succeeded", "failed", "cancelled", "waiting", "retried")
+    before = {name: 0 for name in fields}
+    while every > 0:
+        await anyio.sleep(every)
+        now = {name: getattr(report, name) for name in fields}
+        if now == before:
+            continue
+        done = ", ".join(f"{name} {now[name] - before[name]}" for name in fields)
+        click.echo(f"worker {report.worker_id}: in the last {every:g} s: {done}", err=True)
+        before = now
 
 
 async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:

@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import TypeVar
 
 import anyio
+import click
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from toolkit.payload import DEFAULT_MAX_BYTES
 from toolkit.store import Store
 from toolkit.store.database import Database
-from toolkit.store.embedded import start_embedded
+from toolkit.store.embedded import is_initialised, start_embedded
 
 T = TypeVar("T")
 
@@ -29,7 +32,7 @@ class Settings:
 
     Attributes:
         dsn: the connection string, None for the embedded server.
-        home: the embedded server's folder.
+        home: the embedded server's folder (``--home``, else the nearest ``.toolkit``).
         max_payload_bytes: the size limit of one stored JSON value (``--max-payload-bytes``).
     """
 
@@ -43,8 +46,36 @@ class Settings:
         return self.dsn is None
 
     def resolve_dsn(self) -> str:
-        """The DSN to connect to, starting the embedded server when needed."""
-        return self.dsn if self.dsn is not None else start_embedded(self.home)
+        """The DSN to connect to, starting the embedded server when needed.
+
+        A new embedded server is announced on stderr, with its folder: a command run from
+        the wrong folder must not quietly show an empty store.
+        """
+        if self.dsn is not None:
+            return self.dsn
+        if not is_initialised(self.home):
+            click.echo(
+                f"note: creating a new embedded PostgreSQL in {self.home.resolve()} (none in "
+                "this folder or its parents; --home or TOOLKIT_HOME names another); "
+                "the first start takes a few seconds",
+                err=True,
+            )
+        return start_embedded(self.home)
+
+    def describe(self) -> str:
+        """Where the store is, for people: the embedded server's folder, or host/database.
+
+        A DSN is shown as its host, port and database, never its password.
+        """
+        if self.dsn is None:
+            return f"the embedded PostgreSQL in {self.home.resolve()}"
+        try:
+            params = conninfo_to_dict(self.dsn)
+        except psycopg.ProgrammingError:
+            return "the server of --dsn"
+        host = params.get("host") or "localhost"
+        port = f":{params['port']}" if params.get("port") else ""
+        return f"PostgreSQL at {host}{port}/{params.get('dbname') or params.get('user') or ''}"
 
     async def open_store(self, *, pool_size: int = 4) -> Store:
         """Open the store; migrate automatically only on the embedded server."""

@@ -10,6 +10,7 @@ import click
 
 from toolkit.cli.output import clip, echo_json
 from toolkit.cli.session import Settings, run_in_store
+from toolkit.lifecycle import cursor_text
 from toolkit.store import Store
 
 
@@ -57,7 +58,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"  uncertain:  step occurrence {task['checkpoint'].get('pending')} "
             "(intent recorded, outcome unknown)"
         )
-    click.echo(f"  cursor:     {task['checkpoint'].get('cursor')}")
+    click.echo(f"  cursor:     {cursor_text(task['checkpoint'].get('cursor'), task['state'])}")
     wait = task["checkpoint"].get("wait")
     if task["state"] == "waiting" and wait:
         due = f"at {wait['occurrence']}, due {task['run_at']}"

@@ -129,11 +129,18 @@ def tasks(
 @click.argument("task_id", type=int)
 @click.argument("name")
 @click.option("--payload", help="Signal payload as JSON.")
+@click.option(
+    "--force", is_flag=True, help="Store it even if no step of the definition waits for NAME."
+)
 @click.pass_obj
-def send_signal(settings: Settings, task_id: int, name: str, payload: str | None) -> None:
+def send_signal(
+    settings: Settings, task_id: int, name: str, payload: str | None, force: bool
+) -> None:
     """Send signal NAME to task TASK_ID (kept until a wait consumes it)."""
     value = json_option(payload, "--payload")
-    signal_id = run_in_store(settings, lambda store: store.tasks.signal(task_id, name, value))
+    signal_id = run_in_store(
+        settings, lambda store: store.tasks.signal(task_id, name, value, force=force)
+    )
     click.echo(f"signal {signal_id} sent to task {task_id}")
 
 

@@ -83,7 +83,7 @@ def _text(value: object, limit: int = 48) -> str:
         .replace('"', "#quot;")
         .replace("<", "#60;")
         .replace(">", "#62;")
-        .replace("`", "'")
+        .replace("`", "#96;")  # an entity: a bare backtick starts Mermaid's markdown
     )
 
 

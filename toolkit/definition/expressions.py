@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -411,6 +412,9 @@ def _parse(expression: str, path: str, errors: list[ExpressionSyntaxError]) -> P
     return None
 
 
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
 @functools.lru_cache(maxsize=4096)
 def _jmespath_compile(expression: str) -> ParsedResult:
     return jmespath.compile(expression)
@@ -425,6 +429,14 @@ def _describe(exc: JMESPathError) -> str:
     if isinstance(exc, LexerError):
         return f"{exc.message} at column {exc.lexer_position}"
     if isinstance(exc, ParseError):
+        if exc.token_type == "NUMBER":
+            # JMESPath reads a bare number only as an index or slice bound, not as a value.
+            written = _NUMBER.match(exc.expression or "", exc.lex_position)
+            number = written.group() if written else str(exc.token_value)
+            return (
+                f"a number is written as a JMESPath literal in backticks: `{number}` "
+                f"(column {exc.lex_position})"
+            )
         return f"{exc.msg} at column {exc.lex_position}"
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.definition.paths import JsonPath
@@ -105,6 +105,7 @@ def _graph_problems(
         )
     graph: dict[str, list[str]] = {}
     able: set[str] = set()  # steps assumed able to finish on their own
+    lost: dict[str, list[int]] = {}  # step -> its problems of a target like no step's
     for step_id, step in steps.items():
         graph[step_id] = []
         for rel, target in _edges(step):
@@ -120,6 +121,8 @@ def _graph_problems(
                 hint = suggest(target, known)
                 if not hint and scope and target in scope.outside:
                     hint = ": a branch can only go to its own steps"
+                if meant is None:
+                    lost.setdefault(step_id, []).append(len(problems))
                 problems.append(
                     Problem(
                         (*prefix, step_id, *rel),
@@ -138,8 +141,15 @@ def _graph_problems(
         first = closest(start, known)  # a misspelt start: begin at the step it likely means
     reachable = _closure([first, *entries], graph) if first is not None else set(steps)
     also = "".join(f" or on_timeout {entry!r}" for entry in entries)
-    for step_id in steps:
-        if step_id not in reachable and not blind & reachable:
+    # A reachable step going to a name like no step's may have meant any unreached step: its
+    # "does not exist" says it all, without a cascade of "unreachable" (issue 24, item 10).
+    unreached = [step_id for step_id in steps if step_id not in reachable]
+    if unreached and lost.keys() & reachable:
+        hint = f" (no step goes to {', '.join(map(repr, unreached))} yet)"
+        for index in (i for step_id in lost.keys() & reachable for i in lost[step_id]):
+            problems[index] = replace(problems[index], message=problems[index].message + hint)
+    elif not blind & reachable:
+        for step_id in unreached:
             message = (
                 f"step {step_id!r} of {scope.name} is unreachable from its start {start!r}"
                 if scope

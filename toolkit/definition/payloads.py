@@ -48,9 +48,15 @@ def payload_fault(error: ValidationError) -> str:
         return f"expected {json_text(wanted)}, got {json_text(value)}"
     if keyword == "required" and isinstance(value, dict) and isinstance(wanted, list):
         missing = [name for name in wanted if name not in value]
-        if missing:
+        if len(missing) == 1:
             return f"missing required field {json_text(missing[0])}"
+        if missing:
+            return f"missing required fields {', '.join(json_text(name) for name in missing)}"
     return error.message
+
+
+#: Faults of one value listed at most; the rest are counted.
+MAX_FAULTS = 10
 
 
 def validate_payload(schema: Mapping[str, Any], value: Any, what: str) -> Any:
@@ -77,16 +83,25 @@ def _checked(validator: Draft202012Validator, value: Any, what: str) -> Any:
     """``value`` with the defaults of the validator's schema applied, once it is valid.
 
     Raises:
-        InputError: ``invalid WHAT: PATH: message`` for the most relevant fault.
+        InputError: ``invalid WHAT: PATH: message``, one line per fault (at most
+            :data:`MAX_FAULTS`), the most relevant first; its ``path`` is that fault's.
     """
     try:
         filled = _apply_defaults(validator.schema, copy.deepcopy(value))
-        error = best_match(validator.iter_errors(filled))
+        errors = list(validator.iter_errors(filled))
     except RecursionError:
         raise InputError(f"invalid {what}: $: nested too deeply to validate", path="$") from None
-    if error is not None:
-        message = payload_fault(error)
-        raise InputError(f"invalid {what}: {error.json_path}: {message}", path=error.json_path)
+    if errors:
+        first = best_match(errors)
+        assert first is not None
+        lines = [f"invalid {what}: {first.json_path}: {payload_fault(first)}"]
+        for error in sorted(errors, key=lambda e: e.json_path):
+            line = f"invalid {what}: {error.json_path}: {payload_fault(error)}"
+            if line not in lines:
+                lines.append(line)
+        if len(lines) > MAX_FAULTS:
+            lines[MAX_FAULTS:] = [f"invalid {what}: ... and {len(lines) - MAX_FAULTS} more"]
+        raise InputError("\n".join(lines), path=first.json_path)
     return filled
 
 

@@ -112,6 +112,7 @@ def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
             except ValueError as exc:
                 problems.append(Problem((*path, key), str(exc)))
                 continue
+            problems += _unitless((*path, key), wait[key])
             if seconds <= 0:
                 problems.append(Problem((*path, key), f"{key} must be greater than zero"))
     if "schema" in wait:
@@ -220,6 +221,7 @@ def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
         except ValueError as exc:
             problems.append(Problem(where, str(exc)))
             continue
+        problems += _unitless(where, value)
         if where[-1] == "timeout" and seconds <= 0:
             problems.append(Problem(where, "timeout must be greater than zero"))
         elif where[-1] in ("initial", "max") and seconds <= 0:
@@ -230,6 +232,23 @@ def _duration_problems(path: JsonPath, holder: dict[str, Any]) -> list[Problem]:
                 new_only=True,
             ))  # fmt: skip
     return problems
+
+
+def _unitless(where: JsonPath, value: Any) -> list[Problem]:
+    """A duration written as a bare number: new registrations must name the unit.
+
+    ``initial: 500`` meant milliseconds as often as seconds (issue 24); a version registered
+    with bare numbers keeps loading, as seconds (docs/decisions.md, "Durations name a unit").
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return []
+    shown = f"{value:g}"
+    return [Problem(
+        where,
+        f"write a unit on durations: {shown} would be {shown} seconds; write '{shown}s' for "
+        f"seconds, '{shown}ms' for milliseconds (or m, h, d)",
+        new_only=True,
+    )]  # fmt: skip
 
 
 def _reserve_problems(budget: Any, steps: dict[str, Any]) -> list[Problem]:

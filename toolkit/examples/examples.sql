@@ -54,6 +54,10 @@ INSERT INTO demo_outbox (idempotency_key, topic, payload, fencing_token)
 VALUES (%(key)s, %(topic)s, %(payload)s, %(token)s)
 RETURNING id;
 
+-- name: outbox_by_key
+-- What a reconciliation looks for: did a call with this idempotency key get through?
+SELECT id, payload FROM demo_outbox WHERE idempotency_key = %(key)s ORDER BY id LIMIT 1;
+
 -- name: upsert_shipment
 -- Keyed by the idempotency key: a repeated call keeps the first row and returns it.
 INSERT INTO demo_shipments AS s

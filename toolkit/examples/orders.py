@@ -49,6 +49,21 @@ class OrderError(ValueError):
     """The order cannot be processed as given; retrying will not help."""
 
 
+class CarrierBusy(RuntimeError):
+    """The carrier's booking system asked to try again later: a transient error, retried."""
+
+
+#: One order in this many finds the carrier busy at its first booking attempt (by its number),
+#: so that the demo shows a retried effect.
+BUSY_EVERY = 40
+
+
+def carrier_busy(order_id: str, attempt: int) -> bool:
+    """Whether the booking of ``order_id`` meets a busy carrier at ``attempt`` (the first only)."""
+    digits = "".join(ch for ch in order_id if ch.isdigit())
+    return attempt == 1 and bool(digits) and int(digits) % BUSY_EVERY == 7
+
+
 @dataclasses.dataclass(frozen=True)
 class PricedOrder:
     """An order's lines with their amounts.
@@ -250,12 +265,37 @@ async def charge_handler(
             "token": ctx.fencing_token,
         },
     )
+    return payment_result(outbox_id, payload)
+
+
+def payment_result(outbox_id: int, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``payments.charge`` returns for its outbox message (``id``, ``payload``).
+
+    Returns:
+        ``{"payment_id", "outbox_id", "amount", "currency"}``.
+    """
     return {
         "payment_id": f"PAY-{outbox_id:06d}",
         "outbox_id": outbox_id,
-        "amount": float(value),
-        "currency": currency,
+        "amount": float(payload["amount"]),
+        "currency": payload["currency"],
     }
+
+
+async def outbox_by_key(
+    conn: psycopg.AsyncConnection[Any], key: str
+) -> tuple[int, dict[str, Any]] | None:
+    """The first payment request written under idempotency key ``key``, or None.
+
+    What a reconciliation asks the payment side: did the interrupted call get through?
+
+    Returns:
+        ``(outbox id, payload)``, or None when no call with that key got through.
+    """
+    await _prepare(conn)
+    cursor = await conn.execute(_sql("outbox_by_key"), {"key": key})
+    row = await cursor.fetchone()
+    return None if row is None else (int(row[0]), dict(row[1]))
 
 
 async def ship_handler(
@@ -265,7 +305,13 @@ async def ship_handler(
 
     Returns:
         ``{"shipment_id", "carrier", "tracking"}``.
+
+    Raises:
+        CarrierBusy: at the first attempt of one order in :data:`BUSY_EVERY`; the step's retry
+            policy calls again.
     """
+    if carrier_busy(order_id, ctx.attempt):
+        raise CarrierBusy(f"{carrier_for(ship_to)} is busy; booking {order_id} later")
     shipment_id, carrier, tracking = await _fetch_one(
         ctx,
         "upsert_shipment",

@@ -44,6 +44,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import class_row
 
+from toolkit.counts import counted
 from toolkit.errors import UnknownTask
 from toolkit.store import Store
 from toolkit.store.database import Database
@@ -216,7 +217,8 @@ class AuditReport:
         """One line: tasks checked, then violations by kind."""
         kinds = ", ".join(f"{kind} {n}" for kind, n in self.by_kind.items())
         return (
-            f"audit: {self.tasks_checked} tasks checked, {len(self.violations)} violations "
+            f"audit: {counted(self.tasks_checked, 'task')} checked, "
+            f"{counted(len(self.violations), 'violation')} "
             f"({kinds})"
         )
 

@@ -1,7 +1,7 @@
 """Notebook inspection: a task browser, a history dashboard and a scratch database.
 
 The task browser is built with ipywidgets, the dashboard with matplotlib; the scratch
-database gives a tutorial its own PostgreSQL.
+database (:mod:`toolkit.history.scratch`) gives a tutorial its own PostgreSQL.
 
 Everything here is async-friendly in Jupyter's running event loop: call the coroutine
 methods with top-level ``await`` in a cell; widget buttons schedule their work on that same
@@ -16,22 +16,18 @@ import asyncio
 import dataclasses
 import html
 import json
-import os
-import shutil
-import tempfile
-import uuid
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from toolkit.counts import counted
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.history.analytics import History, render_table
+from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
+from toolkit.history.task_list import TaskList
+from toolkit.lifecycle import TaskState, cursor_text
 from toolkit.store import Store
-from toolkit.store.embedded import start_embedded, stop_embedded
 from toolkit.store.tasks import TaskRecord
 
 if TYPE_CHECKING:
@@ -41,65 +37,6 @@ STATES = ("queued", "leased", "waiting", "succeeded", "failed", "cancelled")
 """Task states, in the order the browser offers them."""
 
 _ANY = "(any)"
-
-
-# --- a database for a tutorial ----------------------------------------------------------------
-
-
-class ScratchDatabase:
-    """A PostgreSQL database of one notebook session, removed by :meth:`stop`.
-
-    With ``TOOLKIT_TEST_DSN`` set, a fresh database is created on that server; otherwise
-    the embedded server is started in a new temporary folder. Either way the database is
-    empty: task ids start at 1.
-
-    Attributes:
-        dsn: the database's DSN once :meth:`start` returned, else "".
-    """
-
-    def __init__(self) -> None:
-        self.dsn = ""
-        self._home: str | None = None
-        self._server: str | None = None
-        self._name: str | None = None
-
-    def start(self) -> str:
-        """Create (or start) the database.
-
-        Returns:
-            Its DSN.
-
-        Raises:
-            DatabaseUnavailable: the embedded server could not be started.
-        """
-        server = os.environ.get("TOOLKIT_TEST_DSN")
-        if server:
-            name = f"toolkit_nb_{uuid.uuid4().hex[:12]}"
-            # The name is an identifier: composed by psycopg.sql, never by string formatting.
-            create = sql.SQL("CREATE DATABASE {}")
-            with psycopg.connect(server, autocommit=True) as conn:
-                conn.execute(create.format(sql.Identifier(name)))
-            params = conninfo_to_dict(server)
-            params["dbname"] = name
-            self._server, self._name = server, name
-            self.dsn = make_conninfo("", **params)
-        else:
-            self._home = tempfile.mkdtemp(prefix="toolkit-notebook-")
-            self.dsn = start_embedded(self._home)
-        return self.dsn
-
-    def stop(self) -> None:
-        """Drop the database (or stop the embedded server and delete its folder)."""
-        if self._server is not None and self._name is not None:
-            drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-            with psycopg.connect(self._server, autocommit=True) as conn:
-                conn.execute(drop.format(sql.Identifier(self._name)))
-            self._name = None
-        if self._home is not None:
-            stop_embedded(self._home)
-            shutil.rmtree(self._home, ignore_errors=True)
-            self._home = None
-        self.dsn = ""
 
 
 # --- the task browser -------------------------------------------------------------------------
@@ -161,7 +98,7 @@ class TaskDetail:
             f"task {t.id}: {t.definition_name} v{t.definition_version}, tenant {t.tenant}",
             f"  state:      {t.state}" + (f" ({t.wait_reason})" if t.wait_reason else ""),
             f"  claims:     {t.attempts}, fencing token {t.lease_token}",
-            f"  cursor:     {t.checkpoint.get('cursor')}",
+            f"  cursor:     {cursor_text(t.checkpoint.get('cursor'), t.state)}",
         ]
         if self.wait:
             lines.append(f"  waits for:  {self.wait}")
@@ -266,7 +203,7 @@ class TaskBrowser:
             options=[_ANY], value=_ANY, description="version", layout=layout
         )
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
-        self.task_list = widgets.Select(options=[], rows=12, layout=widgets.Layout(width="100%"))
+        self.task_list = TaskList(rows=12, layout=widgets.Layout(width="100%"))
         self.detail_pane = widgets.HTML()
         self.signal_name = widgets.Text(description="signal", placeholder="name")
         self.signal_payload = widgets.Text(description="payload", placeholder="JSON (optional)")
@@ -321,7 +258,14 @@ class TaskBrowser:
         )  # fmt: skip
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        if isinstance(bundle, dict) and "text/plain" in bundle:
+            # Shown where widgets are not (a notebook opened before it runs, a text export):
+            # a sentence, not the widget tree's repr.
+            bundle["text/plain"] = (
+                "TaskBrowser: a live widget; run the notebook in JupyterLab to use it"
+            )
+        return bundle
 
     # --- scheduling -----------------------------------------------------------------------
 
@@ -400,11 +344,10 @@ class TaskBrowser:
         name = self._filter_value(self.definition_filter)
         version = self._filter_value(self.version_filter)
         everything = await self.store.tasks.list(limit=self.limit * 10)
-        records = await self.store.tasks.list(
-            state=state, tenant=tenant, name=name, limit=self.limit * 10
-        )
-        if version is not None:
-            records = [r for r in records if str(r.definition_version) == version]
+        filters = {"state": state, "tenant": tenant, "name": name}
+        number = None if version is None else int(version)
+        records = await self.store.tasks.list(**filters, version=number, limit=self.limit)
+        total = await self.store.tasks.count(**filters, version=number)
         self.tasks = records[: self.limit]
         self._updating = True
         try:
@@ -428,7 +371,8 @@ class TaskBrowser:
                 self.task_list.value = None
         finally:
             self._updating = False
-        self._say(f"{len(self.tasks)} tasks")
+        shown = counted(len(self.tasks), "task")
+        self._say(shown if total == len(self.tasks) else f"{shown} (the newest) of {total:,}")
         return self.tasks
 
     @staticmethod
@@ -467,6 +411,11 @@ class TaskBrowser:
         )
         self.detail = detail
         self.detail_pane.value = detail.html()
+        # Offer only what the task can take: an ended task no signal nor cancel, and only a
+        # task waiting for reconciliation a reconciliation.
+        ended = TaskState(detail.task.state).terminal
+        self.signal_button.disabled = self.cancel_button.disabled = ended
+        self.reconcile_button.disabled = detail.task.wait_reason != "reconciliation"
         pending = detail.task.checkpoint.get("pending")
         if detail.task.wait_reason == "reconciliation" and pending:
             self.reconcile_step.value = str(pending).rsplit("/", 1)[-1].split("#", 1)[0]
@@ -610,7 +559,7 @@ def plot_history(history: History, bucket: float | str = 60) -> Figure:
     Raises:
         HistoryError: ``bucket`` is not a positive duration.
     """
-    from matplotlib.dates import DateFormatter
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
     from matplotlib.figure import Figure
 
     def series(rows: Sequence[Sequence[Any]], key: int, value: int) -> dict[Any, float]:
@@ -646,7 +595,11 @@ def plot_history(history: History, bucket: float | str = 60) -> Figure:
         axes[2].plot(list(points), list(points.values()), marker="x", label=name)
     axes[2].set_ylabel("failed tasks")
     axes[2].set_xlabel("time (UTC)")
-    axes[2].xaxis.set_major_formatter(DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
+    # Ticks a few seconds apart repeated "%H:%M:%S" labels; the concise formatter shows
+    # fractions of seconds when the ticks need them, and the date once, at the axis' end.
+    locator = AutoDateLocator()  # type: ignore[no-untyped-call]
+    axes[2].xaxis.set_major_locator(locator)
+    axes[2].xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     if names:
         axes[2].legend(loc="upper left")
     figure.suptitle(f"history of {history.path.name}")

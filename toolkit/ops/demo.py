@@ -8,27 +8,38 @@ submits
   column), each writing its JSON report to ``HOME/reports``;
 - ``order-saga``: one task per order;
 
-then runs an in-process worker (:class:`~toolkit.runtime.supervisor.WorkflowSupervisor` over the
-example handlers of :mod:`toolkit.examples`) until the queue drains.
+then tells the story the product is for (:mod:`toolkit.ops.demo_crash`): a worker process
+crashes right after a payment call, before recording it; the in-process worker
+(:class:`~toolkit.runtime.supervisor.WorkflowSupervisor` over the example handlers of
+:mod:`toolkit.examples`) takes its tasks over once their leases expire, retries the bookings
+a busy carrier refused, and leaves the uncertain charge waiting for reconciliation instead of
+charging twice; the demo reconciles it from the payment outbox, and the queue drains.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
+
+from toolkit.counts import counted
 from toolkit.definition import WorkflowDefinition, load_definitions
 from toolkit.errors import ConfigError, UnknownTask
 from toolkit.examples import app, ensure_example_tables
 from toolkit.examples.ingest import profile_table, read_table
+from toolkit.lifecycle import TERMINAL_STATES
+from toolkit.ops.demo_crash import Crash, Reconciliation, crash_a_worker, reconcile_charges
 from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
@@ -53,6 +64,10 @@ class DemoSummary:
         effects_run: ``completed`` effect evidence records written during the run.
         wall_time: seconds from the first submission until the queue drained.
         report_dir: absolute path of the folder the ingest reports went to.
+        crash: how the crashing worker ended (None: the run had no crash).
+        recovered: tasks the next worker took over after their lease expired.
+        retried: effect attempts that failed and were scheduled again.
+        reconciled: the uncertain charges, and what reconciling them found.
     """
 
     submitted: dict[str, int]
@@ -60,6 +75,10 @@ class DemoSummary:
     effects_run: int
     wall_time: float
     report_dir: str
+    crash: Crash | None = None
+    recovered: int = 0
+    retried: int = 0
+    reconciled: tuple[Reconciliation, ...] = ()
 
     @property
     def total(self) -> int:
@@ -74,7 +93,8 @@ class DemoSummary:
     def render(self) -> str:
         """The multi-line text ``toolkit demo`` prints."""
         width = max(len(name) for name in [*self.submitted, *self.tasks_by_state, "total"])
-        lines = [f"runifold demo: {self.total} tasks in {self.wall_time:.2f} s", "", "submitted"]
+        title = f"runifold demo: {counted(self.total, 'task')} in {self.wall_time:.2f} s"
+        lines = [title, "", "submitted"]
         lines += [
             f"  {name:<{width}}  {count:>6}" for name, count in sorted(self.submitted.items())
         ]
@@ -90,7 +110,40 @@ class DemoSummary:
             f"throughput      {self.tasks_per_second:.1f} tasks/s",
             f"reports         {self.report_dir}",
         ]
-        return "\n".join(lines)
+        return "\n".join(lines + self._story())
+
+    def _story(self) -> list[str]:
+        """What the crash, the retries and the reconciliation came to, in a few lines."""
+        lines = ["", "what happened on the way"]
+        if self.crash is not None:
+            how = (
+                "died right after a payment call, before recording its outcome"
+                if self.crash.crashed
+                else f"did not reach its fault and was stopped (exit {self.crash.exit_code})"
+            )
+            lines.append(f"  crash        worker {self.crash.worker_id} {how}")
+        lines.append(
+            f"  recovery     {counted(self.recovered, 'task')} taken over by the next worker "
+            "once their leases expired, each from its last checkpoint"
+        )
+        lines.append(
+            f"  retries      {counted(self.retried, 'effect attempt')} failed (a busy carrier) "
+            "and ran again after a backoff"
+        )
+        if self.reconciled:
+            through = [done for done in self.reconciled if done.payment_id]
+            tasks = ", ".join(str(done.task_id) for done in self.reconciled)
+            lines.append(
+                f"  fail closed  {counted(len(self.reconciled), 'charge')} in flight lost "
+                f"{'its' if len(self.reconciled) == 1 else 'their'} outcome; each task waited "
+                f"for reconciliation instead of charging again (tasks {tasks})"
+            )
+            lines.append(
+                f"  reconciled   from the payment outbox: {len(through)} had gone through "
+                f"(recorded as such, charged once), {len(self.reconciled) - len(through)} had "
+                "not (charged now)"
+            )
+        return lines
 
 
 def ingest_inputs(data_dir: Path, report_dir: Path) -> list[dict[str, Any]]:
@@ -144,6 +197,8 @@ async def run_demo(
     *,
     home: Path,
     concurrency: int = 16,
+    crash: bool = True,
+    progress: Callable[[str], None] | None = None,
 ) -> DemoSummary:
     """Deploy the definitions, submit the demo tasks and run a worker until the queue drains.
 
@@ -157,6 +212,9 @@ async def run_demo(
         definitions_dir: the folder of the definitions, with the input in ``data/``.
         home: the toolkit home; reports go to ``home/reports``.
         concurrency: claim-and-execute cycles in flight at most.
+        crash: first run a worker process that crashes mid-charge (needs the ``toolkit``
+            command's module in this interpreter, as the package installs it).
+        progress: called about once a second with a line of how far the run is.
 
     Returns:
         The summary to print.
@@ -183,6 +241,7 @@ async def run_demo(
         await ensure_example_tables(conn)
 
     completed_before = (await store.tasks.evidence_counts()).get("completed", 0)
+    ended_before = await _ended(store)
     started = time.monotonic()
     ids: dict[str, list[int]] = {}
     for definition, task_inputs in inputs.items():
@@ -197,12 +256,29 @@ async def run_demo(
                 "count": len(task_inputs),
             },
         )
-    supervisor = WorkflowSupervisor(
-        # Its own id, so the demo runs beside a `toolkit run` started in the same folder.
-        Worker(store, app, runnable, worker_id=f"demo:{socket.gethostname()}:{os.getpid()}"),
-        SupervisorConfig(concurrency=concurrency, until_idle=True),
-    )
-    await supervisor.run()
+    crashed = None
+    if crash:
+        if progress is not None:
+            progress("demo: a worker process runs, set to crash right after its first payment")
+        crashed = await anyio.to_thread.run_sync(
+            functools.partial(
+                crash_a_worker, store.db.dsn, definitions_dir, concurrency=concurrency
+            )
+        )
+    # Its own id, so the demo runs beside a `toolkit run` started in the same folder.
+    worker = Worker(store, app, runnable, worker_id=f"demo:{socket.gethostname()}:{os.getpid()}")
+    config = SupervisorConfig(concurrency=concurrency, until_idle=True)
+    total = sum(len(task_ids) for task_ids in ids.values())
+    async with anyio.create_task_group() as tg:
+        if progress is not None:
+            tg.start_soon(_report_progress, store, ended_before, total, progress)
+        first = WorkflowSupervisor(worker, config)
+        await first.run()
+        reconciled = await reconcile_charges(store, ids[ORDERS])
+        second = WorkflowSupervisor(worker, config)
+        if reconciled:
+            await second.run()
+        tg.cancel_scope.cancel()
     wall_time = time.monotonic() - started
     completed_after = (await store.tasks.evidence_counts()).get("completed", 0)
 
@@ -212,4 +288,26 @@ async def run_demo(
         effects_run=completed_after - completed_before,
         wall_time=wall_time,
         report_dir=str(report_dir),
+        crash=crashed,
+        recovered=first.report.recovered + second.report.recovered,
+        retried=first.report.retried + second.report.retried,
+        reconciled=tuple(reconciled),
     )
+
+
+async def _report_progress(
+    store: Store, before: int, total: int, progress: Callable[[str], None]
+) -> None:
+    """Once a second, how many of the run's ``total`` tasks have ended.
+
+    ``before``: tasks that had ended when the run began (the store may hold older runs).
+    """
+    while True:
+        await anyio.sleep(1.0)
+        ended = min(total, await _ended(store) - before)
+        progress(f"demo: {ended:,} of {counted(total, 'task')} ended")
+
+
+async def _ended(store: Store) -> int:
+    counts = await store.tasks.counts_by_state()
+    return sum(n for state, n in counts.items() if state in TERMINAL_STATES)

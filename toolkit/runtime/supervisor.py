@@ -71,6 +71,7 @@ class WorkflowSupervisor:
         self.config = config or SupervisorConfig()
         self.metrics = metrics or WorkerMetrics(worker.store.db.pool_stats)
         self.report = SupervisorReport(worker_id=worker.worker_id)
+        self.registered = anyio.Event()  #: set once the worker id and definitions are registered
         #: The cycles running, by the task whose lease each holds.
         self._held: dict[int, RunningCycle] = {}
         #: Cycles given up: their handler call ignored its cancellation (see `_give_up`).
@@ -120,6 +121,7 @@ class WorkflowSupervisor:
         started = time.monotonic()
         config = self.config
         await self.worker.register(config.concurrency, config.lease, config.heartbeat)
+        self.registered.set()
         shutdown.on_cancel(self._on_shutdown)
         logger.info(
             "worker started",

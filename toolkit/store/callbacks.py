@@ -16,6 +16,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from toolkit.errors import CallbackRefused, LeaseLost
+from toolkit.lifecycle import TaskState
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
 
@@ -118,8 +119,8 @@ class Callbacks:
             raise CallbackRefused(f"no callback token {token!r}")
         if known.state == "open":  # its task has ended
             raise CallbackRefused(
-                f"task {known.task_id} of callback {token!r} is {known.task_state}: the "
-                "callback can no longer be completed"
+                f"task {known.task_id} of callback {token!r} "
+                f"{TaskState(known.task_state).phrase()}: the callback can no longer be completed"
             )
         why = "was completed already" if known.state == "completed" else (
             "expired (its attempt timed out or was retried)")

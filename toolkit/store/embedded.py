@@ -26,6 +26,31 @@ def _pgdata(home: str | os.PathLike[str]) -> Path:
     return Path(home).expanduser().resolve() / "pgdata"
 
 
+#: The home's folder name, looked up from the current folder upwards.
+HOME_NAME = ".toolkit"
+
+
+def find_home(start: str | os.PathLike[str]) -> Path | None:
+    """The nearest ``.toolkit`` folder, as git finds ``.git``.
+
+    Args:
+        start: the folder to look in first; its parents follow, up to the root.
+
+    Returns:
+        The home found (absolute), or None when neither ``start`` nor a parent has one.
+    """
+    folder = Path(start).expanduser().resolve()
+    for candidate in (folder, *folder.parents):
+        if (candidate / HOME_NAME).is_dir():
+            return candidate / HOME_NAME
+    return None
+
+
+def is_initialised(home: str | os.PathLike[str]) -> bool:
+    """True when ``home`` already holds an embedded server's data folder."""
+    return (_pgdata(home) / "PG_VERSION").is_file()
+
+
 def start_embedded(home: str | os.PathLike[str]) -> str:
     """Start the embedded server if it is not running, and return its DSN.
 

@@ -20,8 +20,10 @@ from toolkit.errors import (
     PayloadRefused,
     SubmitConflict,
     TaskTerminal,
+    UnknownSignal,
     UnknownTask,
 )
+from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
 from toolkit.store.callbacks import Callbacks
 from toolkit.store.database import Database
@@ -237,13 +239,30 @@ class Tasks:
         state: str | None = None,
         tenant: str | None = None,
         name: str | None = None,
+        version: int | None = None,
         limit: int = 100,
     ) -> list[TaskRecord]:
-        """The newest tasks matching every filter given, newest first."""
-        rows = await self._db.fetch_all(
-            "list_tasks", {"state": state, "tenant": tenant, "name": name, "limit": limit}
-        )
+        """The newest tasks (at most ``limit``) matching every filter given, newest first.
+
+        A filter left None matches any task: ``state``, ``tenant``, definition ``name`` and
+        ``version``.
+        """
+        filters = {"state": state, "tenant": tenant, "name": name, "version": version}
+        rows = await self._db.fetch_all("list_tasks", {**filters, "limit": limit})
         return [TaskRecord(**row) for row in rows]
+
+    async def count(
+        self,
+        *,
+        state: str | None = None,
+        tenant: str | None = None,
+        name: str | None = None,
+        version: int | None = None,
+    ) -> int:
+        """How many tasks match every filter given (the filters of :meth:`list`)."""
+        filters = {"state": state, "tenant": tenant, "name": name, "version": version}
+        row = await self._db.fetch_one("count_tasks", filters)
+        return int(row["n"]) if row else 0
 
     async def counts_by_state(self) -> dict[str, int]:
         """Number of tasks in each state present."""
@@ -280,11 +299,20 @@ class Tasks:
         """Every signal sent to the task, consumed or not, oldest first."""
         return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
 
-    async def signal(self, task_id: int, name: str, payload: Any = None) -> int:
+    async def signal(
+        self, task_id: int, name: str, payload: Any = None, *, force: bool = False
+    ) -> int:
         """Send signal ``name`` to a task; it is kept until a ``wait: {signal: name}`` consumes it.
 
         Each signal is consumed exactly once, in the order sent. A task already waiting for
         ``name`` is woken at once (NOTIFY).
+
+        Args:
+            task_id: the task.
+            name: the signal's name; some wait step of the task's definition must name it,
+                unless ``force`` (docs/decisions.md, "A signal no step waits for").
+            payload: any JSON value.
+            force: store the signal even if no step waits for ``name``.
 
         Returns:
             The signal's id.
@@ -297,10 +325,19 @@ class Tasks:
                 message names the path of the fault; the signal was not stored. Defaults
                 of that schema are applied to the stored payload; or ``name`` is not a
                 signal name any wait step could wait for.
+            UnknownSignal: no step of the task's definition waits for ``name`` (and not
+                ``force``); the message lists the names its steps wait for.
         """
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
-        schema = await self._signal_schema(task_id, name)
+        waited, schema = await self._signal_wait(task_id, name)
+        if waited is not None and name not in waited and not force:
+            known = ", ".join(repr(n) for n in sorted(waited)) or "none: no step waits for one"
+            raise UnknownSignal(
+                f"task {task_id}: no step of its definition waits for signal {name!r} (it waits "
+                f"for {known}); nothing was stored (force=True, or toolkit signal --force, "
+                "stores it anyway)"
+            )
         if schema is not None:
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
         row = await self._db.fetch_one(
@@ -309,34 +346,41 @@ class Tasks:
         if row is None or row["state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["signal_id"] is None:
-            raise TaskTerminal(f"task {task_id} is {row['state']}; signal {name!r} was not stored")
+            raise TaskTerminal(
+                f"task {task_id} {TaskState(row['state']).phrase()}; signal {name!r} was not stored"
+            )
         return int(row["signal_id"])
 
-    async def _signal_schema(self, task_id: int, name: str) -> Mapping[str, Any] | None:
-        """The payload schema the task's definition declares for signal ``name``, if any.
+    async def _signal_wait(
+        self, task_id: int, name: str
+    ) -> tuple[set[str] | None, Mapping[str, Any] | None]:
+        """The signal names the task's definition waits for, and the schema for ``name``.
 
         When the task waits at a step for ``name``, that step's schema decides (none: any
-        payload); else the first wait step declaring one. None for an ended task (the
-        signal is refused for that).
+        payload); else the first wait step declaring one. ``(None, None)`` for an ended or
+        unknown task (the signal is refused for that).
         """
         row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
         if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
-            return None
+            return None, None
         definition = definition_from_body(row["body"])
         cursor = (row["checkpoint"] or {}).get("cursor")
+        waited: set[str] = set()
         found: list[tuple[bool, Mapping[str, Any] | None]] = []
         for step in definition.steps.values():
             if not isinstance(step, WaitStep):
                 continue
-            if step.signal == name:
-                found.append((step.id == cursor, step.schema))
-            for event in step.any:
-                if event.signal == name:
-                    found.append((step.id == cursor, event.schema))
+            waits = [(step.signal, step.schema), *((e.signal, e.schema) for e in step.any)]
+            for signal, schema in waits:
+                if signal is None:
+                    continue
+                waited.add(signal)
+                if signal == name:
+                    found.append((step.id == cursor, schema))
         current = [schema for here, schema in found if here]
         if current:
-            return current[0]
-        return next((schema for _, schema in found if schema is not None), None)
+            return waited, current[0]
+        return waited, next((schema for _, schema in found if schema is not None), None)
 
     async def complete(
         self,
@@ -405,7 +449,8 @@ class Tasks:
             return "cancelled"
         if row["requested"]:
             return "requested"
-        raise TaskTerminal(f"task {task_id} is {row['previous_state']}; it cannot be cancelled")
+        ended = TaskState(row["previous_state"]).phrase()
+        raise TaskTerminal(f"task {task_id} {ended}; it cannot be cancelled")
 
     async def reconcile(
         self,
@@ -441,9 +486,8 @@ class Tasks:
         if task.wait_reason != "reconciliation" or step not in names:
             waiting_on = f" (it waits on {pending})" if task.wait_reason == "reconciliation" else ""
             raise NotReconcilable(
-                f"task {task_id} is {task.state}"
-                f"{' (' + task.wait_reason + ')' if task.wait_reason else ''}, not waiting for "
-                f"reconciliation of step {step!r}{waiting_on}"
+                f"task {task_id} {TaskState(task.state).phrase(task.wait_reason)}, not waiting "
+                f"for reconciliation of step {step!r}{waiting_on}"
             )
         error_data = {
             "name": error or "ReconciledFailure",

@@ -63,8 +63,17 @@ FROM toolkit_tasks
 WHERE (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
   AND (%(name)s::text IS NULL OR definition_name = %(name)s)
+  AND (%(version)s::int IS NULL OR definition_version = %(version)s)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: count_tasks
+SELECT count(*) AS n
+FROM toolkit_tasks
+WHERE (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+  AND (%(name)s::text IS NULL OR definition_name = %(name)s)
+  AND (%(version)s::int IS NULL OR definition_version = %(version)s);
 
 -- name: count_tasks_by_state
 SELECT state, count(*) AS n
