@@ -4,29 +4,21 @@ abandoned by its caller does not hold up the next one."""
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 
 import anyio
 import pytest
 
+from tests.helpers.processes import wait_for
 from toolkit.engine.threads import DaemonThreads, in_thread
-
-
-def wait_for(condition: Callable[[], bool], what: str, seconds: float = 5.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, f"not within {seconds} s: {what}"
-        time.sleep(0.005)
 
 
 def test_sequential_calls_reuse_one_daemon_thread() -> None:
     pool = DaemonThreads("test-reuse", idle_seconds=5.0)
     seen: list[threading.Thread] = []
     for _ in range(20):
-        wait_for(lambda: pool.started == 0 or pool._idle == 1, "the thread counts itself idle")
+        wait_for(lambda: pool.started == 0 or pool._idle == 1, what="the thread counts itself idle")
         pool.submit(lambda: seen.append(threading.current_thread()))
-    wait_for(lambda: len(seen) == 20, f"20 jobs ran (ran {len(seen)})")
+    wait_for(lambda: len(seen) == 20, what="20 jobs to run")
     assert pool.started == 1, f"threads started: {pool.started}; ran in {[t.name for t in seen]}"
     assert {thread.name for thread in seen} == {"test-reuse 1"}
     assert seen[0].daemon
@@ -50,7 +42,7 @@ def test_an_idle_thread_ends_after_its_idle_time() -> None:
     ran = threading.Event()
     pool.submit(ran.set)
     assert ran.wait(5.0)
-    wait_for(lambda: not alive(), f"the idle thread ended (alive: {alive()})")
+    wait_for(lambda: not alive(), what="the idle thread to end")
     again = threading.Event()
     pool.submit(again.set)  # its idle thread gone, the pool starts a new one
     assert again.wait(5.0)

@@ -7,13 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from tests.helpers.processes import REPO
+from tests.helpers.processes import REPO, wait_for
 
 SESSION = """
 import sys
@@ -48,11 +47,11 @@ def gone(dsn: str) -> bool:
         return True
 
 
-def wait_gone(dsn: str, where: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not (gone(dsn) and not (where.startswith("/") and Path(where).exists())):
-        assert time.monotonic() < deadline, f"{where} still there after {seconds} s ({dsn})"
-        time.sleep(0.2)
+def wait_gone(dsn: str, where: str) -> None:
+    wait_for(
+        lambda: gone(dsn) and not (where.startswith("/") and Path(where).exists()),
+        what=f"{where} to be removed ({dsn})",
+    )
 
 
 @pytest.mark.parametrize("how", ["kill", "exit"])

@@ -21,14 +21,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.processes import REPO
+from tests.helpers.processes import REPO, wait_for
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -50,16 +49,16 @@ def free_port() -> int:
 def wait_for_http(
     url: str, seconds: float, process: subprocess.Popen[bytes], log: Path
 ) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
+    def answers() -> bool:
+        tail = log.read_text(errors="replace")[-3000:]
+        assert process.poll() is None, f"the server exited ({process.returncode}):\n{tail}"
         try:
             with urllib.request.urlopen(url, timeout=2):
-                return
+                return True
         except OSError:
-            tail = log.read_text(errors="replace")[-3000:]
-            assert process.poll() is None, f"the server exited ({process.returncode}):\n{tail}"
-            assert time.monotonic() < deadline, f"{url}: no answer in {seconds} s:\n{tail}"
-            time.sleep(0.3)
+            return False
+
+    wait_for(answers, timeout=seconds, what=f"{url} to answer")
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.apps import counting
 from tests.helpers.inprocess import FAST, make_due, sql
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.cli import cli
-from toolkit.definition import load_definitions, schema_path
+from toolkit.definition import WorkflowDefinition, load_definitions, schema_path
 from toolkit.definition.policies import MIN_RETRY_DELAY, RetryPolicy
 from toolkit.errors import ConfigError, DefinitionError, InputError, PayloadRefused
 from toolkit.payload import parse_json
@@ -163,6 +163,20 @@ steps:
 """
 
 
+async def registered_by_an_older_release(
+    store: Store, loaded: WorkflowDefinition
+) -> WorkflowDefinition:
+    """Row surgery: ``loaded`` stored as an older release registered it, before a check was
+    made stricter; deploying it again is "unchanged". Returns the stored version."""
+    await sql(
+        store,
+        "INSERT INTO toolkit_definitions (name, version, digest, body) VALUES (%s, %s, %s, %s)",
+        loaded.name, loaded.version, loaded.digest, Jsonb(dict(loaded.body)),
+    )  # fmt: skip
+    assert await store.definitions.deploy(loaded) == "unchanged"
+    return await store.definitions.get(loaded.name, loaded.version)
+
+
 def test_a_retry_never_waits_less_than_the_minimum() -> None:
     policy = RetryPolicy(initial=0.0, max=0.0, jitter=False)
     assert [policy.delay(attempt) for attempt in (1, 2, 3)] == [MIN_RETRY_DELAY] * 3
@@ -192,13 +206,7 @@ async def test_a_version_registered_with_a_zero_backoff_keeps_running(
     path = tmp_path / "zero.yaml"
     path.write_text(ZERO_BACKOFF)
     (loaded,) = load_definitions([path], accept_new_only=True)
-    await sql(
-        store,
-        "INSERT INTO toolkit_definitions (name, version, digest, body) VALUES (%s, %s, %s, %s)",
-        loaded.name, loaded.version, loaded.digest, Jsonb(dict(loaded.body)),
-    )  # fmt: skip
-    assert await store.definitions.deploy(loaded) == "unchanged"
-    stored = await store.definitions.get(loaded.name, loaded.version)
+    stored = await registered_by_an_older_release(store, loaded)
     assert stored.digest == loaded.digest
     (task_id,) = await store.tasks.submit(stored, [{}])
     worker = Worker(store, counting.app, [loaded])
@@ -238,13 +246,7 @@ async def test_a_duration_without_a_unit_is_refused_for_new_registrations_only(
     with pytest.raises(DefinitionError, match=r"write '0\.2s' for seconds, '0\.2ms' for milli"):
         await store.definitions.deploy(loaded)
     # Registered by an older release: it still deploys as unchanged and its tasks run.
-    await sql(
-        store,
-        "INSERT INTO toolkit_definitions (name, version, digest, body) VALUES (%s, %s, %s, %s)",
-        loaded.name, loaded.version, loaded.digest, Jsonb(dict(loaded.body)),
-    )  # fmt: skip
-    assert await store.definitions.deploy(loaded) == "unchanged"
-    stored = await store.definitions.get(loaded.name, loaded.version)
+    stored = await registered_by_an_older_release(store, loaded)
     (task_id,) = await store.tasks.submit(stored, [{}])
     for _ in range(2):  # the first run reaches the timer; the second, once it is due, ends
         worker = Worker(store, counting.app, [loaded])
