@@ -54,7 +54,10 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     assert browser.reconcile_button.disabled, "the task does not wait for reconciliation"
     text = browser.detail.text()
     assert "waits for:  signal 'go'" in text and "timeline" in text and "claimed" in text
-    assert "<pre>" in browser.detail_pane.value
+    # The pane shows HTML tables (issue 24): the state as a badge, the timeline's rows.
+    pane = browser.detail_pane.value
+    assert "<table" in pane and ">waiting</span>" in pane and "<th" in pane, pane
+    assert pane.count("<tr") >= len(browser.detail.events) + 3, pane
 
     # The signal button sends the signal through store.tasks.signal.
     browser.signal_payload.value = '{"by": "test"}'

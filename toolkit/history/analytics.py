@@ -238,7 +238,7 @@ class History:
         start, end = self.manifest.time_range
         lines = [
             f"history in {self.path}: {len(self.manifest.runs)} export runs, "
-            f"{_cell(start) if start else 'from the start'} to {_cell(end)}",
+            f"{cell_text(start) if start else 'from the start'} to {cell_text(end)}",
             "",
         ]
         sections = [
@@ -286,7 +286,7 @@ _SHORT_NAMES = {
 }
 
 
-def _cell(value: object) -> str:
+def cell_text(value: object) -> str:
     """A value as table text: times to the second (UTC), numbers to 3 decimals."""
     if value is None:
         return "-"
@@ -309,7 +309,7 @@ def render_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obj
         The lines, numbers right-aligned, text left-aligned.
     """
     header = [_SHORT_NAMES.get(name, name) for name in columns]
-    cells = [[_cell(value) for value in row] for row in rows]
+    cells = [[cell_text(value) for value in row] for row in rows]
     if not cells:
         return [title, "  (none)"]
     numeric = [
