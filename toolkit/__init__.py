@@ -31,9 +31,12 @@ from toolkit.errors import (
     NotExported,
     NotReconcilable,
     PayloadRefused,
+    PlanRefused,
     ResultNotJson,
     ResultTooLarge,
     SubmitConflict,
+    TaskCancelled,
+    TaskFailed,
     TaskTerminal,
     ToolkitError,
     UnknownDefinition,
@@ -41,6 +44,7 @@ from toolkit.errors import (
     UnknownSignal,
     UnknownTask,
     UnknownTenant,
+    WaitTimedOut,
     WorkerIdInUse,
 )
 from toolkit.runtime.supervisor import (
@@ -52,6 +56,7 @@ from toolkit.runtime.supervisor import (
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
 from toolkit.store.embedded import start_embedded, stop_embedded
+from toolkit.store.filters import TaskFilter
 
 __all__ = [
     "App",
@@ -77,12 +82,16 @@ __all__ = [
     "NotExported",
     "NotReconcilable",
     "PayloadRefused",
+    "PlanRefused",
     "ResultNotJson",
     "ResultTooLarge",
     "Store",
     "SubmitConflict",
     "SupervisorConfig",
     "SupervisorReport",
+    "TaskCancelled",
+    "TaskFailed",
+    "TaskFilter",
     "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
@@ -90,6 +99,7 @@ __all__ = [
     "UnknownSignal",
     "UnknownTask",
     "UnknownTenant",
+    "WaitTimedOut",
     "Worker",
     "WorkerIdInUse",
     "WorkflowDefinition",

@@ -45,11 +45,14 @@ __all__ = [
     "NotExported",
     "NotReconcilable",
     "PayloadRefused",
+    "PlanRefused",
     "ResultNotJson",
     "ResultTooLarge",
     "SchemaOutdated",
     "StoreError",
     "SubmitConflict",
+    "TaskCancelled",
+    "TaskFailed",
     "TaskTerminal",
     "ToolkitError",
     "UnknownDefinition",
@@ -57,6 +60,7 @@ __all__ = [
     "UnknownSignal",
     "UnknownTask",
     "UnknownTenant",
+    "WaitTimedOut",
     "WorkerIdInUse",
 ]
 
@@ -374,6 +378,55 @@ class SubmitConflict(ToolkitError):
         self.task_id = task_id
         self.definition = definition
         super().__init__(message)
+
+
+class TaskFailed(ToolkitError):
+    """The awaited task failed; its error is attached.
+
+    Attributes:
+        task_id: the task.
+        error: the task's error as stored: ``{"name", "message", "step", ...}``.
+    """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        task_id: int | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        self.task_id = task_id
+        self.error = error or {}
+        super().__init__(message)
+
+    @property
+    def name(self) -> str:
+        """The error's name (what ``catch`` and ``retry`` match), e.g. ``Declined``."""
+        return str(self.error.get("name", "Error"))
+
+
+class TaskCancelled(TaskFailed):
+    """The awaited task was cancelled (its error is the cancellation's ``Cancelled``)."""
+
+
+class WaitTimedOut(ToolkitError):
+    """The awaited task had not ended when the wait's timeout passed; it goes on.
+
+    Attributes:
+        task_id: the task.
+        state: its state when the wait gave up.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, task_id: int | None = None, state: str | None = None
+    ) -> None:
+        self.task_id = task_id
+        self.state = state
+        super().__init__(message)
+
+
+class PlanRefused(ToolkitError):
+    """The bulk plan cannot be applied: there is no such plan, or it was applied already."""
 
 
 class PayloadRefused(ToolkitError):

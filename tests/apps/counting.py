@@ -54,6 +54,16 @@ async def flaky(
     return {"attempt": ctx.attempt}
 
 
+@app.effect("count.tag")
+async def tag(ctx: EffectContext, tags: dict[str, str], fail: bool = False) -> dict[str, Any]:
+    """Tag the task (``ctx.tag``); fail afterwards when asked (the tags are kept then too)."""
+    for key, value in tags.items():
+        ctx.tag(key, value)
+    if fail:
+        raise _named("Tagged")("failed after tagging")
+    return {"tags": ctx.tags}
+
+
 @app.effect("count.sync_work")
 def sync_work(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
     time.sleep(seconds)

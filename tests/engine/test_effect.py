@@ -16,12 +16,13 @@ from tests.helpers.inprocess import (
     deploy_submit,
     drain,
     due_in,
+    leave_uncertain,
     run_until_idle,
     sql,
     submit,
 )
 from tests.helpers.processes import eventually
-from tests.helpers.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
+from tests.helpers.workflows import FIVE_SLOW_STEPS, THREE_STEPS, UNCERTAIN, definition
 from toolkit.application import App
 from toolkit.engine import Interpreter
 from toolkit.errors import NotReconcilable
@@ -321,52 +322,8 @@ async def test_started_without_outcome_on_non_idempotent_effect_fails_closed(sto
     assert [e["kind"] for e in await store.tasks.events(task_id)][-1] == "reconciliation_required"
 
 
-UNCERTAIN = """
-name: uncertain
-version: 1
-input: {type: object}
-start: charge
-steps:
-  charge:
-    effect: count.work
-    idempotent: false
-    args: {value: charged}
-    retry: {max_attempts: 2, initial: 10ms}
-    catch: [{errors: [Declined], next: declined}]
-    next: done
-  done: {succeed: {output: "${ steps.charge }"}}
-  declined: {succeed: {output: declined}}
-"""
-
-
-async def _leave_uncertain(store: Store, count: int) -> list[int]:
-    """Tasks whose non-idempotent call crashed after its intent: waiting for reconciliation."""
-    ids = await deploy_submit(store, UNCERTAIN, [{}] * count)
-    d = definition(UNCERTAIN)
-    crashing = App("crashing")
-
-    class Crash(BaseException):
-        pass
-
-    @crashing.effect("count.work")
-    async def work(ctx: Any, value: Any = None) -> None:
-        raise Crash
-
-    for task in await store.leases.claim("dead", [d.digest], count, 30.0):
-        with pytest.raises(Crash):
-            await Interpreter(store, crashing, "dead").execute(task, d)
-    await sql(
-        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
-    )
-    await drain(store, UNCERTAIN)
-    for task_id in ids:
-        task = await store.tasks.get(task_id)
-        assert (task.state, task.wait_reason) == ("waiting", "reconciliation")
-    return ids
-
-
 async def test_reconcile_completed_failed_and_retry(store: Store) -> None:
-    completed, failed, retried, refused = await _leave_uncertain(store, 4)
+    completed, failed, retried, refused = await leave_uncertain(store, 4)
     with pytest.raises(NotReconcilable, match="not waiting for reconciliation of step 'done'"):
         await store.tasks.reconcile(refused, "done", "completed")
     await store.tasks.reconcile(completed, "charge", "completed", result={"value": "by hand"})

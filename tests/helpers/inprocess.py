@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from tests.apps.counting import app
 from tests.apps.counting import app as counting_app
-from tests.helpers.workflows import definition
+from tests.helpers.workflows import UNCERTAIN, definition
 from toolkit.application import App
 from toolkit.cli import cli
+from toolkit.engine import Interpreter
 from toolkit.runtime.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
@@ -140,3 +142,32 @@ async def tenant_use(store: Store, tenant: str) -> tuple[float, float]:
         tenant,
     )
     return rows[0]
+
+
+# --- tasks waiting for reconciliation --------------------------------------------------------
+
+
+async def leave_uncertain(store: Store, count: int) -> list[int]:
+    """Tasks whose non-idempotent call crashed after its intent: waiting for reconciliation."""
+    ids = await deploy_submit(store, UNCERTAIN, [{}] * count)
+    d = definition(UNCERTAIN)
+    crashing = App("crashing")
+
+    class Crash(BaseException):
+        pass
+
+    @crashing.effect("count.work")
+    async def work(ctx: Any, value: Any = None) -> None:
+        raise Crash
+
+    for task in await store.leases.claim("dead", [d.digest], count, 30.0):
+        with pytest.raises(Crash):
+            await Interpreter(store, crashing, "dead").execute(task, d)
+    await sql(
+        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+    )
+    await drain(store, UNCERTAIN)
+    for task_id in ids:
+        task = await store.tasks.get(task_id)
+        assert (task.state, task.wait_reason) == ("waiting", "reconciliation")
+    return ids

@@ -188,3 +188,23 @@ steps:
   quick: {effect: count.work, idempotent: true, next: slow}
   slow: {effect: count.work, idempotent: true, args: {seconds: 30}}
 """
+
+
+# --- a non-idempotent effect left uncertain (reconciliation) ----------------------------------
+
+UNCERTAIN = """
+name: uncertain
+version: 1
+input: {type: object}
+start: charge
+steps:
+  charge:
+    effect: count.work
+    idempotent: false
+    args: {value: charged}
+    retry: {max_attempts: 2, initial: 10ms}
+    catch: [{errors: [Declined], next: declined}]
+    next: done
+  done: {succeed: {output: "${ steps.charge }"}}
+  declined: {succeed: {output: declined}}
+"""

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import psycopg
 
 from toolkit.application.spend import SpendMeter
-from toolkit.errors import EffectCancelled
+from toolkit.errors import EffectCancelled, InputError
+from toolkit.store.tags import MAX_TAGS, check_tag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,8 @@ class EffectContext:
         callback_token: for a step with ``callback``: the token to hand to the external
             system, which completes the step with ``toolkit complete TOKEN`` (one per
             occurrence and attempt); None for other steps.
+        task_tags: the task's tags when the call began (see :attr:`tags` for those with
+            this call's own).
     """
 
     task_id: int
@@ -48,6 +51,33 @@ class EffectContext:
     _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
     _spend: SpendMeter | None = dataclasses.field(default=None, repr=False)
     callback_token: str | None = None
+    task_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    _tags_set: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @property
+    def tags(self) -> dict[str, str]:
+        """The task's tags with those this call set (:meth:`tag`)."""
+        return {**self.task_tags, **self._tags_set}
+
+    def tag(self, key: str, value: str) -> None:
+        """Set tag ``key`` of the task to ``value``, e.g. ``ctx.tag("carrier", "dhl")``.
+
+        The tag is written with the step's outcome (completed or failed evidence), in the
+        same fenced commit, and an operator can then find the task by it (``toolkit tasks
+        --tag carrier=dhl``). A call that is cancelled or whose lease is lost writes none.
+
+        Raises:
+            InputError: ``key`` or ``value`` is not a tag (docs/operating.md, "Tags"), or
+                the task would have more than 32 tags.
+        """
+        check_tag(key, value, path="ctx.tag")
+        if key not in self.task_tags and key not in self._tags_set:
+            if len(self.task_tags) + len(self._tags_set) >= MAX_TAGS:
+                raise InputError(
+                    f"tag {key!r}: the task has {MAX_TAGS} tags already, the most it may have",
+                    path="ctx.tag",
+                )
+        self._tags_set[key] = value
 
     def spend(self, **amounts: float) -> None:
         """Report what this call used of budgeted resources, e.g. ``ctx.spend(tokens=812)``.

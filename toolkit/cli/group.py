@@ -15,12 +15,14 @@ from typing import Any
 import click
 
 from toolkit.cli import (
+    bulk,
     db,
     definitions,
     demo,
     history,
     init,
     limits,
+    results,
     run,
     show,
     tasks,
@@ -149,6 +151,8 @@ _COMMANDS: tuple[click.Command, ...] = (
     tasks.complete,
     tasks.cancel,
     tasks.reconcile,
+    results.wait,
+    bulk.bulk,
     # workers
     run.run,
     workers.workers,

@@ -1,4 +1,4 @@
-"""Tasks: submit, list, and act on one (signal, complete, cancel, reconcile).
+"""Tasks: submit, list by filter, and act on one (signal, complete, cancel, reconcile).
 
 ``show``, one task in detail, has its own module.
 """
@@ -6,16 +6,20 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import click
 
+from toolkit.cli.filters import filter_fields, filter_options, tag_options, task_filter
 from toolkit.cli.options import duration_option, json_option, resource_amounts
 from toolkit.cli.output import echo_json
+from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.errors import ConfigError
 from toolkit.store import Store
+from toolkit.store.tasks import TaskRecord
 
 Outcome = Literal["completed", "failed", "retry"]
 """What ``reconcile`` records of an uncertain effect, as the store takes it."""
@@ -44,9 +48,21 @@ Outcome = Literal["completed", "failed", "retry"]
     metavar="DURATION",
     help="Override the definition's workflow timeout, e.g. 30m or 2d.",
 )
-@click.pass_obj
+@click.option(
+    "--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Tag the task (repeatable)."
+)
+@click.option(
+    "--wait", "wait_for", is_flag=True, help="Wait for the task to end; print its output."
+)
+@click.option(
+    "--wait-timeout",
+    "wait_text",
+    metavar="DURATION",
+    help="With --wait: give up after this long (exit 5); the task goes on.",
+)
+@click.pass_context
 def submit(
-    settings: Settings,
+    ctx: click.Context,
     name: str,
     version: int | None,
     input_json: str | None,
@@ -55,8 +71,21 @@ def submit(
     key: str | None,
     budgets: Sequence[str],
     timeout_text: str | None,
+    tags: Sequence[str],
+    wait_for: bool,
+    wait_text: str | None,
 ) -> None:
-    """Submit a task of definition NAME (default: its latest version); prints the task id."""
+    """Submit a task of definition NAME (default: its latest version); prints the task id.
+
+    With --wait it prints the task's output as JSON once it ends instead, with the exit
+    status of `toolkit wait`: 0 succeeded, 3 failed, 4 cancelled, 5 still running when
+    --wait-timeout passed.
+    """
+    settings: Settings = ctx.obj
+    if wait_text is not None and not wait_for:
+        raise ConfigError("--wait-timeout goes with --wait")
+    wait_timeout_seconds = wait_timeout(wait_text, "--wait-timeout")
+    task_tags = tag_options(tags)
     if input_json is not None and input_file is not None:
         raise ConfigError("give --input or --input-file, not both")
     budget: dict[str, float] = {}
@@ -74,42 +103,66 @@ def submit(
 
     async def submit_task(store: Store) -> int:
         definition = await store.definitions.submittable(name, version)
-        if key is not None:
-            task_id, _ = await store.tasks.submit_keyed(
-                definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout
-            )
-            return task_id
-        (task_id,) = await store.tasks.submit(
-            definition, [value], tenant=tenant, budget=budget, timeout=timeout
+        options: dict[str, Any] = dict(
+            tenant=tenant, budget=budget, timeout=timeout, tags=task_tags
         )
-        return task_id
+        if key is not None:
+            task_id, _ = await store.tasks.submit_keyed(definition, value, key=key, **options)
+        else:
+            (task_id,) = await store.tasks.submit(definition, [value], **options)
+        if not wait_for:
+            click.echo(task_id)
+            return 0
+        click.echo(f"task {task_id} submitted; waiting for it to end", err=True)
+        return await await_and_print(store, task_id, wait_timeout_seconds)
 
-    click.echo(run_in_store(settings, submit_task))
+    ctx.exit(run_in_store(settings, submit_task))
 
 
 @click.command()
-@click.option(
-    "--state",
-    type=click.Choice(["queued", "leased", "waiting", "succeeded", "failed", "cancelled"]),
-)
-@click.option("--tenant")
-@click.option("--name", help="Definition name.")
-@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+@filter_options
+@click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Tasks on a page.")
+@click.option("--before", type=int, metavar="ID",
+              help="The page of tasks with ids below ID (the next page of a listing).")
+@click.option("--all", "every", is_flag=True, help="Every matching task, page after page.")
+@click.option("--count", "count_only", is_flag=True, help="Print only how many match.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 def tasks(
     settings: Settings,
-    state: str | None,
-    tenant: str | None,
-    name: str | None,
+    /,
     limit: int,
+    before: int | None,
+    every: bool,
+    count_only: bool,
     as_json: bool,
+    **options: Any,
 ) -> None:
-    """List tasks, newest first."""
-    records = run_in_store(
-        settings,
-        lambda store: store.tasks.list(state=state, tenant=tenant, name=name, limit=limit),
-    )
+    """List the tasks the filters match, newest first, a page at a time ("50 of 3,204").
+
+    The filters are ANDed; --state and --tag may repeat. The next page is --before the
+    last id shown (keyset pagination: each task is on exactly one page).
+    """
+    where = task_filter(**filter_fields(options))
+
+    async def listing(store: Store) -> tuple[int, list[TaskRecord]]:
+        total = await store.tasks.count(where)
+        if count_only:
+            return total, []
+        found: list[TaskRecord] = []
+        after = before
+        while True:
+            page = await store.tasks.list(where, before=after, limit=limit)
+            found += page
+            if not every or len(page) < limit:
+                return total, found
+            after = page[-1].id
+
+    total, records = run_in_store(settings, listing)
+    if count_only:
+        click.echo(total if not as_json else json.dumps({"count": total}))
+        return
     if as_json:
         echo_json([dataclasses.asdict(r) for r in records])
         return
@@ -123,6 +176,11 @@ def tasks(
             f"{r.definition_name + ' v' + str(r.definition_version):<28} {r.tenant:<12} "
             f"{r.attempts:>6}  {r.updated_at:%Y-%m-%d %H:%M:%S}"
         )
+    shown = f"{len(records):,} of {total:,}" if len(records) < total else f"all {total:,}"
+    line = f"{shown} matching tasks ({where.describe()})"
+    if records and len(records) < total and not every and len(records) == limit:
+        line += f"; next page: --before {records[-1].id}"
+    click.echo(line)
 
 
 @click.command("signal")

@@ -67,6 +67,12 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         timeout=parse_duration(doc["timeout"]) if "timeout" in doc else None,
         on_timeout=doc.get("on_timeout"),
         max_steps=int(doc.get("max_steps", DEFAULT_MAX_STEPS)),
+        tags=types.MappingProxyType(
+            {
+                key: compile_template(value, path=f"$.tags.{key}")
+                for key, value in doc.get("tags", {}).items()
+            }
+        ),
     )
 
 

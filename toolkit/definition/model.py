@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from jsonschema import Draft202012Validator
 from toolkit.definition.expressions import Template
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
-from toolkit.errors import DefinitionFault
+from toolkit.errors import DefinitionFault, ExpressionError, InputError
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
@@ -379,6 +380,8 @@ class WorkflowDefinition:
             refused; one registered before them keeps running.
         max_steps: Most steps a task may run (loops included) before it fails with
             ``MaxStepsExceeded``; default `DEFAULT_MAX_STEPS`.
+        tags: The tags every task gets at submit, by key: templates over the input (see
+            :meth:`task_tags`). Empty when the definition declares none.
     """
 
     name: str
@@ -396,6 +399,9 @@ class WorkflowDefinition:
     timeout: float | None = None
     on_timeout: str | None = None
     max_steps: int = DEFAULT_MAX_STEPS
+    tags: Mapping[str, Template] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property
@@ -423,6 +429,34 @@ class WorkflowDefinition:
         effects = [s for s in steps if isinstance(s, EffectStep)]
         compensations = [s.compensate.handler for s in effects if s.compensate is not None]
         return frozenset([*(s.handler for s in effects), *compensations])
+
+    def task_tags(self, value: Any) -> dict[str, str]:
+        """The tags the definition's ``tags`` give a task of input ``value``.
+
+        A tag whose expression gives a string keeps it; a number or boolean becomes its
+        JSON text (``42``, ``true``); null leaves the tag out.
+
+        Raises:
+            InputError: an expression fails, or gives an object or a list; ``path`` is
+                ``$.tags.KEY``.
+        """
+        found: dict[str, str] = {}
+        for key, template in self.tags.items():
+            path = f"$.tags.{key}"
+            try:
+                rendered = template.render({"input": value, "steps": {}, "context": {}})
+            except ExpressionError as exc:
+                raise InputError(f"tag {key!r} of {self.name}: {exc}", path=path) from exc
+            if rendered is None:
+                continue
+            if isinstance(rendered, dict | list):
+                raise InputError(
+                    f"tag {key!r} of {self.name}: {template.source!r} gives "
+                    f"{type(rendered).__name__} {json.dumps(rendered)[:60]}, not a string",
+                    path=path,
+                )
+            found[key] = rendered if isinstance(rendered, str) else json.dumps(rendered)
+        return found
 
     def validate_input(self, value: Any) -> Any:
         """Check task input against the input schema and fill in its defaults.

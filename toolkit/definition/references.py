@@ -47,6 +47,26 @@ def reference_problems(steps: Any) -> list[Problem]:
     return problems
 
 
+def tag_problems(tags: Any) -> list[Problem]:
+    """Problems of the definition's ``tags``: their expressions' syntax, and reads.
+
+    Tags are given at submit, before any step ran: their expressions read only the input.
+    """
+    if not isinstance(tags, dict):
+        return []
+    problems = template_problems(("tags",), tags)
+    if problems:
+        return problems
+    for path, text in _expression_strings(tags, ("tags",)):
+        for expression, name, _ in scope_reads(text):
+            if name not in ("input", "null", "true", "false"):
+                problems.append(Problem(path, (
+                    f"expression {expression!r} reads {name!r}: a tag is given at submit, so "
+                    "its expressions read only the input"
+                )))  # fmt: skip
+    return problems
+
+
 def _step_ids(steps: Any) -> set[str]:
     """Every step id of a ``steps`` mapping and of its branches, at any depth."""
     if not isinstance(steps, dict):

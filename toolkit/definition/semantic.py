@@ -16,6 +16,7 @@ from toolkit.definition.paths import JsonPath
 from toolkit.definition.references import (
     _single_expression_problems,
     reference_problems,
+    tag_problems,
     template_problems,
 )
 from toolkit.definition.step_checks import _duration_problems, _reserve_problems, _step_problems
@@ -57,6 +58,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
             )
     problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
     problems += reference_problems(steps)
+    problems += tag_problems(doc.get("tags"))
     problems += _duration_problems((), {k: v for k, v in doc.items() if k == "timeout"})
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):

@@ -116,11 +116,13 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         context = {**scope["context"], "attempt": number}
         args = step.args.render({**scope, "context": context})
     meter = SpendMeter(ctx.spend.limits, cycle.spend_ledger)
+    tags: dict[str, str] = {}  # ctx.tag of this call: written with its outcome
 
     def record(kind: Any, result: Any = None, error: Any = None) -> EvidenceRecord:
         spend = dict(meter.spent) or None
         if kind != "started":
             meter.settle(ctx.spend.charge)
+            cycle.set_tags(tags)
         return EvidenceRecord(
             occurrence=occurrence, step=step.id, handler=step.handler,
             idempotent=step.idempotent, idempotency_key=key, record=kind, attempt=number,
@@ -165,6 +167,8 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         _stop=cycle.control.new_call(),
         _spend=meter,
         callback_token=token,
+        task_tags=dict(cycle.tags_now),
+        _tags_set=tags,
     )
     started = time.monotonic()
     outcome = "error"

@@ -146,6 +146,9 @@ class Cycle:
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
         self.budget_delta: dict[str, float] = {}
+        #: Tags handlers set (``ctx.tag``), not yet written; and the task's tags with them.
+        self.tags: dict[str, str] = {}
+        self.tags_now: dict[str, str] = dict(task.tags)
         #: Reservations returned by steps that ended, by resource (see `FencedWrite`).
         self.budget_released: dict[str, float] = {}
         #: What concurrent calls reported and is not charged yet (see `SpendLedger`).
@@ -166,10 +169,10 @@ class Cycle:
 
     @property
     def dirty(self) -> bool:
-        """Whether evidence, events, consumed signals or budget changes are not yet written."""
+        """Whether evidence, events, signals, budget changes or tags are not yet written."""
         return bool(
             self.evidence or self.events or self.signals or self.budget_delta
-            or self.budget_released
+            or self.budget_released or self.tags
         )
 
     def scope(self, frame: Frame | None = None, **context: Any) -> dict[str, Any]:
@@ -196,6 +199,11 @@ class Cycle:
             },
         }
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Tags a call set (``ctx.tag``), to write with its outcome evidence."""
+        self.tags.update(tags)
+        self.tags_now.update(tags)
+
     def next_write_id(self) -> str:
         """A new write id under this lease (see `FencedWrite.write_id`)."""
         self.writes += 1
@@ -218,8 +226,10 @@ class Cycle:
             budget_delta=dict(self.budget_delta) or None,
             budget_released=dict(self.budget_released) or None,
             clear_deadline=self.clear_deadline,
+            tags=dict(self.tags) or None,
             **fields,
         )
+        self.tags.clear()
         self.evidence.clear()
         self.events.clear()
         self.signals.clear()

@@ -28,6 +28,7 @@ from toolkit.history.task_detail import TaskDetail as TaskDetail
 from toolkit.history.task_list import TaskList
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
+from toolkit.store.filters import TaskFilter
 from toolkit.store.tasks import TaskRecord
 
 if TYPE_CHECKING:
@@ -244,10 +245,13 @@ class TaskBrowser:
         name = self._filter_value(self.definition_filter)
         version = self._filter_value(self.version_filter)
         everything = await self.store.tasks.list(limit=self.limit * 10)
-        filters = {"state": state, "tenant": tenant, "name": name}
-        number = None if version is None else int(version)
-        records = await self.store.tasks.list(**filters, version=number, limit=self.limit)
-        total = await self.store.tasks.count(**filters, version=number)
+        where = TaskFilter(
+            state=state,
+            tenant=tenant,
+            definition=None if name is None else name + ("" if version is None else f"@{version}"),
+        )
+        records = await self.store.tasks.list(where, limit=self.limit)
+        total = await self.store.tasks.count(where)
         self.tasks = records[: self.limit]
         self._updating = True
         try:

@@ -179,7 +179,7 @@ async def _states(store: Store, ids: dict[str, list[int]]) -> dict[str, int]:
     states: Counter[str] = Counter()
     for name, wanted in ids.items():
         missing = set(wanted)
-        for record in await store.tasks.list(name=name, limit=len(wanted)):
+        for record in await store.tasks.list(definition=name, limit=len(wanted)):
             if record.id in missing:
                 missing.discard(record.id)
                 states[record.state] += 1

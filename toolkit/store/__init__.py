@@ -2,7 +2,7 @@
 
 :class:`Store` is a small façade over one :class:`~toolkit.store.database.Database`, split by
 aggregate: the definition catalog, tasks, leases and fenced writes, worker membership,
-tenant admission.
+tenant admission, bulk plans.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from types import TracebackType
 
 from toolkit.errors import SchemaOutdated
 from toolkit.store.budgets import Budgets
+from toolkit.store.bulk import Bulk
 from toolkit.store.callbacks import Callbacks
 from toolkit.store.children import Children
 from toolkit.store.database import Database
@@ -39,6 +40,7 @@ class Store:
         callbacks: callback tokens of effects completed from outside.
         budgets: tenant budget reservations of parallel and map steps.
         children: child tasks started by ``workflow`` steps.
+        bulk: bulk actions by filter: plans, and applying them.
     """
 
     def __init__(self, db: Database) -> None:
@@ -52,6 +54,7 @@ class Store:
         self.callbacks = Callbacks(db)
         self.budgets = Budgets(db)
         self.children = Children(db)
+        self.bulk = Bulk(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

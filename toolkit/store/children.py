@@ -19,6 +19,7 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.errors import LeaseLost
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
+from toolkit.store.tags import MAX_TAGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Children:
         occurrence: str,
         definition: WorkflowDefinition,
         child_input: Any,
+        tags: Mapping[str, str] | None = None,
     ) -> ChildTask:
         """Start the child of ``occurrence`` unless it exists; return it.
 
@@ -67,6 +69,8 @@ class Children:
             occurrence: the parent's step occurrence (e.g. ``"pay#1"``).
             definition: the child's definition (the version it is pinned to).
             child_input: the child's input, already validated against its schema.
+            tags: the tags the child's definition gives it; it inherits the parent's too,
+                as many as the tag limit leaves room for (its own set a key again).
 
         Raises:
             LeaseLost: the parent's lease is no longer held; nothing was started.
@@ -85,6 +89,8 @@ class Children:
                     Checkpoint.initial(definition.start, definition.budget).to_json()
                 ),
                 "timeout": definition.timeout,
+                "tags": Jsonb(dict(tags or {})),
+                "max_tags": MAX_TAGS,
             },
         )
         if row is None or row["parent_id"] is None:

@@ -346,7 +346,12 @@ class Database:
             yield conn
 
     async def fetch_all(
-        self, name: str, params: Params | None = None, *, reserved: bool = False
+        self,
+        name: str,
+        params: Params | None = None,
+        *,
+        reserved: bool = False,
+        prepare: bool | None = None,
     ) -> list[DictRow]:
         """Run a named query and return every row as a dict.
 
@@ -354,15 +359,20 @@ class Database:
             name: the query's block name in ``sql/queries``.
             params: its named parameters.
             reserved: run it on the reserved connection (see :meth:`connection`).
+            prepare: False for a statement whose plan must fit each call's values (the
+                task filter's optional terms); None lets psycopg prepare it once it has run
+                a few times on a connection.
         """
         async with self.connection(reserved=reserved) as conn:
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(query(name), params or {})
+            await cursor.execute(query(name), params or {}, prepare=prepare)
             return await cursor.fetchall()
 
-    async def fetch_one(self, name: str, params: Params | None = None) -> DictRow | None:
-        """Run a named query and return its first row, or None."""
-        rows = await self.fetch_all(name, params)
+    async def fetch_one(
+        self, name: str, params: Params | None = None, *, prepare: bool | None = None
+    ) -> DictRow | None:
+        """Run a named query and return its first row, or None (``prepare``: as fetch_all)."""
+        rows = await self.fetch_all(name, params, prepare=prepare)
         return rows[0] if rows else None
 
     async def execute(self, name: str, params: Params | None = None) -> int:

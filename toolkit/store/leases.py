@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.rows import dict_row
@@ -62,6 +62,7 @@ class ClaimedTask:
         cancel_requested: the cancel request (``{"reason", "at"}``) if one is pending.
         deadline_in: seconds left until the workflow deadline (≤ 0: passed), database time;
             None when the task has none.
+        tags: the task's tags when claimed.
     """
 
     id: int
@@ -75,6 +76,7 @@ class ClaimedTask:
     queue_delay: float
     cancel_requested: Any = None
     deadline_in: float | None = None
+    tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def fence(self, worker_id: str) -> Fence:
         """The fence of this lease, held by ``worker_id``."""
@@ -165,6 +167,7 @@ class Leases:
                 queue_delay=row["queue_delay"],
                 cancel_requested=row["cancel_requested"],
                 deadline_in=row["deadline_in"],
+                tags=row["tags"],
             )
             for row in rows
         ]

@@ -1,10 +1,11 @@
-"""Task submission and reads: what the CLI, the notebook and tests look at."""
+"""Tasks: submit them and act on one (signal, complete, cancel, reconcile).
+
+Reading tasks (one, a filtered page, counts, a result) is the other half of
+:class:`Tasks`, in :mod:`toolkit.store.task_reads`.
+"""
 
 from __future__ import annotations
 
-import builtins
-import dataclasses
-import datetime
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -26,51 +27,22 @@ from toolkit.errors import (
 from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
 from toolkit.store.callbacks import Callbacks
-from toolkit.store.database import Database
 from toolkit.store.names import check_signal_name, check_tenant
+from toolkit.store.tags import check_tags, merged_tags
+from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
+from toolkit.store.task_reads import TaskReads
+from toolkit.store.task_reads import TaskRecord as TaskRecord
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
 ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
-#: States a task never leaves.
-TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 
 #: The largest budget amount a submit may give (and a tenant budget may have): past it,
 #: amounts lose their precision as floating point.
 MAX_AMOUNT = 1e15
 
-@dataclasses.dataclass(frozen=True)
-class TaskRecord:
-    """A task row as stored (DESIGN §2, "Workflow Task")."""
-
-    id: int
-    tenant: str
-    definition_name: str
-    definition_version: int
-    definition_digest: str
-    input: Any
-    state: str
-    wait_reason: str | None
-    run_at: datetime.datetime
-    checkpoint: dict[str, Any]
-    lease_owner: str | None
-    lease_token: int
-    lease_expires_at: datetime.datetime | None
-    attempts: int
-    result: Any
-    error: Any
-    cancel_requested: Any
-    idempotency_key: str | None
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    finished_at: datetime.datetime | None
-
-
-class Tasks:
-    """Submit tasks and read their state, evidence and history."""
-
-    def __init__(self, db: Database) -> None:
-        self._db = db
+class Tasks(TaskReads):
+    """Submit tasks, act on one, and read them (:class:`TaskReads`)."""
 
     def _checked_input(self, definition: WorkflowDefinition, value: Any) -> Any:
         """The input checked against the payload limits, then the input schema."""
@@ -127,6 +99,7 @@ class Tasks:
         tenant: str = "default",
         budget: Mapping[str, float] | None = None,
         timeout: float | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[int]:
         """Queue one task per input, validated against the definition's input schema.
 
@@ -143,6 +116,8 @@ class Tasks:
                 each must fit in the tenant's budget for the resource, when it has one.
             timeout: overrides the definition's workflow ``timeout``: seconds from now (> 0)
                 until the deadline.
+            tags: tags of every task (key to string value, :mod:`toolkit.store.tags`), over
+                those the definition's ``tags`` give from each input.
 
         Returns:
             The new task ids, in input order.
@@ -150,12 +125,15 @@ class Tasks:
         Raises:
             InputError: an input is over the payload limits, is not storable JSON, or fails
                 the input schema; ``path`` locates the fault (nothing written). Also for a
-                budget override over the tenant's budget.
+                budget override over the tenant's budget, and for tags that break the tag
+                rules or limits.
         """
         check_tenant(tenant)
         validated = [self._checked_input(definition, value) for value in inputs]
         if not validated:
             return []
+        given = check_tags(tags or {})
+        task_tags = [_task_tags(definition, value, given) for value in validated]
         initial = await self._initial_checkpoint(definition, tenant, budget)
         rows = await self._db.fetch_all(
             "submit_tasks",
@@ -165,6 +143,7 @@ class Tasks:
                 "version": definition.version,
                 "digest": definition.digest,
                 "inputs": Jsonb(validated),
+                "tags": Jsonb(task_tags),
                 "checkpoint": Jsonb(initial),
                 "timeout": _timeout(definition, timeout),
             },
@@ -180,6 +159,7 @@ class Tasks:
         tenant: str = "default",
         budget: Mapping[str, float] | None = None,
         timeout: float | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> tuple[int, bool]:
         """Queue one task unless the tenant already has a task with idempotency key ``key``.
 
@@ -190,6 +170,7 @@ class Tasks:
             tenant: the tenant.
             budget: overrides of the definition's budget (see `submit`).
             timeout: overrides the definition's workflow timeout (see `submit`).
+            tags: the task's tags (see `submit`).
 
         Returns:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
@@ -199,12 +180,14 @@ class Tasks:
                 the input schema (nothing written).
             SubmitConflict: the existing task runs another definition version or digest.
         """
+        value = self._checked_input(definition, value)
         params = {
             "tenant": check_tenant(tenant),
             "name": definition.name,
             "version": definition.version,
             "digest": definition.digest,
-            "input": Jsonb(self._checked_input(definition, value)),
+            "input": Jsonb(value),
+            "tags": Jsonb(_task_tags(definition, value, check_tags(tags or {}))),
             "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
             "key": key,
             "timeout": _timeout(definition, timeout),
@@ -221,83 +204,6 @@ class Tasks:
                 definition=(row["definition_name"], row["definition_version"]),
             )
         return int(row["id"]), bool(row["created"])
-
-    async def get(self, task_id: int) -> TaskRecord:
-        """Read one task.
-
-        Raises:
-            UnknownTask: no task has that id.
-        """
-        row = await self._db.fetch_one("get_task", {"task_id": task_id})
-        if row is None:
-            raise UnknownTask(f"no task {task_id}")
-        return TaskRecord(**row)
-
-    async def list(
-        self,
-        *,
-        state: str | None = None,
-        tenant: str | None = None,
-        name: str | None = None,
-        version: int | None = None,
-        limit: int = 100,
-    ) -> list[TaskRecord]:
-        """The newest tasks (at most ``limit``) matching every filter given, newest first.
-
-        A filter left None matches any task: ``state``, ``tenant``, definition ``name`` and
-        ``version``.
-        """
-        filters = {"state": state, "tenant": tenant, "name": name, "version": version}
-        rows = await self._db.fetch_all("list_tasks", {**filters, "limit": limit})
-        return [TaskRecord(**row) for row in rows]
-
-    async def count(
-        self,
-        *,
-        state: str | None = None,
-        tenant: str | None = None,
-        name: str | None = None,
-        version: int | None = None,
-    ) -> int:
-        """How many tasks match every filter given (the filters of :meth:`list`)."""
-        filters = {"state": state, "tenant": tenant, "name": name, "version": version}
-        row = await self._db.fetch_one("count_tasks", filters)
-        return int(row["n"]) if row else 0
-
-    async def counts_by_state(self) -> dict[str, int]:
-        """Number of tasks in each state present."""
-        rows = await self._db.fetch_all("count_tasks_by_state")
-        return {row["state"]: row["n"] for row in rows}
-
-    async def evidence(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """The task's effect evidence records, oldest first."""
-        return [
-            dict(row) for row in await self._db.fetch_all("task_evidence", {"task_id": task_id})
-        ]
-
-    async def events(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """The task's events (every transition), oldest first."""
-        return [dict(row) for row in await self._db.fetch_all("task_events", {"task_id": task_id})]
-
-    async def evidence_counts(self) -> dict[str, int]:
-        """Number of evidence records of each kind, over all tasks."""
-        rows = await self._db.fetch_all("count_evidence")
-        return {row["record"]: row["n"] for row in rows}
-
-    async def idle_state(self, digests: Sequence[str]) -> tuple[bool, float | None]:
-        """What an idle worker of these definitions needs to know, in one statement.
-
-        Returns:
-            ``(pending, next_due)``: whether a task is queued or leased, and the seconds until
-            the earliest future ``run_at`` of a queued or waiting task (None if there is none).
-        """
-        row = await self._db.fetch_one("idle_state", {"digests": list(digests)})
-        assert row is not None
-        return bool(row["pending"]), row["next_due"]
-
-    async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """Every signal sent to the task, consumed or not, oldest first."""
-        return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
 
     async def signal(
         self, task_id: int, name: str, payload: Any = None, *, force: bool = False
@@ -356,31 +262,13 @@ class Tasks:
     ) -> tuple[set[str] | None, Mapping[str, Any] | None]:
         """The signal names the task's definition waits for, and the schema for ``name``.
 
-        When the task waits at a step for ``name``, that step's schema decides (none: any
-        payload); else the first wait step declaring one. ``(None, None)`` for an ended or
-        unknown task (the signal is refused for that).
+        ``(None, None)`` for an ended or unknown task (the signal is refused for that).
         """
         row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
         if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
             return None, None
-        definition = definition_from_body(row["body"])
         cursor = (row["checkpoint"] or {}).get("cursor")
-        waited: set[str] = set()
-        found: list[tuple[bool, Mapping[str, Any] | None]] = []
-        for step in definition.steps.values():
-            if not isinstance(step, WaitStep):
-                continue
-            waits = [(step.signal, step.schema), *((e.signal, e.schema) for e in step.any)]
-            for signal, schema in waits:
-                if signal is None:
-                    continue
-                waited.add(signal)
-                if signal == name:
-                    found.append((step.id == cursor, schema))
-        current = [schema for here, schema in found if here]
-        if current:
-            return waited, current[0]
-        return waited, next((schema for _, schema in found if schema is not None), None)
+        return signal_waits(definition_from_body(row["body"]), name, cursor)
 
     async def complete(
         self,
@@ -435,22 +323,29 @@ class Tasks:
             UnknownTask: no such task.
             TaskTerminal: the task has already ended.
         """
-        row = await self._db.fetch_one("request_cancel", {"task_id": task_id, "reason": reason})
+        row = await self._db.fetch_one("request_cancel", _cancel_params(task_id, reason))
         if row is None or row["previous_state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["cancelled"] or row["requested"]:
-            # Its live children (and theirs) go with it.
-            for child in await self._db.fetch_all("live_children", {"task_id": task_id}):
-                await self._db.fetch_one(
-                    "request_cancel",
-                    {"task_id": child["id"], "reason": f"parent task {task_id} cancelled"},
-                )
+            await self.cancel_descendants([task_id])
         if row["cancelled"]:
             return "cancelled"
         if row["requested"]:
             return "requested"
         ended = TaskState(row["previous_state"]).phrase()
         raise TaskTerminal(f"task {task_id} {ended}; it cannot be cancelled")
+
+    async def cancel_descendants(self, task_ids: Sequence[int]) -> int:
+        """Cancel the live children of cancelled tasks (and theirs), as :meth:`cancel` does.
+
+        Returns:
+            How many were cancelled or asked to stop.
+        """
+        children = await self._db.fetch_all("live_children", {"task_ids": list(task_ids)})
+        for child in children:
+            reason = f"parent task {child['root']} cancelled"
+            await self._db.fetch_one("request_cancel", _cancel_params(child["id"], reason))
+        return len(children)
 
     async def reconcile(
         self,
@@ -514,6 +409,53 @@ class Tasks:
         )
         if row is None:
             raise NotReconcilable(f"task {task_id} changed while reconciling; look again")
+
+
+def signal_waits(
+    definition: WorkflowDefinition, name: str, cursor: str | None = None
+) -> tuple[set[str], Mapping[str, Any] | None]:
+    """The signal names ``definition``'s wait steps wait for, and the schema for ``name``.
+
+    When the task waits at step ``cursor`` for ``name``, that step's schema decides (none:
+    any payload); else the first wait step declaring one for it.
+
+    Returns:
+        ``(names, schema)``: every signal name a wait step names, and the JSON Schema a
+        payload of ``name`` must match (None: any).
+    """
+    waited: set[str] = set()
+    found: list[tuple[bool, Mapping[str, Any] | None]] = []
+    for step in definition.steps.values():
+        if not isinstance(step, WaitStep):
+            continue
+        waits = [(step.signal, step.schema), *((e.signal, e.schema) for e in step.any)]
+        for signal, schema in waits:
+            if signal is None:
+                continue
+            waited.add(signal)
+            if signal == name:
+                found.append((step.id == cursor, schema))
+    current = [schema for here, schema in found if here]
+    if current:
+        return waited, current[0]
+    return waited, next((schema for _, schema in found if schema is not None), None)
+
+
+def _cancel_params(task_id: int, reason: str) -> dict[str, Any]:
+    """The parameters of ``request_cancel`` for one task, outside any bulk plan."""
+    return {"task_id": task_id, "reason": reason, "plan_id": None, "operator": None}
+
+
+def _task_tags(
+    definition: WorkflowDefinition, value: Any, given: Mapping[str, str]
+) -> dict[str, str]:
+    """A new task's tags: the definition's, from its input, then those the submit gives.
+
+    Raises:
+        InputError: a definition tag's expression fails or gives no string, or together
+            they are more than the limit.
+    """
+    return merged_tags(definition.task_tags(value), given)
 
 
 def _timeout(definition: WorkflowDefinition, override: float | None) -> float | None:

@@ -72,6 +72,8 @@ class FencedWrite:
             off the reserved part of the tenant's budget use (the unspent part leaves it
             through ``budget_delta``). None: nothing.
         clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
+        tags: tags to set on the task (``ctx.tag`` of the handlers whose evidence this
+            write carries). None: nothing.
 
     A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
     at once, in the transaction that commits it, when a signal it waits for is stored and not
@@ -93,6 +95,7 @@ class FencedWrite:
     budget_delta: Mapping[str, float] | None = None
     budget_released: Mapping[str, float] | None = None
     clear_deadline: bool = False
+    tags: Mapping[str, str] | None = None
 
 
 def write_json(write: FencedWrite) -> dict[str, Any]:
@@ -129,4 +132,5 @@ def write_json(write: FencedWrite) -> dict[str, Any]:
         "budget_delta": write.budget_delta,
         "budget_released": write.budget_released,
         "clear_deadline": write.clear_deadline,
+        "tags": write.tags,
     }

@@ -33,13 +33,14 @@ async def run(ctx: StepContext, step: WorkflowStep) -> Transition:
             )
             child_input = definition.validate_input(step.input.render(ctx.scope))
             check_payload(child_input, store.leases.payload_limits)
+            child_tags = definition.task_tags(child_input)
         except (UnknownDefinition, DefinitionRetired, InputError, PayloadRefused) as exc:
             return Failed(error_data(exc))
         if cycle.dirty:
             await cycle.commit()
         child = await cycle.retrying(
             functools.partial(store.children.start, cycle.fence, occurrence, definition,
-                              child_input)
+                              child_input, child_tags)
         )  # fmt: skip
         cycle.events.append(
             Event(EventKind.CHILD_STARTED, {"step": step.id, "child_id": child.id,

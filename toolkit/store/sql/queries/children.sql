@@ -3,17 +3,26 @@
 -- (parent, occurrence), after a crash of the parent, finds the child already there. Fenced:
 -- nothing happens unless the parent's fence (%(task_id)s is the parent) holds its lease.
 WITH parent AS (
-    SELECT t.id, t.tenant FROM toolkit_tasks t
+    SELECT t.id, t.tenant, t.tags FROM toolkit_tasks t
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
 ), inserted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         parent_id, parent_occurrence, deadline_at)
+         parent_id, parent_occurrence, deadline_at, tags)
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, %(input)s::jsonb,
            %(checkpoint)s::jsonb, parent.id, %(occurrence)s,
-           clock_timestamp() + %(timeout)s::float8 * interval '1 second'
+           clock_timestamp() + %(timeout)s::float8 * interval '1 second',
+           -- The parent's tags (first keys first, as many as the limit leaves room for),
+           -- then the child's own.
+           coalesce((SELECT jsonb_object_agg(p.key, p.value)
+                     FROM (SELECT key, value FROM jsonb_each(parent.tags)
+                           WHERE NOT %(tags)s::jsonb ? key
+                           ORDER BY key
+                           LIMIT greatest(0, %(max_tags)s::int
+                                          - (SELECT count(*) FROM jsonb_object_keys(%(tags)s::jsonb)))
+                          ) p), '{}'::jsonb) || %(tags)s::jsonb
     FROM parent
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
     RETURNING id
@@ -34,12 +43,13 @@ FROM toolkit_tasks
 WHERE parent_id = %(parent_id)s AND parent_occurrence = %(occurrence)s;
 
 -- name: live_children
--- Every live descendant of a task (children, their children ...), for cancelling a parent.
+-- Every live descendant of tasks %(task_ids)s (children, their children ...), for cancelling
+-- parents; root: the task of %(task_ids)s it descends from.
 WITH RECURSIVE tree AS (
-    SELECT id FROM toolkit_tasks
-    WHERE parent_id = %(task_id)s AND state IN ('queued', 'leased', 'waiting')
+    SELECT id, parent_id AS root FROM toolkit_tasks
+    WHERE parent_id = ANY(%(task_ids)s::bigint[]) AND state IN ('queued', 'leased', 'waiting')
     UNION
-    SELECT c.id FROM toolkit_tasks c JOIN tree ON c.parent_id = tree.id
+    SELECT c.id, tree.root FROM toolkit_tasks c JOIN tree ON c.parent_id = tree.id
     WHERE c.state IN ('queued', 'leased', 'waiting')
 )
-SELECT id FROM tree ORDER BY id;
+SELECT id, root FROM tree ORDER BY id;

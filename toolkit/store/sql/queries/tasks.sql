@@ -6,10 +6,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at)
+         deadline_at, tags)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
-           clock_timestamp() + %(timeout)s::float8 * interval '1 second'
+           clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
+    JOIN jsonb_array_elements(%(tags)s::jsonb) WITH ORDINALITY AS g(tags, n) ON g.n = i.n
     ORDER BY i.n
     RETURNING id
 ), events AS (
@@ -28,9 +29,9 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key, deadline_at)
+         idempotency_key, deadline_at, tags)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
-            clock_timestamp() + %(timeout)s::float8 * interval '1 second')
+            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, definition_name, definition_version, definition_digest
 ), events AS (
@@ -46,34 +47,72 @@ FROM toolkit_tasks
 WHERE tenant = %(tenant)s AND idempotency_key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM submitted);
 
+-- fragment: task_columns
+SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_digest, t.input,
+       t.state, t.wait_reason, t.run_at, t.checkpoint, t.lease_owner, t.lease_token,
+       t.lease_expires_at, t.attempts, t.result, t.error, t.cancel_requested,
+       t.idempotency_key, t.tags, t.created_at, t.updated_at, t.finished_at
+
+-- fragment: task_filter
+-- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
+-- Run unprepared (Database.fetch_all(prepare=False)), so each call is planned with its own
+-- values and the terms not given fold away: a tag filter uses toolkit_tasks_tags, a state
+-- and definition filter toolkit_tasks_definition.
+    (%(states)s::text[] IS NULL OR t.state = ANY(%(states)s::text[]))
+AND (%(wait_reason)s::text IS NULL OR t.wait_reason = %(wait_reason)s::text)
+AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s::text)
+AND (%(name)s::text IS NULL OR t.definition_name = %(name)s::text)
+AND (%(version)s::int IS NULL OR t.definition_version = %(version)s::int)
+AND (%(tags)s::jsonb IS NULL OR t.tags @> %(tags)s::jsonb)
+AND (%(error)s::text IS NULL OR t.error ->> 'name' = %(error)s::text)
+AND (%(step)s::text IS NULL
+     OR coalesce(t.checkpoint ->> 'cursor', t.error ->> 'step') = %(step)s::text)
+AND (%(created_since)s::timestamptz IS NULL OR t.created_at >= %(created_since)s::timestamptz)
+AND (%(created_until)s::timestamptz IS NULL OR t.created_at < %(created_until)s::timestamptz)
+AND (%(finished_since)s::timestamptz IS NULL
+     OR t.finished_at >= %(finished_since)s::timestamptz)
+AND (%(finished_until)s::timestamptz IS NULL
+     OR t.finished_at < %(finished_until)s::timestamptz)
+
 -- name: get_task
-SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
-       wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, cancel_requested, idempotency_key, created_at, updated_at,
-       finished_at
-FROM toolkit_tasks
-WHERE id = %(task_id)s;
+-- include: task_columns
+FROM toolkit_tasks t
+WHERE t.id = %(task_id)s;
 
 -- name: list_tasks
-SELECT id, tenant, definition_name, definition_version, definition_digest, input, state,
-       wait_reason, run_at, checkpoint, lease_owner, lease_token, lease_expires_at,
-       attempts, result, error, cancel_requested, idempotency_key, created_at, updated_at,
-       finished_at
-FROM toolkit_tasks
-WHERE (%(state)s::text IS NULL OR state = %(state)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(name)s::text IS NULL OR definition_name = %(name)s)
-  AND (%(version)s::int IS NULL OR definition_version = %(version)s)
-ORDER BY id DESC
+-- One page of the tasks a filter matches, newest first: those with ids below %(before)s
+-- (keyset pagination: the next page starts below the last id of this one).
+-- include: task_columns
+FROM toolkit_tasks t
+WHERE (%(before)s::bigint IS NULL OR t.id < %(before)s::bigint)
+  AND
+-- include: task_filter
+ORDER BY t.id DESC
 LIMIT %(limit)s;
+
+-- name: await_task
+-- Marks a task awaited (its ending then notifies toolkit_task_ended, migration 0009) and
+-- returns it as that update left it: an ending that committed first is seen here, one that
+-- commits later sees the mark and notifies.
+UPDATE toolkit_tasks SET awaited = true
+WHERE id = %(task_id)s
+RETURNING id, state, wait_reason, result, error;
 
 -- name: count_tasks
 SELECT count(*) AS n
-FROM toolkit_tasks
-WHERE (%(state)s::text IS NULL OR state = %(state)s)
-  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
-  AND (%(name)s::text IS NULL OR definition_name = %(name)s)
-  AND (%(version)s::int IS NULL OR definition_version = %(version)s);
+FROM toolkit_tasks t
+WHERE
+-- include: task_filter
+;
+
+-- name: count_matching_by_state
+-- How many tasks a filter matches, by state and definition (a bulk preview's table).
+SELECT t.state, t.definition_name, t.definition_version, count(*) AS n
+FROM toolkit_tasks t
+WHERE
+-- include: task_filter
+GROUP BY t.state, t.definition_name, t.definition_version
+ORDER BY t.state, t.definition_name, t.definition_version;
 
 -- name: count_tasks_by_state
 SELECT state, count(*) AS n
@@ -187,7 +226,18 @@ ORDER BY id;
 WITH target AS (
     SELECT id, state, lease_expires_at FROM toolkit_tasks
     WHERE id = %(task_id)s FOR NO KEY UPDATE
-), now_cancelled AS (
+),
+-- include: cancel_targets
+SELECT (SELECT state FROM target) AS previous_state,
+       EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
+       EXISTS (SELECT 1 FROM requested) AS requested;
+
+-- fragment: cancel_targets
+-- Cancels the locked rows of CTE target (id, state, lease_expires_at): a queued, waiting or
+-- recoverable task at once, a leased one by a request its holder learns of at its next
+-- heartbeat; %(reason)s is the reason, %(plan_id)s and %(operator)s name the bulk plan and
+-- its operator (null for one task). A task cancelled here wakes its parent.
+now_cancelled AS (
     UPDATE toolkit_tasks t
     SET state = 'cancelled', wait_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
         error = jsonb_build_object('name', 'Cancelled', 'message', %(reason)s::text),
@@ -218,14 +268,17 @@ WITH target AS (
       AND p.state IN ('leased', 'waiting')
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, 'cancelled', jsonb_build_object('reason', %(reason)s::text) FROM now_cancelled
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
+    SELECT id, 'cancelled', %(operator)s::text,
+           jsonb_strip_nulls(jsonb_build_object('reason', %(reason)s::text,
+                                                'plan', %(plan_id)s::bigint))
+    FROM now_cancelled
     UNION ALL
-    SELECT id, 'cancel_requested', jsonb_build_object('reason', %(reason)s::text) FROM requested
+    SELECT id, 'cancel_requested', %(operator)s::text,
+           jsonb_strip_nulls(jsonb_build_object('reason', %(reason)s::text,
+                                                'plan', %(plan_id)s::bigint))
+    FROM requested
 )
-SELECT (SELECT state FROM target) AS previous_state,
-       EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
-       EXISTS (SELECT 1 FROM requested) AS requested;
 
 -- name: reconcile_effect
 -- An operator (or the application) records the real outcome of an effect whose intent has

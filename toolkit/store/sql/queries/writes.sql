@@ -17,7 +17,8 @@
 -- later than the task's workflow deadline (deadline_at), unless the write clears it.
 -- Completed or failed evidence releases the downstream-limit slots of its occurrence and
 -- wakes a task waiting for each (docs/limits.md).
--- A write without a checkpoint keeps the stored one, its cursor cleared.
+-- A write without a checkpoint keeps the stored one, its cursor cleared. A write's tags
+-- (set by handlers with ctx.tag) are added to the task's.
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -26,7 +27,7 @@ WITH w AS (
         task_id bigint, tenant text, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
-        budget_released jsonb, clear_deadline boolean)
+        budget_released jsonb, clear_deadline boolean, tags jsonb)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -75,6 +76,8 @@ WITH w AS (
         finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
                            THEN clock_timestamp() END,
         child_wake = false,
+        -- tags a handler set (ctx.tag); unchanged otherwise, so the update stays HOT
+        tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = clock_timestamp()
     FROM w, locked l
     WHERE t.id = w.task_id AND l.id = w.task_id

@@ -1,0 +1,240 @@
+"""``toolkit bulk``: act on every task a filter matches, through a plan.
+
+Without ``--yes`` an action previews: how many tasks match, by state and definition, a
+sample, what the action would do to each kind, and a *plan* kept in the store that
+``toolkit bulk apply PLAN`` carries out, touching only tasks whose fencing token and state
+are still those the plan recorded (docs/many-tasks.md).
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import click
+
+from toolkit.cli.filters import filter_fields, filter_options, task_filter
+from toolkit.cli.options import json_option
+from toolkit.cli.session import Settings, run_in_store
+from toolkit.errors import ConfigError
+from toolkit.store import Store
+from toolkit.store.bulk import BATCH_SIZE, Plan
+from toolkit.store.filters import TaskFilter
+
+_SAMPLE = 5
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def _common(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options every bulk action takes: the filters, --yes and --operator."""
+    command = click.option(
+        "--operator", default=_operator, show_default="your user name",
+        help="Who acts: recorded with the plan and each task's event.")(command)  # fmt: skip
+    command = click.option(
+        "--yes", is_flag=True, help="Apply at once, without a separate preview.")(command)
+    return filter_options(command)
+
+
+@click.group()
+def bulk() -> None:
+    """Act on every task a filter matches: preview a plan, then apply it."""
+
+
+def _preview_or_apply(
+    settings: Settings,
+    make: Callable[[Store, TaskFilter], Awaitable[Plan]],
+    yes: bool,
+    options: dict[str, Any],
+) -> None:
+    where = task_filter(**filter_fields(options))
+
+    async def planned(store: Store) -> None:
+        plan = await make(store, where)
+        sample = await store.tasks.list(where, limit=_SAMPLE) if plan.planned else []
+        _print_preview(plan, where, sample)
+        if yes and plan.planned:
+            await _apply(store, plan.id)
+        elif plan.planned:
+            click.echo(
+                f"plan {plan.id} kept: `toolkit bulk apply {plan.id}` carries it out, acting "
+                "only on tasks whose fencing token and state are still those planned"
+            )
+
+    run_in_store(settings, planned)
+
+
+def _print_preview(plan: Plan, where: TaskFilter, sample: list[Any]) -> None:
+    matched = sum(n for *_, n in plan.matched)
+    click.echo(f"{matched:,} tasks match ({where.describe()})")
+    if plan.matched:
+        click.echo(f"  {'STATE':<10} {'DEFINITION':<32} {'TASKS':>9}")
+        for state, name, version, n in plan.matched:
+            click.echo(f"  {state:<10} {name + ' v' + str(version):<32} {n:>9,}")
+    click.echo(f"{plan.action} would act on {plan.planned:,} of them:")
+    for line in plan.effects():
+        click.echo(f"  - {line}")
+    for task in sample:
+        tags = " ".join(f"{k}={v}" for k, v in sorted(task.tags.items()))
+        click.echo(
+            f"  e.g. task {task.id}: {task.state} {task.definition_name} "
+            f"v{task.definition_version}, tenant {task.tenant}" + (f", {tags}" if tags else "")
+        )
+
+
+async def _apply(store: Store, plan_id: int, batch_size: int = BATCH_SIZE) -> None:
+    plan = await store.bulk.get(plan_id)
+    if plan.finished_at is None and sys.stdout.isatty():
+        with click.progressbar(length=plan.left, label=f"plan {plan_id}") as bar:
+            plan = await store.bulk.apply(plan_id, batch_size=batch_size, progress=bar.update)
+    else:
+        plan = await store.bulk.apply(plan_id, batch_size=batch_size)
+    click.echo(f"plan {plan_id} applied: {plan.summary()}")
+    for row in await store.bulk.not_acted_on(plan_id, limit=10):
+        now = (
+            "deleted" if row["state"] is None
+            else f"now {row['state']} token {row['lease_token']}"
+        )  # fmt: skip
+        click.echo(
+            f"  task {row['task_id']} {row['outcome']}: planned {row['planned_state']} token "
+            f"{row['planned_token']}, {now}"
+        )
+
+
+@bulk.command("cancel")
+@_common
+@click.option("--reason", default="cancelled in bulk", show_default=True)
+@click.pass_obj
+def bulk_cancel(
+    settings: Settings, /, yes: bool, operator: str, reason: str, **options: Any
+) -> None:
+    """Cancel the live tasks the filters match (as `toolkit cancel` does one)."""
+    _preview_or_apply(
+        settings,
+        lambda store, where: store.bulk.plan_cancel(where, reason=reason, operator=operator),
+        yes,
+        options,
+    )
+
+
+@bulk.command("signal")
+@click.argument("name")
+@_common
+@click.option("--payload", help="Signal payload as JSON.")
+@click.option("--force", is_flag=True, help="Plan it even for definitions with no wait for NAME.")
+@click.pass_obj
+def bulk_signal(
+    settings: Settings,
+    /,
+    name: str,
+    yes: bool,
+    operator: str,
+    payload: str | None,
+    force: bool,
+    **options: Any,
+) -> None:
+    """Send signal NAME to the live tasks the filters match (each gets it once)."""
+    value = json_option(payload, "--payload")
+    _preview_or_apply(
+        settings,
+        lambda store, where: store.bulk.plan_signal(
+            where, name, value, force=force, operator=operator
+        ),
+        yes,
+        options,
+    )
+
+
+@bulk.command("reconcile")
+@click.argument("step")
+@_common
+@click.option("--completed", is_flag=True, help="The effects happened.")
+@click.option("--failed", is_flag=True, help="The effects did not happen.")
+@click.option("--retry", is_flag=True, help="Call the handlers again (the operator's risk).")
+@click.option("--result", help="With --completed: the effects' result as JSON.")
+@click.option("--error", help="With --failed: the error name retry and catch rules match.")
+@click.option("--message", help="With --failed: a description of the failure.")
+@click.pass_obj
+def bulk_reconcile(
+    settings: Settings,
+    /,
+    step: str,
+    yes: bool,
+    operator: str,
+    completed: bool,
+    failed: bool,
+    retry: bool,
+    result: str | None,
+    error: str | None,
+    message: str | None,
+    **options: Any,
+) -> None:
+    """Record the outcome of step STEP's uncertain effect, for the matching tasks.
+
+    Only the tasks waiting for the reconciliation of an occurrence of STEP are planned.
+    """
+    chosen = [name for name, on in (("completed", completed), ("failed", failed),
+                                    ("retry", retry)) if on]  # fmt: skip
+    if len(chosen) != 1:
+        raise ConfigError("give exactly one of --completed, --failed or --retry")
+    outcome = chosen[0]
+    if result is not None and outcome != "completed":
+        raise ConfigError("--result goes with --completed")
+    if (error is not None or message is not None) and outcome != "failed":
+        raise ConfigError("--error and --message go with --failed")
+    value = json_option(result, "--result")
+    _preview_or_apply(
+        settings,
+        lambda store, where: store.bulk.plan_reconcile(
+            where,
+            step,
+            outcome,  # type: ignore[arg-type]
+            result=value,
+            error=error,
+            message=message,
+            operator=operator,
+        ),
+        yes,
+        options,
+    )
+
+
+@bulk.command("apply")
+@click.argument("plan_id", metavar="PLAN", type=int)
+@click.option("--batch-size", type=click.IntRange(min=1), default=BATCH_SIZE, show_default=True,
+              help="Tasks acted on in one transaction.")  # fmt: skip
+@click.pass_obj
+def bulk_apply(settings: Settings, plan_id: int, batch_size: int) -> None:
+    """Carry out plan PLAN, or finish an apply that stopped.
+
+    Each task is acted on once, and only if its fencing token and state are still those
+    planned.
+    """
+    run_in_store(settings, lambda store: _apply(store, plan_id, batch_size))
+
+
+@bulk.command("show")
+@click.argument("plan_id", metavar="PLAN", type=int)
+@click.pass_obj
+def bulk_show(settings: Settings, plan_id: int) -> None:
+    """Show plan PLAN: its action, filter, operator and how far applying it went."""
+
+    async def show(store: Store) -> None:
+        plan = await store.bulk.get(plan_id)
+        state = "applied" if plan.finished_at else ("not applied" if not (
+            plan.applied or plan.moved or plan.gone or plan.refused) else "applied in part")
+        click.echo(f"plan {plan.id}: {plan.action} by {plan.operator}, {state}")
+        click.echo(f"  made:     {plan.created_at:%Y-%m-%d %H:%M:%S %Z}")
+        click.echo(f"  filter:   {plan.filter}")
+        shown = {k: v for k, v in plan.arguments.items() if k != "payloads"}
+        click.echo(f"  action:   {shown}")
+        click.echo(f"  planned:  {plan.planned:,} tasks; {plan.summary()}")
+
+    run_in_store(settings, show)

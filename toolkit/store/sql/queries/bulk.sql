@@ -1,0 +1,223 @@
+-- Bulk plans (docs/operating.md, "Bulk actions"): a plan records the tasks a filter matched
+-- with the fencing token and state each had; applying it acts on a task only if both are
+-- still the same, once per (plan, task).
+
+-- name: create_bulk_plan
+-- The plan and its tasks: those the filter matches in a state the action applies to (and,
+-- for a reconciliation, waiting to reconcile an occurrence of step %(reconcile_step)s).
+WITH plan AS (
+    INSERT INTO toolkit_bulk_plans (action, arguments, filter, operator)
+    VALUES (%(action)s, %(arguments)s, %(filter)s, %(operator)s)
+    RETURNING id
+), items AS (
+    INSERT INTO toolkit_bulk_plan_tasks (plan_id, task_id, lease_token, state)
+    SELECT plan.id, t.id, t.lease_token, t.state
+    FROM plan, toolkit_tasks t
+    WHERE t.state = ANY(%(actionable)s::text[])
+      AND (%(reconcile_step)s::text IS NULL
+           OR (t.wait_reason = 'reconciliation'
+               AND %(reconcile_step)s::text IN (
+                   split_part(t.checkpoint ->> 'pending', '#', 1),
+                   split_part(regexp_replace(t.checkpoint ->> 'pending', '^.*/', ''), '#', 1))))
+      AND
+-- include: task_filter
+    RETURNING task_id
+)
+SELECT (SELECT id FROM plan) AS id, (SELECT count(*) FROM items) AS planned;
+
+-- name: get_bulk_plan
+SELECT p.id, p.action, p.arguments, p.filter, p.operator, p.created_at, p.finished_at,
+       count(i.task_id) AS planned,
+       count(i.task_id) FILTER (WHERE i.outcome = 'applied') AS applied,
+       count(i.task_id) FILTER (WHERE i.outcome = 'moved') AS moved,
+       count(i.task_id) FILTER (WHERE i.outcome = 'gone') AS gone,
+       count(i.task_id) FILTER (WHERE i.outcome = 'refused') AS refused
+FROM toolkit_bulk_plans p
+LEFT JOIN toolkit_bulk_plan_tasks i ON i.plan_id = p.id
+WHERE p.id = %(plan_id)s
+GROUP BY p.id;
+
+-- name: bulk_plan_counts
+-- The planned tasks by the state and definition they had when planned.
+SELECT i.state, t.definition_name, t.definition_version, count(*) AS n
+FROM toolkit_bulk_plan_tasks i
+JOIN toolkit_tasks t ON t.id = i.task_id
+WHERE i.plan_id = %(plan_id)s
+GROUP BY i.state, t.definition_name, t.definition_version
+ORDER BY i.state, t.definition_name, t.definition_version;
+
+-- name: bulk_plan_digests
+-- The definitions the planned tasks are pinned to, with their bodies (a signal's checks).
+SELECT DISTINCT t.definition_digest AS digest, t.definition_name AS name,
+       t.definition_version AS version, d.body
+FROM toolkit_bulk_plan_tasks i
+JOIN toolkit_tasks t ON t.id = i.task_id
+LEFT JOIN toolkit_definitions d ON d.digest = t.definition_digest
+WHERE i.plan_id = %(plan_id)s;
+
+-- name: bulk_open_items
+-- The next tasks of a plan not acted on yet, with what an action needs of each.
+SELECT i.task_id, t.definition_digest AS digest, t.checkpoint ->> 'pending' AS pending
+FROM toolkit_bulk_plan_tasks i
+LEFT JOIN toolkit_tasks t ON t.id = i.task_id
+WHERE i.plan_id = %(plan_id)s AND i.outcome IS NULL
+ORDER BY i.task_id
+LIMIT %(limit)s;
+
+-- name: bulk_plan_moved
+-- The tasks of a plan that were not acted on, with why and what they are now.
+SELECT i.task_id, i.outcome, i.state AS planned_state, i.lease_token AS planned_token,
+       t.state, t.lease_token
+FROM toolkit_bulk_plan_tasks i
+LEFT JOIN toolkit_tasks t ON t.id = i.task_id
+WHERE i.plan_id = %(plan_id)s AND i.outcome IN ('moved', 'gone', 'refused')
+ORDER BY i.task_id
+LIMIT %(limit)s;
+
+-- name: finish_bulk_plan
+UPDATE toolkit_bulk_plans SET finished_at = clock_timestamp()
+WHERE id = %(plan_id)s AND finished_at IS NULL
+  AND NOT EXISTS (SELECT 1 FROM toolkit_bulk_plan_tasks
+                  WHERE plan_id = %(plan_id)s AND outcome IS NULL);
+
+-- fragment: bulk_items
+-- The batch's tasks (%(task_ids)s) of plan %(plan_id)s not acted on yet, locked (a second
+-- apply running at once waits, then finds them done); and target: those of them whose
+-- fencing token and state are still what the plan recorded, locked (compare-and-set: a task
+-- a worker claimed, wrote or ended since has another token or state and is not touched).
+item AS (
+    SELECT i.task_id, i.lease_token, i.state
+    FROM toolkit_bulk_plan_tasks i
+    WHERE i.plan_id = %(plan_id)s AND i.task_id = ANY(%(task_ids)s::bigint[])
+      AND i.outcome IS NULL
+    ORDER BY i.task_id
+    FOR UPDATE
+), target AS (
+    SELECT t.id, t.state, t.lease_expires_at, t.lease_token, t.checkpoint
+    FROM toolkit_tasks t
+    JOIN item ON t.id = item.task_id
+    WHERE t.lease_token = item.lease_token AND t.state = item.state
+    ORDER BY t.id
+    FOR NO KEY UPDATE OF t
+)
+
+-- fragment: bulk_marked
+-- Each item of the batch gets its outcome, in the statement that acted (CTE acted: task_id,
+-- detail): applied; refused (unchanged, but the action's own check refused it); moved (its
+-- token or state changed since the plan); gone (the task was deleted).
+marked AS (
+    UPDATE toolkit_bulk_plan_tasks i
+    SET outcome = CASE
+            WHEN a.task_id IS NOT NULL THEN 'applied'
+            WHEN item.task_id IN (SELECT id FROM target) THEN 'refused'
+            WHEN EXISTS (SELECT 1 FROM toolkit_tasks x WHERE x.id = item.task_id) THEN 'moved'
+            ELSE 'gone' END,
+        detail = a.detail,
+        applied_at = clock_timestamp()
+    FROM item
+    LEFT JOIN acted a ON a.task_id = item.task_id
+    WHERE i.plan_id = %(plan_id)s AND i.task_id = item.task_id
+    RETURNING i.task_id, i.outcome
+)
+SELECT task_id, outcome FROM marked ORDER BY task_id;
+
+-- name: bulk_cancel
+WITH
+-- include: bulk_items
+,
+-- include: cancel_targets
+, acted AS (
+    SELECT id AS task_id, '{"cancel": "cancelled"}'::jsonb AS detail FROM now_cancelled
+    UNION ALL
+    SELECT id, '{"cancel": "requested"}'::jsonb FROM requested
+),
+-- include: bulk_marked
+;
+
+-- name: bulk_signal
+-- Stores signal %(name)s for each unchanged task, with its payload (%(rows)s: task_id,
+-- payload, the payload checked against the schema of its definition's wait step), and wakes
+-- those waiting for it, as send_signal does for one.
+WITH
+-- include: bulk_items
+, r AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(task_id bigint, payload jsonb)
+), inserted AS (
+    INSERT INTO toolkit_signals (task_id, name, payload)
+    SELECT target.id, %(name)s, r.payload
+    FROM target JOIN r ON r.task_id = target.id
+    WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
+    RETURNING id, task_id
+), woken AS (
+    UPDATE toolkit_tasks t
+    SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+    FROM inserted i, target
+    WHERE t.id = i.task_id AND target.id = i.task_id
+      AND target.state = 'waiting'
+      AND t.wait_reason = 'signal'
+      AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
+           OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
+    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
+    SELECT task_id, 'signal_received', %(operator)s::text,
+           jsonb_build_object('name', %(name)s, 'signal_id', id, 'plan', %(plan_id)s::bigint)
+    FROM inserted
+), acted AS (
+    SELECT task_id, jsonb_build_object('signal_id', id) AS detail FROM inserted
+),
+-- include: bulk_marked
+;
+
+-- name: bulk_reconcile
+-- Records the outcome of the pending effect of each unchanged task waiting for its
+-- reconciliation (%(rows)s: task_id, occurrence, resolution), as reconcile_effect does for
+-- one: evidence (unless a retry), the resolution in the checkpoint, queued again.
+WITH
+-- include: bulk_items
+, r AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+        AS r(task_id bigint, occurrence text, resolution jsonb)
+), reconciling AS (
+    SELECT target.id, target.lease_token, r.occurrence, r.resolution
+    FROM target JOIN r ON r.task_id = target.id
+    WHERE target.state = 'waiting' AND target.checkpoint ->> 'pending' = r.occurrence
+), evidence AS (
+    INSERT INTO toolkit_effect_evidence
+        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
+         fencing_token, worker_id, result, error)
+    SELECT g.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
+           %(record)s::text, e.attempt, g.lease_token, %(operator)s, %(result)s::jsonb,
+           %(error)s::jsonb
+    FROM reconciling g
+    JOIN LATERAL (
+        SELECT * FROM toolkit_effect_evidence
+        WHERE task_id = g.id AND occurrence = g.occurrence AND record = 'started'
+        ORDER BY id DESC LIMIT 1
+    ) e ON true
+    WHERE %(record)s::text IS NOT NULL
+), updated AS (
+    UPDATE toolkit_tasks t
+    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
+        checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
+        updated_at = clock_timestamp()
+    FROM reconciling g
+    WHERE t.id = g.id
+    RETURNING t.id, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
+    SELECT id, 'reconciled', %(operator)s, resolution || jsonb_build_object('plan', %(plan_id)s::bigint)
+    FROM updated
+), acted AS (
+    SELECT id AS task_id, jsonb_build_object('outcome', resolution ->> 'outcome') AS detail
+    FROM updated
+),
+-- include: bulk_marked
+;
+
+-- name: delete_bulk_plan
+-- A plan refused after it was made (a signal no matched definition waits for).
+DELETE FROM toolkit_bulk_plans WHERE id = %(plan_id)s AND finished_at IS NULL;
+
+-- name: set_bulk_plan_arguments
+UPDATE toolkit_bulk_plans SET arguments = %(arguments)s WHERE id = %(plan_id)s;
