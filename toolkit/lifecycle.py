@@ -3,8 +3,9 @@
 DESIGN §2; the state diagram in docs/concepts.md.
 
 The values are the strings stored in ``toolkit_tasks.state``, ``wait_reason`` and
-``toolkit_task_events.kind``; each enum is a ``str``, so a member is usable wherever the
-string is (JSON, SQL parameters, comparisons).
+``toolkit_task_events.kind`` (and, not stored, what happened to each step of a task:
+``StepStatus``); each enum is a ``str``, so a member is usable wherever the string is (JSON,
+SQL parameters, comparisons).
 """
 
 from __future__ import annotations
@@ -109,3 +110,26 @@ class EventKind(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class StepStatus(enum.StrEnum):
+    """What happened to one step of a definition in one task: its colour on the task's path.
+
+    `toolkit.history.task_path` says it for each step; `toolkit.definition.svg` colours the
+    definition's drawing by it.
+    """
+
+    #: entered and finished (its latest occurrence completed).
+    DONE = "done"
+    #: the task's cursor: the next step to run, or running now (or where it was cancelled).
+    CURRENT = "current"
+    #: it failed the task, or failed and a ``catch`` rule took the task on, or the workflow
+    #: deadline abandoned it for ``on_timeout``, or its compensation failed.
+    FAILED = "failed"
+    #: the task waits at it (a signal, timer, callback, child, budget, limit or
+    #: reconciliation).
+    WAITING = "waiting"
+    #: it completed, then a saga compensation undid it.
+    COMPENSATED = "compensated"
+    #: the task has not entered it.
+    NOT_REACHED = "not_reached"

@@ -115,6 +115,12 @@ async def test_the_browser_reconciles(store: Store) -> None:
     await browser.refresh()
     detail = await browser.open(uncertain)
     assert detail.reconciliation is not None and "step 'only'" in detail.reconciliation
+    # Its path: the step waits, for reconciliation of the intent without outcome.
+    assert detail.path is not None and detail.path["only"].status == "waiting"
+    assert detail.path["only"].note == (
+        "the task waits here (reconciliation); only#1 started at attempt 1"
+    )
+    assert "data-step='only' data-status='waiting'" in browser.detail_pane.value
     assert browser.reconcile_step.value == "only"
     assert not browser.reconcile_button.disabled
     browser.reconcile_outcome.value = "completed"

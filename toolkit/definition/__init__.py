@@ -9,8 +9,9 @@ errors, ``graph`` checks targets, reachability and termination, ``step_checks`` 
 fields, ``references`` the expressions and the names they read, ``input_schema`` the JSON
 Schemas a definition declares; ``wording`` is how messages are written. ``payloads`` checks
 task input and signal payloads against their schemas; ``expressions`` the safe JMESPath
-templates; ``diagram`` the Mermaid drawing of a graph; ``paths`` the JSON paths faults are
-printed with.
+templates; ``diagram`` the Mermaid drawing of a graph and ``svg`` the SVG one (a task's path
+coloured), both walking it through ``walk``; ``paths`` the JSON paths faults are printed
+with.
 """
 
 from toolkit.definition.load import (

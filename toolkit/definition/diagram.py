@@ -7,28 +7,21 @@ edges; waits (signal, timer) as hexagons, a wait for the first of several events
 edge per event; parallel and map steps as boxes around their
 branches; child workflows; and the ends. Dashed edges are ``catch`` rules.
 
-This module reads the step objects by their class name and attributes only, so it draws
-step kinds it does not know as a plain node labelled with the kind, and it sits below
-:mod:`toolkit.definition` in the layers (the definition's ``_repr_markdown_`` calls it).
+This module reads the step objects by their class name and attributes only, through
+:mod:`toolkit.definition.walk` (which the SVG drawing, :mod:`toolkit.definition.svg`, shares),
+so it draws step kinds it does not know as a plain node labelled with the kind, and it sits
+below :mod:`toolkit.definition` in the layers (the definition's ``_repr_markdown_`` calls it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping
+from typing import Any
 
+from toolkit.definition.walk import Graph as Graph
+from toolkit.definition.walk import branches, edges, label_text, source
+from toolkit.definition.walk import step_kind as step_kind
 from toolkit.durations import format_duration
-
-_KINDS = {
-    "EffectStep": "effect",
-    "ChoiceStep": "choice",
-    "SucceedStep": "succeed",
-    "FailStep": "fail",
-    "WaitStep": "wait",
-    "ParallelStep": "parallel",
-    "MapStep": "map",
-    "WorkflowStep": "workflow",
-}
 
 _CLASSES = (
     "classDef effect fill:#e8f0fe,stroke:#4a6fa5",
@@ -41,54 +34,16 @@ _CLASSES = (
 )
 
 
-class Graph(Protocol):
-    """What a drawing needs of a definition (a `toolkit.WorkflowDefinition` has it)."""
-
-    @property
-    def name(self) -> str:
-        """Workflow name."""
-
-    @property
-    def version(self) -> int:
-        """Workflow version."""
-
-    @property
-    def start(self) -> str:
-        """Id of the first step."""
-
-    @property
-    def steps(self) -> Mapping[str, Any]:
-        """Steps by id."""
-
-
-def step_kind(step: object) -> str:
-    """The kind of a step as written in YAML (``effect``, ``choice`` ...).
-
-    A step class this module does not know gives its class name in lower case, without
-    ``Step``.
-    """
-    name = type(step).__name__
-    return _KINDS.get(name, name.removesuffix("Step").lower() or name)
-
-
 def _text(value: object, limit: int = 48) -> str:
     """Label text safe inside a quoted Mermaid label."""
-    text = str(value)
-    if text.startswith("${") and text.endswith("}"):
-        text = text[2:-1].strip()
-    if len(text) > limit:
-        text = text[: limit - 1] + "…"
     return (
-        text.replace("&", "#38;")
+        label_text(value, limit)
+        .replace("&", "#38;")
         .replace('"', "#quot;")
         .replace("<", "#60;")
         .replace(">", "#62;")
         .replace("`", "#96;")  # an entity: a bare backtick starts Mermaid's markdown
     )
-
-
-def _source(template: object) -> object:
-    return getattr(template, "source", template)
 
 
 class _Drawing:
@@ -118,7 +73,7 @@ class _Drawing:
         if start in ids:
             self.lines.append(f"{indent}{entry} --> {ids[start]}")
         for step_id, step in steps.items():
-            for target, label, dashed in _edges(step):
+            for target, label, dashed in edges(step):
                 if target is None:
                     if not top:
                         continue  # the branch ends there
@@ -170,19 +125,16 @@ class _Drawing:
         if kind == "parallel":
             mode = getattr(step, "mode", "all")
             detail = f"parallel, {'first success' if mode == 'first_success' else 'all'}"
-            branches: Mapping[str, Any] = getattr(step, "branches", {}) or {}
         else:
             bound = getattr(step, "max_concurrency", None)
-            detail = f"map over {_text(_source(getattr(step, 'items', '?')), 30)}"
+            detail = f"map over {_text(source(getattr(step, 'items', '?')), 30)}"
             detail += f", ≤ {bound} at once" if bound else ""
-            branch = getattr(step, "branch", None)
-            branches = {"each item": branch} if branch is not None else {}
         reserve = getattr(step, "reserve", None)
         amounts = getattr(reserve, "amounts", None)
         if amounts:
             detail += "<br/>reserves " + ", ".join(f"{k} {v:g}" for k, v in amounts.items())
         self.lines.append(f'{indent}subgraph {node}["{_text(step_id)}: {detail}"]')
-        for name, branch in branches.items():
+        for name, branch in branches(step).items():
             inner = self.node_id()
             self.lines.append(f'{indent}  {inner}(("{_text(name, 20)}"))')
             steps = getattr(branch, "steps", {}) or {}
@@ -203,39 +155,10 @@ def _wait_text(step: Any) -> str:
         return f"wait {format_duration(duration)}"
     until = getattr(step, "until", None)
     if until is not None:
-        return f"wait until {_text(_source(until), 30)}"
+        return f"wait until {_text(source(until), 30)}"
     if getattr(step, "any", None):
         return "wait for the first event"
     return "wait"
-
-
-def _event_label(event: Any) -> str:
-    """The label of a ``wait: {any}`` event's edge: its signal, duration or moment."""
-    if getattr(event, "signal", None):
-        return f"signal {event.signal}"
-    if getattr(event, "duration", None):
-        return f"after {format_duration(event.duration)}"
-    return f"at {_source(getattr(event, 'until', None))}"
-
-
-def _edges(step: Any) -> Iterator[tuple[str | None, str, bool]]:
-    """``(target, label, dashed)`` of each edge out of a step; target None is the end."""
-    kind = step_kind(step)
-    if kind == "choice":
-        for rule in getattr(step, "choices", ()):
-            yield rule.next, str(_source(rule.when)), False
-        default = getattr(step, "default", None)
-        if default is not None:
-            yield default, "default", False
-    elif kind == "wait" and getattr(step, "any", None):
-        for event in step.any:
-            yield event.next, _event_label(event), False
-    elif kind not in ("succeed", "fail"):
-        if hasattr(step, "next"):
-            yield step.next, "", False
-    for rule in getattr(step, "catch", ()) or ():
-        errors = getattr(rule, "errors", ()) or ("*",)
-        yield rule.next, "catch " + ", ".join(errors), True
 
 
 def mermaid(definition: Graph) -> str:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as widgets
 
 from toolkit.counts import counted
-from toolkit.errors import ConfigError, ToolkitError
+from toolkit.definition import WorkflowDefinition
+from toolkit.errors import ConfigError, DefinitionError, ToolkitError, UnknownDefinition
 from toolkit.history.analytics import History, render_table
 from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
 from toolkit.history.task_detail import TaskDetail as TaskDetail
@@ -47,9 +48,10 @@ class TaskBrowser:
     """An ipywidgets view of the tasks of a store: filter, open one, act on it.
 
     Filter by state, tenant, definition and version; open a task to see its timeline of
-    events, checkpoint, effect evidence, waits, signals and reconciliation status; send it
-    a signal, cancel it or reconcile it with the buttons, which call the same store API as
-    ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``.
+    events, checkpoint, effect evidence, waits, signals and reconciliation status, and its
+    path through its definition's graph (an SVG, each step coloured by what happened to
+    it); send it a signal, cancel it or reconcile it with the buttons, which call the same
+    store API as ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``.
 
     Use it in a notebook cell::
 
@@ -83,6 +85,7 @@ class TaskBrowser:
         self.operator = operator
         self.tasks: list[TaskRecord] = []
         self.detail: TaskDetail | None = None
+        self._definitions: dict[tuple[str, int, str], WorkflowDefinition] = {}
         self.status = ""
         self._pending: set[asyncio.Task[Any]] = set()
         self._updating = False
@@ -299,19 +302,22 @@ class TaskBrowser:
     # --- one task ---------------------------------------------------------------------------
 
     async def open(self, task_id: int) -> TaskDetail:
-        """Load one task into the detail pane.
+        """Load one task into the detail pane, with the definition it is pinned to.
 
         Returns:
-            The task's detail.
+            The task's detail (its ``definition`` None when that version is no longer
+            registered).
 
         Raises:
             UnknownTask: no task has that id.
         """
+        task = await self.store.tasks.get(task_id)
         detail = TaskDetail(
-            task=await self.store.tasks.get(task_id),
+            task=task,
             events=await self.store.tasks.events(task_id),
             evidence=await self.store.tasks.evidence(task_id),
             signals=await self.store.tasks.signals(task_id),
+            definition=await self._definition(task),
         )
         self.detail = detail
         self.detail_pane.value = detail.html()
@@ -333,6 +339,23 @@ class TaskBrowser:
             finally:
                 self._updating = False
         return detail
+
+    async def _definition(self, task: TaskRecord) -> WorkflowDefinition | None:
+        """The definition the task is pinned to (name, version and digest), or None.
+
+        None when that version is no longer registered (deleted once its tasks ended) or
+        its stored body no longer loads: the detail then shows no drawing.
+        """
+        key = (task.definition_name, task.definition_version, task.definition_digest)
+        if key not in self._definitions:
+            try:
+                found = await self.store.definitions.get(key[0], key[1])
+            except (UnknownDefinition, DefinitionError):
+                return None
+            if found.digest != task.definition_digest:
+                return None
+            self._definitions[key] = found  # a registered version never changes
+        return self._definitions[key]
 
     def _open_id(self) -> int:
         if self.detail is None:

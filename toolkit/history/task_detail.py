@@ -1,8 +1,10 @@
 """One task as the browser shows it: fields, tables, as text or as HTML.
 
-:class:`TaskDetail` gathers a task's row, events, evidence and signals; ``text()`` is what
-docs and tests compare, ``html()`` what the TaskBrowser's detail pane shows. Both come from
-the same :meth:`TaskDetail.fields` and :meth:`TaskDetail.tables`.
+:class:`TaskDetail` gathers a task's row, events, evidence and signals, and the definition it
+is pinned to; ``text()`` is what docs and tests compare, ``html()`` what the TaskBrowser's
+detail pane shows. Both come from the same :meth:`TaskDetail.fields` and
+:meth:`TaskDetail.tables`; the HTML adds the definition's drawing with the task's path
+coloured (:attr:`TaskDetail.path`, `toolkit.history.task_path`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from toolkit.definition import WorkflowDefinition
+from toolkit.definition.svg import svg
 from toolkit.history.analytics import cell_text, render_table
+from toolkit.history.task_path import StepMark, task_path
 from toolkit.lifecycle import cursor_text
 from toolkit.store.tasks import TaskRecord
 
@@ -27,12 +32,26 @@ class TaskDetail:
         events: its events (every transition), oldest first.
         evidence: its effect evidence records, oldest first.
         signals: the signals sent to it, oldest first.
+        definition: the definition the task is pinned to, or None (not loaded, or no
+            longer registered): the HTML then has no drawing.
     """
 
     task: TaskRecord
     events: list[dict[str, Any]]
     evidence: list[dict[str, Any]]
     signals: list[dict[str, Any]]
+    definition: WorkflowDefinition | None = None
+
+    @property
+    def path(self) -> dict[str, StepMark] | None:
+        """What happened to each step of the definition in the task; None without it.
+
+        Returns:
+            Step id to its status and note (`toolkit.history.task_path.task_path`).
+        """
+        if self.definition is None:
+            return None
+        return task_path(self.task, self.events, self.evidence, self.definition)
 
     @property
     def wait(self) -> str | None:
@@ -126,8 +145,10 @@ class TaskDetail:
     def html(self) -> str:
         """The task as HTML tables, with times (what the browser's detail pane shows).
 
-        The state is a coloured badge; each evidence row is coloured by its record
-        (completed, failed, or an intent without outcome yet).
+        The state is a coloured badge; with the definition, its drawing follows the fields,
+        an inline SVG with each step coloured by :attr:`path` (a legend says the colours,
+        a step's tooltip why); each evidence row is coloured by its record (completed,
+        failed, or an intent without outcome yet).
         """
         esc = html.escape
         colour = _STATE_COLOURS.get(self.task.state, "#616161")
@@ -137,6 +158,17 @@ class TaskDetail:
             f"{esc(self.task.state)}</span>",
             _html_table([], [[label, value] for label, value in self.fields()], head=False),
         ]
+        path = self.path
+        if self.definition is not None and path is not None:
+            drawing = svg(
+                self.definition,
+                {step: mark.status for step, mark in path.items()},
+                {step: mark.note for step, mark in path.items()},
+            )
+            parts.append(
+                "<div style='margin-top:6px'><b>path</b></div>"
+                f"<div class='toolkit-task-path' style='overflow-x:auto'>{drawing}</div>"
+            )
         for title, columns, rows in self.tables(times=True):
             shades = [_RECORD_SHADES.get(str(row[1]), "") for row in rows]
             parts.append(f"<div style='margin-top:6px'><b>{esc(title)}</b></div>")
