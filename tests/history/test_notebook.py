@@ -31,16 +31,17 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     few = TaskBrowser(store, limit=2)
     assert len(await few.refresh()) == 2
     assert few.status == "2 tasks (the newest) of 5", few.status
-    assert set(browser.tenant_filter.options) == {"(any)", "acme", "globex"}
-    assert set(browser.definition_filter.options) >= {"hist-flow", "hist-broken", "hist-wait"}
+    assert set(browser.filters.tenant_filter.options) == {"(any)", "acme", "globex"}
+    offered = set(browser.filters.definition_filter.options)
+    assert offered >= {"hist-flow", "hist-broken", "hist-wait"}
 
     # Filters: through the widgets (the change schedules a refresh) and through the API.
-    browser.state_filter.value = "failed"
+    browser.filters.state_filter.value = "failed"
     await browser.settle()
     assert [t.definition_name for t in browser.tasks] == ["hist-broken"]
     browser.set_filters(state="waiting", tenant="acme", definition="hist-wait", version=1)
     assert sorted(t.id for t in await browser.refresh()) == sorted(waiting)
-    assert browser.version_filter.options == ("(any)", "1")
+    assert browser.filters.version_filter.options == ("(any)", "1")
     assert "hist-wait v1" in browser.listing()
 
     # Selecting a task in the list opens it.
@@ -151,3 +152,41 @@ async def test_the_dashboard_plots_an_export(store: Store, tmp_path: Path) -> No
         "failed tasks",
     ]
     assert figure.axes[0].lines and figure.axes[2].lines
+
+
+@pytest.mark.anyio
+async def test_the_browser_filters_by_tag_pages_and_acts_in_bulk(store: Store) -> None:
+    await deploy(store)
+    acme = await store.tasks.submit(WAITER, [{}] * 7, tags={"customer": "acme"})
+    await store.tasks.submit(WAITER, [{}] * 2, tags={"customer": "globex"})
+    browser = TaskBrowser(store, limit=3)
+    browser.set_filters(tags={"customer": "acme"})
+    assert [t.id for t in await browser.refresh()] == acme[::-1][:3]
+    assert browser.status == "3 tasks (the newest) of 7" and browser.newer_button.disabled
+    assert [t.id for t in await browser.next_page()] == acme[::-1][3:6]
+    assert browser.status == "tasks 4 to 6 of 7" and not browser.older_button.disabled
+    assert [t.id for t in await browser.next_page()] == acme[:1]
+    assert browser.older_button.disabled
+    assert [t.id for t in await browser.previous_page()] == acme[::-1][3:6]
+
+    # The text field: a tag that does not parse is one line in the status, not a traceback.
+    browser.filters.tags_filter.value = "customer"
+    await browser.settle()
+    assert browser.status.startswith("error: filter tags: 'customer' is not KEY=VALUE")
+    browser.filters.tags_filter.value = "customer=globex"
+    await browser.settle()
+    assert browser.total == 2
+
+    # The bulk panel acts on the current filter: the preview first, then the plan.
+    browser.bulk.action.value = "cancel"
+    browser.bulk.preview_button.click()
+    await browser.settle()
+    plan = browser.bulk.plan
+    assert plan is not None and plan.planned == 2 and not browser.bulk.apply_button.disabled
+    assert "2 tasks match" in browser.bulk.preview_pane.value
+    assert "cancelled at once: 2 queued or waiting tasks" in browser.bulk.preview_pane.value
+    browser.bulk.apply_button.click()
+    await browser.settle()
+    assert browser.status == f"plan {plan.id} applied: 2 acted on"
+    assert {t.state for t in browser.tasks} == {"cancelled"}
+    assert await store.tasks.count(state="queued") == 7

@@ -496,7 +496,9 @@ def test_cancel_stops_a_sync_step_between_units_and_keeps_the_previous_output(
     definitions = _write(tmp_path, UNITS)
     (task_id,) = submit_tasks(dsn, UNITS, [{"n": 42}])
     units_key = f"{task_id}:units#1/units"
-    worker = _worker(dsn, definitions, "u1", "--until-idle")
+    # An 8 s lease: the cancel must find the lease held (a request, not a takeover's cancel)
+    # even when a loaded machine delays a heartbeat past the 2 s of the other tests.
+    worker = _worker(dsn, definitions, "u1", "--until-idle", "--lease", "8")
     try:
         wait_for(lambda: units_key in call_counts(dsn), timeout=15, what="the first unit")
         first_unit = time.monotonic()

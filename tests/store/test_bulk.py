@@ -124,6 +124,22 @@ async def test_a_signal_applied_again_after_a_crash_reaches_each_task_once(store
     assert {(await store.tasks.get(t)).state for t in ids} == {"succeeded"}
 
 
+async def test_a_signal_reaches_only_the_tasks_unchanged_since_the_plan(store: Store) -> None:
+    ids = await deploy_submit(store, HOLD, [{}] * 6)
+    await drain(store, HOLD)
+    plan = await store.bulk.plan_signal(TaskFilter(state="waiting"), "go", {"by": "plan"})
+    # A worker finishes two of them meanwhile (their own signal, then a claim and a write).
+    for task_id in ids[:2]:
+        await store.tasks.signal(task_id, "go", {"by": "hand"})
+    await drain(store, HOLD)
+    applied = await store.bulk.apply(plan.id)
+    assert (applied.applied, applied.moved) == (4, 2), applied
+    for task_id in ids[:2]:
+        assert await _signals(store, task_id) == [("go", {"by": "hand"})]
+    for task_id in ids[2:]:
+        assert await _signals(store, task_id) == [("go", {"by": "plan"})]
+
+
 async def test_a_signal_no_matched_definition_waits_for_keeps_no_plan(store: Store) -> None:
     await deploy_submit(store, HOLD, [{}])
     await deploy_submit(store, NO_WAIT, [{}])

@@ -67,7 +67,7 @@ class EffectContext:
         --tag carrier=dhl``). A call that is cancelled or whose lease is lost writes none.
 
         Raises:
-            InputError: ``key`` or ``value`` is not a tag (docs/operating.md, "Tags"), or
+            InputError: ``key`` or ``value`` is not a tag (docs/many-tasks.md, "Tags"), or
                 the task would have more than 32 tags.
         """
         check_tag(key, value, path="ctx.tag")

@@ -33,14 +33,18 @@ def _operator() -> str:
         return "operator"
 
 
-def _common(command: Callable[..., Any]) -> Callable[..., Any]:
+def _common(*leave_out: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """The options every bulk action takes: the filters, --yes and --operator."""
-    command = click.option(
-        "--operator", default=_operator, show_default="your user name",
-        help="Who acts: recorded with the plan and each task's event.")(command)  # fmt: skip
-    command = click.option(
-        "--yes", is_flag=True, help="Apply at once, without a separate preview.")(command)
-    return filter_options(command)
+
+    def options(command: Callable[..., Any]) -> Callable[..., Any]:
+        command = click.option(
+            "--operator", default=_operator, show_default="your user name",
+            help="Who acts: recorded with the plan and each task's event.")(command)  # fmt: skip
+        command = click.option(
+            "--yes", is_flag=True, help="Apply at once, without a separate preview.")(command)
+        return filter_options(command, leave_out=leave_out)
+
+    return options
 
 
 @click.group()
@@ -109,7 +113,7 @@ async def _apply(store: Store, plan_id: int, batch_size: int = BATCH_SIZE) -> No
 
 
 @bulk.command("cancel")
-@_common
+@_common()
 @click.option("--reason", default="cancelled in bulk", show_default=True)
 @click.pass_obj
 def bulk_cancel(
@@ -126,7 +130,7 @@ def bulk_cancel(
 
 @bulk.command("signal")
 @click.argument("name")
-@_common
+@_common()
 @click.option("--payload", help="Signal payload as JSON.")
 @click.option("--force", is_flag=True, help="Plan it even for definitions with no wait for NAME.")
 @click.pass_obj
@@ -154,7 +158,7 @@ def bulk_signal(
 
 @bulk.command("reconcile")
 @click.argument("step")
-@_common
+@_common("step", "error")
 @click.option("--completed", is_flag=True, help="The effects happened.")
 @click.option("--failed", is_flag=True, help="The effects did not happen.")
 @click.option("--retry", is_flag=True, help="Call the handlers again (the operator's risk).")

@@ -41,15 +41,26 @@ _OPTIONS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
 )  # fmt: skip
 
 
-def filter_options(command: F) -> F:
+def filter_options(command: F, *, leave_out: tuple[str, ...] = ()) -> F:
     """Add the filter options to a click command.
 
     The command receives them as keyword arguments: :func:`filter_fields` takes them out,
     :func:`task_filter` makes the filter.
+
+    Args:
+        command: the command.
+        leave_out: fields the command gives a meaning of its own (``bulk reconcile STEP``
+            names the step, its ``--error`` the outcome's error).
     """
     for flags, settings in reversed(_OPTIONS):
-        command = click.option(*flags, **settings)(command)
+        if _name(flags) not in leave_out:
+            command = click.option(*flags, **settings)(command)
     return command
+
+
+def _name(flags: tuple[str, ...]) -> str:
+    """The keyword argument an option's value is passed as."""
+    return flags[1] if len(flags) > 1 else flags[0][2:].replace("-", "_")
 
 
 def tag_options(texts: Sequence[str], option: str = "--tag") -> dict[str, str]:
@@ -110,5 +121,5 @@ def task_filter(
 
 def filter_fields(options: dict[str, Any]) -> dict[str, Any]:
     """Pop the filter options out of a command's keyword arguments (for :func:`task_filter`)."""
-    names = [f[1] if len(f) > 1 else f[0][2:].replace("-", "_") for f, _ in _OPTIONS]
-    return {name: options.pop(name) for name in names}
+    names = [_name(flags) for flags, _ in _OPTIONS]
+    return {name: options.pop(name) for name in names if name in options}

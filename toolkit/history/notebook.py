@@ -24,21 +24,18 @@ from toolkit.counts import counted
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, DefinitionError, ToolkitError, UnknownDefinition
 from toolkit.history.analytics import History, render_table
+from toolkit.history.bulk_panel import BulkPanel
+from toolkit.history.filter_bar import FilterBar
 from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
 from toolkit.history.task_detail import TaskDetail as TaskDetail
 from toolkit.history.task_list import TaskList
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
-from toolkit.store.filters import TaskFilter
 from toolkit.store.tasks import TaskRecord
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-STATES = ("queued", "leased", "waiting", "succeeded", "failed", "cancelled")
-"""Task states, in the order the browser offers them."""
-
-_ANY = "(any)"
 
 
 # --- the task browser -------------------------------------------------------------------------
@@ -47,7 +44,10 @@ _ANY = "(any)"
 class TaskBrowser:
     """An ipywidgets view of the tasks of a store: filter, open one, act on it.
 
-    Filter by state, tenant, definition and version; open a task to see its timeline of
+    Filter by state, tenant, definition, version, tags, error and submit time (the fields
+    of a :class:`~toolkit.store.filters.TaskFilter`), page through any number of tasks
+    (``limit`` a page), preview and apply a bulk cancel or signal on the filter (``bulk``,
+    the plans of ``toolkit bulk``); open a task to see its timeline of
     events, checkpoint, effect evidence, waits, signals and reconciliation status, and its
     path through its definition's graph (an SVG, each step coloured by what happened to
     it); send it a signal, cancel it or reconcile it with the buttons, which call the same
@@ -67,6 +67,9 @@ class TaskBrowser:
     Attributes:
         store: the store browsed.
         tasks: the tasks the list shows (newest first), after the last refresh.
+        total: how many tasks the filter matches, after the last refresh.
+        filters: the filter widgets (:class:`~toolkit.history.filter_bar.FilterBar`).
+        bulk: the bulk actions (:class:`~toolkit.history.bulk_panel.BulkPanel`).
         detail: the open task, or None.
         widget: the root widget.
         status: the status line's last text.
@@ -77,8 +80,8 @@ class TaskBrowser:
 
         Args:
             store: an open store.
-            limit: most tasks listed.
-            operator: the name recorded with reconciliations.
+            limit: tasks on a page.
+            operator: the name recorded with reconciliations and bulk plans.
         """
         self.store = store
         self.limit = limit
@@ -90,23 +93,13 @@ class TaskBrowser:
         self._pending: set[asyncio.Task[Any]] = set()
         self._updating = False
 
-        layout = widgets.Layout(width="180px")
-        self.state_filter = widgets.Dropdown(
-            options=[_ANY, *STATES], value=_ANY, description="state", layout=layout
-        )
-        self.tenant_filter = widgets.Dropdown(
-            options=[_ANY], value=_ANY, description="tenant", layout=layout
-        )
-        self.definition_filter = widgets.Dropdown(
-            options=[_ANY],
-            value=_ANY,
-            description="definition",
-            layout=widgets.Layout(width="260px"),
-        )
-        self.version_filter = widgets.Dropdown(
-            options=[_ANY], value=_ANY, description="version", layout=layout
-        )
+        self.filters = FilterBar(changed=lambda: self._schedule(self.refresh()))
+        #: The ``before`` id of each page shown so far (None: the newest); the last is shown.
+        self._pages: list[int | None] = [None]
+        self.total = 0
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
+        self.newer_button = widgets.Button(description="Newer", icon="arrow-left", disabled=True)
+        self.older_button = widgets.Button(description="Older", icon="arrow-right", disabled=True)
         self.task_list = TaskList(rows=12, layout=widgets.Layout(width="100%"))
         self.detail_pane = widgets.HTML()
         self.signal_name = widgets.Text(description="signal", placeholder="name")
@@ -125,14 +118,15 @@ class TaskBrowser:
         self.reconcile_button = widgets.Button(description="Reconcile", icon="check")
         self.status_line = widgets.HTML()
 
-        for control in (
-            self.state_filter,
-            self.tenant_filter,
-            self.definition_filter,
-            self.version_filter,
-        ):
-            control.observe(self._on_filter, names="value")
+        self.bulk = BulkPanel(
+            store, lambda: self.filters.where, operator, self._reload, self._say
+        )
         self.refresh_button.on_click(lambda _: self._schedule(self.refresh()))
+        self.newer_button.on_click(lambda _: self._schedule(self.previous_page()))
+        self.older_button.on_click(lambda _: self._schedule(self.next_page()))
+        bulk = self.bulk
+        bulk.preview_button.on_click(lambda _: self._schedule(bulk.preview_from_widgets()))
+        bulk.apply_button.on_click(lambda _: self._schedule(bulk.apply()))
         self.task_list.observe(self._on_select, names="value")
         self.signal_button.on_click(lambda _: self._schedule(self._signal_from_widgets()))
         self.cancel_button.on_click(lambda _: self._schedule(self._cancel_from_widgets()))
@@ -148,15 +142,12 @@ class TaskBrowser:
         )
         self.widget = widgets.VBox(
             [
-                widgets.HBox(
-                    [
-                        self.state_filter, self.tenant_filter, self.definition_filter,
-                        self.version_filter, self.refresh_button,
-                    ]
-                ),
+                self.filters.widget,
+                widgets.HBox([self.refresh_button, self.newer_button, self.older_button]),
                 self.task_list,
                 self.detail_pane,
                 actions,
+                widgets.Accordion([self.bulk.widget], titles=("Bulk actions on the filter",)),
                 self.status_line,
             ]
         )  # fmt: skip
@@ -200,77 +191,57 @@ class TaskBrowser:
 
     # --- filters and the list -------------------------------------------------------------
 
-    def _on_filter(self, change: dict[str, Any]) -> None:
-        if not self._updating:
-            self._schedule(self.refresh())
-
     def _on_select(self, change: dict[str, Any]) -> None:
         if not self._updating and change["new"] is not None:
             self._schedule(self.open(int(change["new"])))
 
-    def set_filters(
-        self,
-        *,
-        state: str | None = None,
-        tenant: str | None = None,
-        definition: str | None = None,
-        version: int | None = None,
-    ) -> None:
-        """Set the filter widgets (None: any) without refreshing; then ``await refresh()``.
+    def set_filters(self, **fields: Any) -> None:
+        """Set the filter (None: any) without refreshing; then ``await refresh()``.
+
+        Args:
+            fields: :class:`~toolkit.store.filters.TaskFilter` fields: ``state``, ``tenant``,
+                ``definition`` (a name) and ``version`` (the dropdowns), ``tags``, ``error``
+                and ``created_since`` (the text fields), or any other (``step`` ...).
 
         Raises:
-            ValueError: a value the dropdown does not offer (refresh first to load the
-                tenants, definitions and versions).
+            ValueError: a value a dropdown does not offer (refresh first to load the
+                tenants, definitions and versions), or no such field.
         """
-        self._updating = True
-        try:
-            self.state_filter.value = state or _ANY
-            self.tenant_filter.value = tenant or _ANY
-            self.definition_filter.value = definition or _ANY
-            self.version_filter.value = _ANY if version is None else str(version)
-        except Exception as exc:  # traitlets raises TraitError for a value not offered
-            raise ValueError(f"no such filter value: {exc}") from None
-        finally:
-            self._updating = False
-
-    def _filter_value(self, control: widgets.Dropdown) -> str | None:
-        value = control.value
-        return None if value in (_ANY, None) else str(value)
+        self.filters.set(**fields)
 
     async def refresh(self) -> list[TaskRecord]:
-        """Reload the filter choices and the task list from the store.
+        """Reload the filter choices and the newest page of tasks the filter matches.
 
         Returns:
-            The tasks listed (newest first, at most ``limit``), matching every filter.
+            The tasks listed (newest first, at most ``limit``).
+
+        Raises:
+            ConfigError: a filter text field does not parse.
         """
-        state = self._filter_value(self.state_filter)
-        tenant = self._filter_value(self.tenant_filter)
-        name = self._filter_value(self.definition_filter)
-        version = self._filter_value(self.version_filter)
+        self._pages = [None]
+        return await self._reload()
+
+    async def next_page(self) -> list[TaskRecord]:
+        """Show the next (older) page of the tasks the filter matches."""
+        if self.tasks:
+            self._pages.append(self.tasks[-1].id)
+        return await self._reload()
+
+    async def previous_page(self) -> list[TaskRecord]:
+        """Show the previous (newer) page."""
+        if len(self._pages) > 1:
+            self._pages.pop()
+        return await self._reload()
+
+    async def _reload(self) -> list[TaskRecord]:
+        """Read the page shown (``_pages[-1]``) again, and the filter's choices."""
+        where = self.filters.where
         everything = await self.store.tasks.list(limit=self.limit * 10)
-        where = TaskFilter(
-            state=state,
-            tenant=tenant,
-            definition=None if name is None else name + ("" if version is None else f"@{version}"),
-        )
-        records = await self.store.tasks.list(where, limit=self.limit)
-        total = await self.store.tasks.count(where)
-        self.tasks = records[: self.limit]
+        self.tasks = await self.store.tasks.list(where, before=self._pages[-1], limit=self.limit)
+        self.total = await self.store.tasks.count(where)
         self._updating = True
         try:
-            tenants = sorted({r.tenant for r in everything} | ({tenant} if tenant else set()))
-            names = sorted({r.definition_name for r in everything} | ({name} if name else set()))
-            versions = sorted(
-                {str(r.definition_version) for r in everything if name in (None, r.definition_name)}
-                | ({version} if version else set()),
-                key=int,
-            )
-            self.tenant_filter.options = [_ANY, *tenants]
-            self.tenant_filter.value = tenant or _ANY
-            self.definition_filter.options = [_ANY, *names]
-            self.definition_filter.value = name or _ANY
-            self.version_filter.options = [_ANY, *versions]
-            self.version_filter.value = version or _ANY
+            self.filters.offer(everything)
             self.task_list.options = [(self._label(r), r.id) for r in self.tasks]
             if self.detail is not None and self.detail.task.id in {r.id for r in self.tasks}:
                 self.task_list.value = self.detail.task.id
@@ -278,8 +249,16 @@ class TaskBrowser:
                 self.task_list.value = None
         finally:
             self._updating = False
-        shown = counted(len(self.tasks), "task")
-        self._say(shown if total == len(self.tasks) else f"{shown} (the newest) of {total:,}")
+        first = sum(1 for _ in self._pages[1:]) * self.limit
+        self.newer_button.disabled = first == 0
+        self.older_button.disabled = first + len(self.tasks) >= self.total
+        if first:
+            shown = f"tasks {first + 1:,} to {first + len(self.tasks):,} of {self.total:,}"
+        else:
+            shown = counted(len(self.tasks), "task")
+            if self.total > len(self.tasks):
+                shown += f" (the newest) of {self.total:,}"
+        self._say(shown)
         return self.tasks
 
     @staticmethod

@@ -1,6 +1,6 @@
 """Bulk actions by filter: a plan first, then an apply that touches only what it showed.
 
-A *plan* (DESIGN §7, docs/operating.md) records the tasks a :class:`TaskFilter` matched in a
+A *plan* (DESIGN §7, docs/many-tasks.md) records the tasks a :class:`TaskFilter` matched in a
 state the action applies to, each with the fencing token and state it had, the action and
 its arguments, and the operator. :meth:`Bulk.apply` acts on a task only if its token and
 state are still those (compare-and-set, in the statement that acts): a task a worker

@@ -1,4 +1,4 @@
-"""One filter over tasks, for reading and for acting (docs/operating.md).
+"""One filter over tasks, for reading and for acting (docs/many-tasks.md).
 
 :class:`TaskFilter` has the same fields as the CLI's filter options (``--state``,
 ``--wait-reason``, ``--tenant``, ``--definition NAME[@VERSION]``, ``--tag K=V``, ``--error``,

@@ -1,4 +1,4 @@
-"""Task tags: string key/value pairs an operator finds tasks by (docs/operating.md).
+"""Task tags: string key/value pairs an operator finds tasks by (docs/many-tasks.md).
 
 A task has at most :data:`MAX_TAGS` tags. A key is 1 to :data:`MAX_KEY` characters of
 letters, digits, ``_``, ``.``, ``-``, ``/`` and ``:``, starting with a letter or ``_``

@@ -1,4 +1,4 @@
--- Tags, bulk plans and awaited results (issue 16; docs/operating.md).
+-- Tags, bulk plans and awaited results (issue 16; docs/many-tasks.md).
 
 -- Tags: string key/value pairs on a task, set at submit, by the definition's `tags`, or by a
 -- handler with its step's fenced commit. A filter on tags is a containment (`tags @> {...}`)

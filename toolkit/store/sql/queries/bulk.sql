@@ -1,4 +1,4 @@
--- Bulk plans (docs/operating.md, "Bulk actions"): a plan records the tasks a filter matched
+-- Bulk plans (docs/many-tasks.md, "Bulk actions"): a plan records the tasks a filter matched
 -- with the fencing token and state each had; applying it acts on a task only if both are
 -- still the same, once per (plan, task).
 
