@@ -58,14 +58,14 @@ def test_tasks_filters_by_tag_pages_and_counts(dsn: str, hold: Path) -> None:
     _submit(dsn, "globex", "region=eu")
     code, out, _ = invoke("tasks", "--tag", "customer=acme", "--limit", "2", dsn=dsn)
     assert code == 0
-    assert f"2 of 5 matching tasks (--tag customer=acme); next page: --before {acme[3]}" in out
+    assert f"2 of 5 tasks matching --tag customer=acme; next page: --before {acme[3]}" in out
     code, out, _ = invoke(
         "tasks", "--tag", "customer=acme", "--limit", "2", "--before", str(acme[3]), dsn=dsn
     )
     assert [int(line.split()[0]) for line in out.splitlines()[1:-1]] == [acme[2], acme[1]]
     code, out, _ = invoke("tasks", "--tag", "customer=acme", "--all", "--limit", "2", dsn=dsn)
     assert [int(line.split()[0]) for line in out.splitlines()[1:-1]] == acme[::-1]
-    assert "all 5 matching tasks" in out
+    assert "\n5 tasks matching --tag customer=acme\n" in out
     assert invoke("tasks", "--count", "--tag", "region=eu", dsn=dsn)[1].strip() == "6"
     code, out, _ = invoke(
         "tasks", "--tag", "region=eu", "--tag", "customer=globex", "--json", dsn=dsn

@@ -167,7 +167,9 @@ async def _is_set(event: anyio.Event) -> bool:
 
 async def send_signal(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await conn.execute(
-        query("send_signal"), {"task_id": task_id, "name": "go", "payload": Jsonb(None)}
+        query("send_signal"),
+        {"task_id": task_id, "name": "go", "payload": Jsonb(None), "plan_id": None,
+         "operator": None},
     )
 
 

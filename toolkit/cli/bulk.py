@@ -18,7 +18,7 @@ import click
 from toolkit.cli.filters import filter_fields, filter_options, task_filter
 from toolkit.cli.options import json_option
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.errors import ConfigError
+from toolkit.cli.tasks import chosen_outcome, outcome_options
 from toolkit.store import Store
 from toolkit.store.bulk import BATCH_SIZE, Plan
 from toolkit.store.filters import TaskFilter
@@ -159,12 +159,7 @@ def bulk_signal(
 @bulk.command("reconcile")
 @click.argument("step")
 @_common("step", "error")
-@click.option("--completed", is_flag=True, help="The effects happened.")
-@click.option("--failed", is_flag=True, help="The effects did not happen.")
-@click.option("--retry", is_flag=True, help="Call the handlers again (the operator's risk).")
-@click.option("--result", help="With --completed: the effects' result as JSON.")
-@click.option("--error", help="With --failed: the error name retry and catch rules match.")
-@click.option("--message", help="With --failed: a description of the failure.")
+@outcome_options
 @click.pass_obj
 def bulk_reconcile(
     settings: Settings,
@@ -184,26 +179,11 @@ def bulk_reconcile(
 
     Only the tasks waiting for the reconciliation of an occurrence of STEP are planned.
     """
-    chosen = [name for name, on in (("completed", completed), ("failed", failed),
-                                    ("retry", retry)) if on]  # fmt: skip
-    if len(chosen) != 1:
-        raise ConfigError("give exactly one of --completed, --failed or --retry")
-    outcome = chosen[0]
-    if result is not None and outcome != "completed":
-        raise ConfigError("--result goes with --completed")
-    if (error is not None or message is not None) and outcome != "failed":
-        raise ConfigError("--error and --message go with --failed")
-    value = json_option(result, "--result")
+    outcome, value = chosen_outcome(completed, failed, retry, result, error, message)
     _preview_or_apply(
         settings,
         lambda store, where: store.bulk.plan_reconcile(
-            where,
-            step,
-            outcome,  # type: ignore[arg-type]
-            result=value,
-            error=error,
-            message=message,
-            operator=operator,
+            where, step, outcome, result=value, error=error, message=message, operator=operator
         ),
         yes,
         options,

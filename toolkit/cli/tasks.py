@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
-from typing import IO, Any, Literal
+from collections.abc import Callable, Sequence
+from typing import IO, Any, Literal, TypeVar
 
 import click
 
@@ -19,10 +19,13 @@ from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.errors import ConfigError
 from toolkit.store import Store
+from toolkit.store.filters import TaskFilter
 from toolkit.store.tasks import TaskRecord
 
 Outcome = Literal["completed", "failed", "retry"]
 """What ``reconcile`` records of an uncertain effect, as the store takes it."""
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.command()
@@ -176,8 +179,10 @@ def tasks(
             f"{r.definition_name + ' v' + str(r.definition_version):<28} {r.tenant:<12} "
             f"{r.attempts:>6}  {r.updated_at:%Y-%m-%d %H:%M:%S}"
         )
-    shown = f"{len(records):,} of {total:,}" if len(records) < total else f"all {total:,}"
-    line = f"{shown} matching tasks ({where.describe()})"
+    shown = f"{len(records):,} of {total:,}" if len(records) < total else f"{total:,}"
+    line = f"{shown} {'task' if total == 1 else 'tasks'}"
+    if where != TaskFilter():
+        line += f" matching {where.describe()}"
     if records and len(records) < total and not every and len(records) == limit:
         line += f"; next page: --before {records[-1].id}"
     click.echo(line)
@@ -242,15 +247,52 @@ def cancel(settings: Settings, task_id: int, reason: str) -> None:
     )
 
 
+def outcome_options(command: F) -> F:
+    """The options that say what happened of an uncertain effect (``reconcile``)."""
+    options = (
+        ("--completed", dict(is_flag=True, help="The effect happened.")),
+        ("--failed", dict(is_flag=True, help="The effect did not happen.")),
+        ("--retry", dict(is_flag=True, help="Call the handler again (the operator's risk).")),
+        ("--result", dict(help="With --completed: the effect's result as JSON.")),
+        ("--error", dict(help="With --failed: the error name retry and catch rules match.")),
+        ("--message", dict(help="With --failed: a description of the failure.")),
+    )
+    for flag, settings in reversed(options):
+        command = click.option(flag, **settings)(command)
+    return command
+
+
+def chosen_outcome(
+    completed: bool,
+    failed: bool,
+    retry: bool,
+    result: str | None,
+    error: str | None,
+    message: str | None,
+) -> tuple[Outcome, Any]:
+    """The outcome the options chose, and the ``--result`` value.
+
+    Raises:
+        ConfigError: not exactly one outcome, or an option that goes with another one.
+    """
+    flags: tuple[tuple[Outcome, bool], ...] = (
+        ("completed", completed), ("failed", failed), ("retry", retry),
+    )  # fmt: skip
+    chosen = [name for name, on in flags if on]
+    if len(chosen) != 1:
+        raise ConfigError("give exactly one of --completed, --failed or --retry")
+    outcome = chosen[0]
+    if result is not None and outcome != "completed":
+        raise ConfigError("--result goes with --completed")
+    if (error is not None or message is not None) and outcome != "failed":
+        raise ConfigError("--error and --message go with --failed")
+    return outcome, json_option(result, "--result")
+
+
 @click.command()
 @click.argument("task_id", type=int)
 @click.argument("step")
-@click.option("--completed", is_flag=True, help="The effect happened.")
-@click.option("--failed", is_flag=True, help="The effect did not happen.")
-@click.option("--retry", is_flag=True, help="Call the handler again (the operator's risk).")
-@click.option("--result", help="With --completed: the effect's result as JSON.")
-@click.option("--error", help="With --failed: the error name retry and catch rules match.")
-@click.option("--message", help="With --failed: a description of the failure.")
+@outcome_options
 @click.pass_obj
 def reconcile(
     settings: Settings,
@@ -264,18 +306,7 @@ def reconcile(
     message: str | None,
 ) -> None:
     """Record the real outcome of an uncertain effect of a task waiting for reconciliation."""
-    flags: tuple[tuple[Outcome, bool], ...] = (
-        ("completed", completed), ("failed", failed), ("retry", retry),
-    )  # fmt: skip
-    chosen = [name for name, on in flags if on]
-    if len(chosen) != 1:
-        raise ConfigError("give exactly one of --completed, --failed or --retry")
-    outcome = chosen[0]
-    if result is not None and outcome != "completed":
-        raise ConfigError("--result goes with --completed")
-    if (error is not None or message is not None) and outcome != "failed":
-        raise ConfigError("--error and --message go with --failed")
-    value = json_option(result, "--result")
+    outcome, value = chosen_outcome(completed, failed, retry, result, error, message)
     run_in_store(
         settings,
         lambda store: store.tasks.reconcile(

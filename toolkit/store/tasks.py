@@ -247,8 +247,10 @@ class Tasks(TaskReads):
         if schema is not None:
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
         row = await self._db.fetch_one(
-            "send_signal", {"task_id": task_id, "name": name, "payload": Jsonb(payload)}
-        )
+            "send_signal",
+            {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
+             "operator": None},
+        )  # fmt: skip
         if row is None or row["state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["signal_id"] is None:

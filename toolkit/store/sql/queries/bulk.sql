@@ -93,7 +93,7 @@ item AS (
     ORDER BY i.task_id
     FOR UPDATE
 ), target AS (
-    SELECT t.id, t.state, t.lease_expires_at, t.lease_token, t.checkpoint
+    SELECT t.id, t.state, t.wait_reason, t.lease_expires_at, t.lease_token, t.checkpoint
     FROM toolkit_tasks t
     JOIN item ON t.id = item.task_id
     WHERE t.lease_token = item.lease_token AND t.state = item.state
@@ -136,34 +136,15 @@ WITH
 
 -- name: bulk_signal
 -- Stores signal %(name)s for each unchanged task, with its payload (%(rows)s: task_id,
--- payload, the payload checked against the schema of its definition's wait step), and wakes
--- those waiting for it, as send_signal does for one.
+-- payload, checked against the schema of its definition's wait step), and wakes those
+-- waiting for it, as send_signal does for one (the same fragment).
 WITH
 -- include: bulk_items
 , r AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(task_id bigint, payload jsonb)
-), inserted AS (
-    INSERT INTO toolkit_signals (task_id, name, payload)
-    SELECT target.id, %(name)s, r.payload
-    FROM target JOIN r ON r.task_id = target.id
-    WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
-    RETURNING id, task_id
-), woken AS (
-    UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp(), updated_at = clock_timestamp()
-    FROM inserted i, target
-    WHERE t.id = i.task_id AND target.id = i.task_id
-      AND target.state = 'waiting'
-      AND t.wait_reason = 'signal'
-      AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
-           OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
-    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT task_id, 'signal_received', %(operator)s::text,
-           jsonb_build_object('name', %(name)s, 'signal_id', id, 'plan', %(plan_id)s::bigint)
-    FROM inserted
-), acted AS (
+),
+-- include: signal_targets
+, acted AS (
     SELECT task_id, jsonb_build_object('signal_id', id) AS detail FROM inserted
 ),
 -- include: bulk_marked

@@ -188,12 +188,27 @@ SELECT EXISTS (
 -- seen and woken. A wait committed after this statement finds it (the task was leased) is
 -- woken by the worker's own commit (wake_raced_waits).
 WITH target AS (
-    SELECT id, state, wait_reason, checkpoint -> 'wait' AS wait
+    SELECT id, state, wait_reason, checkpoint
     FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
-), inserted AS (
+), r AS (
+    SELECT %(task_id)s::bigint AS task_id, %(payload)s::jsonb AS payload
+),
+-- include: signal_targets
+SELECT (SELECT state FROM target) AS state,
+       (SELECT id FROM inserted) AS signal_id,
+       EXISTS (SELECT 1 FROM woken) AS woken;
+
+-- fragment: signal_targets
+-- Stores signal %(name)s for each live row of CTE target (id, state, wait_reason,
+-- checkpoint, locked), with its payload from CTE r (task_id, payload), and makes those
+-- already waiting for it due now (woken: their ids; idle workers are notified); a
+-- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
+-- and its operator (null for one task).
+inserted AS (
     INSERT INTO toolkit_signals (task_id, name, payload)
-    SELECT id, %(name)s, %(payload)s FROM target
-    WHERE state NOT IN ('succeeded', 'failed', 'cancelled')
+    SELECT target.id, %(name)s, r.payload
+    FROM target JOIN r ON r.task_id = target.id
+    WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
     RETURNING id, task_id
 ), woken AS (
     UPDATE toolkit_tasks t
@@ -202,17 +217,16 @@ WITH target AS (
     WHERE t.id = i.task_id AND target.id = i.task_id
       AND target.state = 'waiting'
       AND target.wait_reason = 'signal'
-      AND (target.wait ->> 'signal' = %(name)s
-           OR coalesce(target.wait -> 'signals' ? %(name)s, false))
-    RETURNING t.id
+      AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
+           OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
+    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT task_id, 'signal_received', jsonb_build_object('name', %(name)s, 'signal_id', id)
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
+    SELECT task_id, 'signal_received', %(operator)s::text,
+           jsonb_strip_nulls(jsonb_build_object('name', %(name)s, 'signal_id', id,
+                                                'plan', %(plan_id)s::bigint))
     FROM inserted
 )
-SELECT (SELECT state FROM target) AS state,
-       (SELECT id FROM inserted) AS signal_id,
-       EXISTS (SELECT 1 FROM woken) AND pg_notify('toolkit_wakeup', '') IS NULL AS woken;
 
 -- name: task_signals
 SELECT id, name, payload, sent_at, consumed_at, consumed_by, consumed_token
