@@ -206,3 +206,32 @@ def test_deploy_registers_nothing_when_one_file_conflicts(dsn: str, tmp_path: Pa
     assert code == 1 and "bump `version`" in err
     code, out, _ = invoke("definitions", "list", "--json", dsn=dsn)
     assert [entry["name"] for entry in json.loads(out)] == ["three-steps"]
+
+
+def test_run_logs_a_failing_handler_with_its_traceback(dsn: str, tmp_path: Path) -> None:
+    """Regression: `toolkit run` printed only its summary, `toolkit show` the error's name and
+    message; nothing said where the handler failed."""
+    import inspect
+
+    from tests.apps import counting
+
+    path = tmp_path / "failing.yaml"
+    path.write_text(
+        "name: failing\nversion: 1\nstart: a\n"
+        "steps:\n  a: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}\n"
+    )
+    invoke("deploy", str(path), dsn=dsn)
+    invoke("submit", "failing", dsn=dsn)
+    code, out, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0 and "failed 1" in out, err
+    lines = err.splitlines()
+    (logged,) = [n for n, line in enumerate(lines) if "action=effect_failed" in line]
+    assert "WARNING" in lines[logged] and "handler 'count.fail' failed: Broken" in lines[logged]
+    assert "task_id=1 step=a occurrence=a#1 attempt=1" in lines[logged], lines[logged]
+    assert lines[logged + 1] == "Traceback (most recent call last):"
+    source, first = inspect.getsourcelines(counting.fail)
+    raise_line = first + next(n for n, line in enumerate(source) if "raise" in line)
+    assert f'File "{counting.__file__}", line {raise_line}, in fail' in err, err
