@@ -235,3 +235,53 @@ def test_run_logs_a_failing_handler_with_its_traceback(dsn: str, tmp_path: Path)
     source, first = inspect.getsourcelines(counting.fail)
     raise_line = first + next(n for n, line in enumerate(source) if "raise" in line)
     assert f'File "{counting.__file__}", line {raise_line}, in fail' in err, err
+
+
+UNFIT = """
+name: unfit
+version: 1
+start: a
+steps:
+  a: {effect: count.work, idempotent: true, args: {nope: 1}, next: b}
+  b: {effect: count.missing, idempotent: true}
+"""
+
+
+def test_validate_and_deploy_with_app_refuse_what_run_refuses(dsn: str, tmp_path: Path) -> None:
+    """Regression: validate and deploy accepted handlers the worker refuses; only run said so."""
+    path = tmp_path / "unfit.yaml"
+    path.write_text(UNFIT)
+    code, out, _ = invoke("validate", str(path))
+    assert code == 0 and out.startswith("ok: "), "without --app, no handler is checked"
+    app = ["--app", "tests.apps.counting"]
+    code, _, refused = invoke("run", *app, "--definitions", str(path), "--until-idle", dsn=dsn)
+    assert code == 1
+    assert refused.splitlines() == [
+        f"error: {path}: $.steps.a.args: handler 'count.work' cannot take these arguments: it "
+        "has no parameter 'nope'",
+        f"error: {path}: $.steps.b.effect: no handler 'count.missing' is registered in app "
+        "'counting'",
+    ]
+    code, out, err = invoke("validate", str(path), *app)
+    assert (code, out, err) == (1, "", refused)
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert (code, out, err) == (1, "", refused)
+    assert invoke("definitions", "list", "--json", dsn=dsn)[1].strip() == "[]", "nothing deployed"
+    code, out, err = invoke("validate", "definitions", "--app", "toolkit.examples")
+    assert code == 0 and out.count("ok: ") == len(list(Path("definitions").glob("*.yaml"))), err
+
+
+def test_deploy_with_app_refuses_a_limit_declared_nowhere(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "limited.yaml"
+    path.write_text(
+        "name: limited\nversion: 1\nstart: a\n"
+        "steps:\n  a: {effect: count.work, idempotent: true, limits: [nowhere]}\n"
+    )
+    app = ["--app", "tests.apps.counting"]
+    code, _, refused = invoke("run", *app, "--definitions", str(path), "--until-idle", dsn=dsn)
+    assert code == 1 and "limit 'nowhere' is not declared" in refused, refused
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert (code, out, err) == (1, "", refused)
+    invoke("limits", "set", "nowhere", "--max-concurrency", "2", dsn=dsn)
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert code == 0 and out.startswith("registered: limited v1"), err
