@@ -285,3 +285,73 @@ def test_deploy_with_app_refuses_a_limit_declared_nowhere(dsn: str, tmp_path: Pa
     invoke("limits", "set", "nowhere", "--max-concurrency", "2", dsn=dsn)
     code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
     assert code == 0 and out.startswith("registered: limited v1"), err
+
+
+APPROVAL = """
+name: approval
+version: 1
+start: approve
+steps:
+  approve: {wait: {signal: approved}, next: done}
+  done: {succeed: {output: "${ steps.approve }"}}
+"""
+
+
+def test_show_says_a_sent_signal_was_received_and_the_task_waits_for_a_worker(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Regression: a waiting task whose signal was sent read `waits for: signal 'approved' at
+    approve#1, due NOW` until a worker came, as if the signal were lost."""
+    path = tmp_path / "approval.yaml"
+    path.write_text(APPROVAL)
+    invoke("deploy", str(path), dsn=dsn)
+    task_id = invoke("submit", "approval", dsn=dsn)[1].strip()
+    run = ("run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle")
+    assert invoke(*run, dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert "  waits for:  signal 'approved' at approve#1, due 9999-12-31" in out, out
+    assert "  evidence:   (none)\n  events:\n" in out, "not an empty header"
+    invoke("signal", task_id, "approved", "--payload", '{"by": "maria"}', dsn=dsn)
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert (
+        "  waits for:  signal 'approved' at approve#1 received; due now, waiting for a worker\n"
+        in out
+    ), out
+    assert invoke(*run, dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert "  state:      succeeded" in out and "waits for" not in out, out
+
+
+def test_signal_refusal_names_the_cli_option_not_the_python_argument(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Regression: the command's error said `force=True, or toolkit signal --force`."""
+    path = tmp_path / "approval.yaml"
+    path.write_text(APPROVAL)
+    invoke("deploy", str(path), dsn=dsn)
+    task_id = invoke("submit", "approval", dsn=dsn)[1].strip()
+    code, _, err = invoke("signal", task_id, "aproved", dsn=dsn)
+    assert code == 1
+    assert err == (
+        f"error: task {task_id}: no step of its definition waits for signal 'aproved' (it waits "
+        "for 'approved'); nothing was stored (--force stores it anyway)\n"
+    )
+    code, out, err = invoke("signal", task_id, "aproved", "--force", dsn=dsn)
+    assert code == 0 and out.startswith("signal "), err
+
+
+def test_validate_prints_each_files_faults_by_line(tmp_path: Path) -> None:
+    """Regression: the schema's best match came first, so line 2 was printed before line 1."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(
+        "name: Bad_Name\nversion: 0\nstart: a\nsteps:\n"
+        "  a: {effect: x.y, idempotent: maybe}\n"
+    )
+    second.write_text(THREE_STEPS.replace("version: 1", "version: 0").replace("input", "inptu"))
+    code, _, err = invoke("validate", str(first), str(second))
+    assert code == 1
+    located = [line.split(": ", 2)[1] for line in err.splitlines()]
+    files = [where.rsplit(":", 1)[0] for where in located]
+    assert files == sorted(files, key=[str(first), str(second)].index), err
+    lines = [int(where.rsplit(":", 1)[1]) for where in located]
+    assert lines[:3] == [1, 2, 5] and lines[3:] == sorted(lines[3:]), err

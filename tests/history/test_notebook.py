@@ -66,6 +66,9 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     signals = await store.tasks.signals(waiting[0])
     assert [(s["name"], s["payload"]) for s in signals] == [("go", {"by": "test"})]
     assert "sent to task" in browser.status
+    # Sent, not consumed yet: the task is due, waiting only for a worker (not for the signal).
+    detail = await browser.open(waiting[0])
+    assert detail.wait == "signal 'go' received; due now, waiting for a worker"
     await run_until_idle(store, DEFINITIONS)
     assert (await store.tasks.get(waiting[0])).state == "succeeded"
 

@@ -11,9 +11,31 @@ import click
 from toolkit.cli.apps import check_option, checked_app
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.definition import load_definitions
+from toolkit.definition import WorkflowDefinition, load_definitions
+from toolkit.errors import DefinitionError
 from toolkit.store import Store
 from toolkit.store.definitions import DeployOutcome
+
+
+def load_by_line(
+    paths: Sequence[Path], *, accept_new_only: bool = False
+) -> list[WorkflowDefinition]:
+    """:func:`~toolkit.definition.load_definitions`, its faults file by file in line order.
+
+    The library leads each file's faults with the schema's best match; a person reading
+    them in a terminal goes down the file, so the commands print them by line (a fault of
+    the whole file, without a line, first).
+
+    Raises:
+        DefinitionError: the faults, files in load order, each file's by line.
+    """
+    try:
+        return load_definitions(paths, accept_new_only=accept_new_only)
+    except DefinitionError as exc:
+        files = list(dict.fromkeys(fault.file for fault in exc.faults))
+        raise DefinitionError(
+            sorted(exc.faults, key=lambda fault: (files.index(fault.file), fault.line or 0))
+        ) from None
 
 
 @click.command()
@@ -21,7 +43,7 @@ from toolkit.store.definitions import DeployOutcome
 @check_option()
 def validate(paths: Sequence[Path], app_spec: str | None) -> None:
     """Validate workflow definitions (files or folders); list every fault."""
-    definitions = load_definitions(paths)
+    definitions = load_by_line(paths)
     checked_app(app_spec, definitions)
     for definition in definitions:
         click.echo(
@@ -36,7 +58,7 @@ def validate(paths: Sequence[Path], app_spec: str | None) -> None:
 @click.pass_obj
 def deploy(settings: Settings, paths: Sequence[Path], app_spec: str | None) -> None:
     """Register definition versions (a no-op for an unchanged version)."""
-    definitions = load_definitions(paths)
+    definitions = load_by_line(paths)
     app = checked_app(app_spec, definitions)
 
     async def register(store: Store) -> list[DeployOutcome]:

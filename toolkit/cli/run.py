@@ -11,8 +11,8 @@ import anyio
 import click
 
 from toolkit.cli.apps import load_app
+from toolkit.cli.definitions import load_by_line
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.definition import load_definitions
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.supervisor import (
@@ -138,7 +138,7 @@ def run(
     app = load_app(app_spec)
     # A version registered before a check was made stricter still runs; registering one
     # anew with such a fault is refused when the worker deploys its definitions.
-    definitions = load_definitions([definitions_path], accept_new_only=True)
+    definitions = load_by_line([definitions_path], accept_new_only=True)
 
     async def serve(store: Store) -> SupervisorReport:
         worker = Worker(store, app, definitions, worker_id=worker_id)
