@@ -299,7 +299,40 @@ class UnknownSignal(InputError):
 
     Sending it anyway (``force=True``, ``toolkit signal --force``) stores it for a later
     version of the task's definition to consume, e.g. after a redrive.
+
+    Attributes:
+        task_id: the task, None when not given.
+        name: the refused signal's name, None when not given.
+        waited: the signal names the task's definition waits for, sorted.
     """
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        task_id: int | None = None,
+        name: str | None = None,
+        waited: Iterable[str] = (),
+    ) -> None:
+        self.task_id = task_id
+        self.name = name
+        self.waited = tuple(sorted(waited))
+        if message is None and name is not None:
+            message = self.refusal("force=True")
+        super().__init__(message)
+
+    def refusal(self, force: str) -> str:
+        """The refusal in words, naming ``force`` as how to store the signal anyway.
+
+        Args:
+            force: the caller's way to force it: ``force=True`` in Python, ``--force`` on
+                the command line.
+        """
+        known = ", ".join(map(repr, self.waited)) or "none: no step waits for one"
+        return (
+            f"task {self.task_id}: no step of its definition waits for signal {self.name!r} "
+            f"(it waits for {known}); nothing was stored ({force} stores it anyway)"
+        )
 
 
 class TaskTerminal(ToolkitError):

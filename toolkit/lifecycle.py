@@ -11,6 +11,8 @@ SQL parameters, comparisons).
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class TaskState(enum.StrEnum):
@@ -54,6 +56,36 @@ def cursor_text(cursor: object, state: str) -> str:
     if cursor is not None:
         return str(cursor)
     return "(ended)" if state in TERMINAL_STATES else "(not started)"
+
+
+def received_signal(wait: Mapping[str, Any], signals: Iterable[Mapping[str, Any]]) -> str | None:
+    """The name of a signal the wait takes that was sent and not consumed yet, or None.
+
+    Such a task is due (a signal for a name it waits for makes it due at once) and only
+    waits for a worker to claim it.
+
+    Args:
+        wait: a waiting task's checkpoint ``wait`` (``signal``, or the ``signals`` of an
+            ``any`` wait).
+        signals: the task's signals (``store.tasks.signals``), each with ``name`` and
+            ``consumed_at``.
+    """
+    names = [wait["signal"]] if "signal" in wait else list(wait.get("signals") or ())
+    for signal in signals:
+        if signal["name"] in names and signal["consumed_at"] is None:
+            return str(signal["name"])
+    return None
+
+
+def received_text(name: str, occurrence: str | None = None) -> str:
+    """A wait whose signal ``name`` came, in words: due, waiting only for a worker.
+
+    Args:
+        name: the signal's name.
+        occurrence: the wait step's occurrence (``approve#1``), named when given.
+    """
+    at = f" at {occurrence}" if occurrence else ""
+    return f"signal {name!r}{at} received; due now, waiting for a worker"
 
 
 class WaitReason(enum.StrEnum):

@@ -5,17 +5,23 @@ as Python blocks, and the outputs stored in the notebook (executed and checked b
 ``pytest --nbval``): text as text blocks, Markdown (a definition's Mermaid graph) as
 Markdown, plots as images. Widgets are live only in Jupyter; the page says so. Nothing is
 executed at build time, so the build works offline.
+
+A docs page links a tutorial as its notebook (``../notebooks/NAME.ipynb``), which works
+where the Markdown is read in the repository; on the site that link goes to the tutorial's
+page instead.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from mkdocs.config.defaults import MkDocsConfig
 from mkdocs.structure.files import File, Files
+from mkdocs.structure.pages import Page
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -77,3 +83,10 @@ def on_files(files: Files, config: MkDocsConfig) -> Files:
             File.generated(config, f"tutorials/{path.stem}.md", content=notebook_markdown(path))
         )
     return files
+
+
+def on_page_markdown(markdown: str, page: Page, config: MkDocsConfig, files: Files) -> str:
+    """Point a page's links to a notebook (``../notebooks/NAME.ipynb``) at its tutorial page."""
+    up = "../" * page.file.src_uri.count("/")  # from the page's folder to the docs' root
+    notebook = re.escape(up + "../notebooks/") + r"([\w.-]+)\.ipynb"
+    return re.sub(rf"\]\({notebook}", lambda m: f"]({up}tutorials/{m[1]}.md", markdown)

@@ -206,3 +206,152 @@ def test_deploy_registers_nothing_when_one_file_conflicts(dsn: str, tmp_path: Pa
     assert code == 1 and "bump `version`" in err
     code, out, _ = invoke("definitions", "list", "--json", dsn=dsn)
     assert [entry["name"] for entry in json.loads(out)] == ["three-steps"]
+
+
+def test_run_logs_a_failing_handler_with_its_traceback(dsn: str, tmp_path: Path) -> None:
+    """Regression: `toolkit run` printed only its summary, `toolkit show` the error's name and
+    message; nothing said where the handler failed."""
+    import inspect
+
+    from tests.apps import counting
+
+    path = tmp_path / "failing.yaml"
+    path.write_text(
+        "name: failing\nversion: 1\nstart: a\n"
+        "steps:\n  a: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}\n"
+    )
+    invoke("deploy", str(path), dsn=dsn)
+    invoke("submit", "failing", dsn=dsn)
+    code, out, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0 and "failed 1" in out, err
+    lines = err.splitlines()
+    (logged,) = [n for n, line in enumerate(lines) if "action=effect_failed" in line]
+    assert "WARNING" in lines[logged] and "handler 'count.fail' failed: Broken" in lines[logged]
+    assert "task_id=1 step=a occurrence=a#1 attempt=1" in lines[logged], lines[logged]
+    assert lines[logged + 1] == "Traceback (most recent call last):"
+    source, first = inspect.getsourcelines(counting.fail)
+    raise_line = first + next(n for n, line in enumerate(source) if "raise" in line)
+    assert f'File "{counting.__file__}", line {raise_line}, in fail' in err, err
+
+
+UNFIT = """
+name: unfit
+version: 1
+start: a
+steps:
+  a: {effect: count.work, idempotent: true, args: {nope: 1}, next: b}
+  b: {effect: count.missing, idempotent: true}
+"""
+
+
+def test_validate_and_deploy_with_app_refuse_what_run_refuses(dsn: str, tmp_path: Path) -> None:
+    """Regression: validate and deploy accepted handlers the worker refuses; only run said so."""
+    path = tmp_path / "unfit.yaml"
+    path.write_text(UNFIT)
+    code, out, _ = invoke("validate", str(path))
+    assert code == 0 and out.startswith("ok: "), "without --app, no handler is checked"
+    app = ["--app", "tests.apps.counting"]
+    code, _, refused = invoke("run", *app, "--definitions", str(path), "--until-idle", dsn=dsn)
+    assert code == 1
+    assert refused.splitlines() == [
+        f"error: {path}: $.steps.a.args: handler 'count.work' cannot take these arguments: it "
+        "has no parameter 'nope'",
+        f"error: {path}: $.steps.b.effect: no handler 'count.missing' is registered in app "
+        "'counting'",
+    ]
+    code, out, err = invoke("validate", str(path), *app)
+    assert (code, out, err) == (1, "", refused)
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert (code, out, err) == (1, "", refused)
+    assert invoke("definitions", "list", "--json", dsn=dsn)[1].strip() == "[]", "nothing deployed"
+    code, out, err = invoke("validate", "definitions", "--app", "toolkit.examples")
+    assert code == 0 and out.count("ok: ") == len(list(Path("definitions").glob("*.yaml"))), err
+
+
+def test_deploy_with_app_refuses_a_limit_declared_nowhere(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "limited.yaml"
+    path.write_text(
+        "name: limited\nversion: 1\nstart: a\n"
+        "steps:\n  a: {effect: count.work, idempotent: true, limits: [nowhere]}\n"
+    )
+    app = ["--app", "tests.apps.counting"]
+    code, _, refused = invoke("run", *app, "--definitions", str(path), "--until-idle", dsn=dsn)
+    assert code == 1 and "limit 'nowhere' is not declared" in refused, refused
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert (code, out, err) == (1, "", refused)
+    invoke("limits", "set", "nowhere", "--max-concurrency", "2", dsn=dsn)
+    code, out, err = invoke("deploy", str(path), *app, dsn=dsn)
+    assert code == 0 and out.startswith("registered: limited v1"), err
+
+
+APPROVAL = """
+name: approval
+version: 1
+start: approve
+steps:
+  approve: {wait: {signal: approved}, next: done}
+  done: {succeed: {output: "${ steps.approve }"}}
+"""
+
+
+def test_show_says_a_sent_signal_was_received_and_the_task_waits_for_a_worker(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Regression: a waiting task whose signal was sent read `waits for: signal 'approved' at
+    approve#1, due NOW` until a worker came, as if the signal were lost."""
+    path = tmp_path / "approval.yaml"
+    path.write_text(APPROVAL)
+    invoke("deploy", str(path), dsn=dsn)
+    task_id = invoke("submit", "approval", dsn=dsn)[1].strip()
+    run = ("run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle")
+    assert invoke(*run, dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert "  waits for:  signal 'approved' at approve#1, due 9999-12-31" in out, out
+    assert "  evidence:   (none)\n  events:\n" in out, "not an empty header"
+    invoke("signal", task_id, "approved", "--payload", '{"by": "maria"}', dsn=dsn)
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert (
+        "  waits for:  signal 'approved' at approve#1 received; due now, waiting for a worker\n"
+        in out
+    ), out
+    assert invoke(*run, dsn=dsn)[0] == 0
+    out = invoke("show", task_id, dsn=dsn)[1]
+    assert "  state:      succeeded" in out and "waits for" not in out, out
+
+
+def test_signal_refusal_names_the_cli_option_not_the_python_argument(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Regression: the command's error said `force=True, or toolkit signal --force`."""
+    path = tmp_path / "approval.yaml"
+    path.write_text(APPROVAL)
+    invoke("deploy", str(path), dsn=dsn)
+    task_id = invoke("submit", "approval", dsn=dsn)[1].strip()
+    code, _, err = invoke("signal", task_id, "aproved", dsn=dsn)
+    assert code == 1
+    assert err == (
+        f"error: task {task_id}: no step of its definition waits for signal 'aproved' (it waits "
+        "for 'approved'); nothing was stored (--force stores it anyway)\n"
+    )
+    code, out, err = invoke("signal", task_id, "aproved", "--force", dsn=dsn)
+    assert code == 0 and out.startswith("signal "), err
+
+
+def test_validate_prints_each_files_faults_by_line(tmp_path: Path) -> None:
+    """Regression: the schema's best match came first, so line 2 was printed before line 1."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(
+        "name: Bad_Name\nversion: 0\nstart: a\nsteps:\n"
+        "  a: {effect: x.y, idempotent: maybe}\n"
+    )
+    second.write_text(THREE_STEPS.replace("version: 1", "version: 0").replace("input", "inptu"))
+    code, _, err = invoke("validate", str(first), str(second))
+    assert code == 1
+    located = [line.split(": ", 2)[1] for line in err.splitlines()]
+    files = [where.rsplit(":", 1)[0] for where in located]
+    assert files == sorted(files, key=[str(first), str(second)].index), err
+    lines = [int(where.rsplit(":", 1)[1]) for where in located]
+    assert lines[:3] == [1, 2, 5] and lines[3:] == sorted(lines[3:]), err

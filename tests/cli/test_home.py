@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from toolkit.cli import cli
-from toolkit.cli.session import Settings
+from toolkit.cli.session import Settings, choose_home
 from toolkit.store.embedded import find_home, stop_embedded
 
 
@@ -76,3 +76,56 @@ def test_a_new_embedded_server_is_announced_with_its_folder(
         stop_embedded(home)
     assert f"creating a new embedded PostgreSQL in {home.resolve()}" in first, first
     assert second == ""
+
+
+def test_the_new_server_note_says_how_its_folder_was_chosen(tmp_path: Path) -> None:
+    """Regression: it said `none in this folder or its parents` whatever the case: for an
+    empty `.toolkit` (`mkdir`, `toolkit init`), with a server further up, and for --home."""
+    parent = make_home(tmp_path)
+    project = tmp_path / "project"
+    (project / ".toolkit").mkdir(parents=True)
+    home, origin = choose_home(None, project)
+    assert (home, origin) == ((project / ".toolkit").resolve(), "found")
+    note = Settings(dsn=None, home=home, home_origin=origin).new_server_note()
+    assert note == (
+        f"note: creating a new embedded PostgreSQL in {home} (the nearest .toolkit folder has "
+        f"no server yet, so the server in {parent.resolve()} further up is not used; --home or "
+        "TOOLKIT_HOME names another); the first start takes a few seconds"
+    )
+    alone = Settings(dsn=None, home=tmp_path / "x" / ".toolkit", home_origin="default")
+    assert "(no .toolkit folder in this folder or its parents; --home" in str(
+        alone.new_server_note()
+    )
+    given = tmp_path / "given"
+    for origin in ("--home", "TOOLKIT_HOME"):
+        note = Settings(dsn=None, home=given, home_origin=origin).new_server_note()
+        assert f"in {given.resolve()} ({origin} names this folder, which has no server yet);" in (
+            str(note)
+        )
+    assert Settings(dsn=None, home=parent).new_server_note() is None, "it exists: no note"
+    assert Settings(dsn="postgresql://x", home=given).new_server_note() is None
+
+
+def test_the_home_is_given_or_the_nearest_found(tmp_path: Path) -> None:
+    parent = make_home(tmp_path)
+    deep = tmp_path / "a" / "b"
+    deep.mkdir(parents=True)
+    assert choose_home(None, deep) == (parent.resolve(), "found")
+    given = tmp_path / "given"
+    assert choose_home(given, deep) == (given, "--home")
+    assert choose_home(given, deep, from_environment=True) == (given, "TOOLKIT_HOME")
+
+
+def test_toolkit_home_from_the_environment_is_named_in_the_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group tells TOOLKIT_HOME from --home (a real server is created)."""
+    home = tmp_path / "env-home"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TOOLKIT_DSN", raising=False)
+    try:
+        result = CliRunner().invoke(cli, ["tasks"], env={"TOOLKIT_HOME": str(home)})
+    finally:
+        stop_embedded(home)
+    assert result.exit_code == 0, result.output
+    assert f"in {home.resolve()} (TOOLKIT_HOME names this folder, which has" in result.stderr

@@ -163,7 +163,8 @@ steps:
     faults = faults_of(text.replace("next: b}, b: {succeed", "next: c}, b: {succeed"))
     assert (faults[0].path, faults[0].message) == (
         "$.steps.a.parallel.branches.left.steps.a.next",
-        "next step 'c' does not exist in branch 'left' (no step goes to 'b' yet)",
+        "next step 'c' does not exist in branch 'left'; did you mean 'b', which no step goes to "
+        "yet?",
     )
     faults = faults_of(text.replace("    next: b\n  b: {succeed: {}}\n", "    next: b\n"))
     assert [f.path for f in faults] == ["$.steps.a.next"]
@@ -377,6 +378,22 @@ def test_a_misspelt_target_is_one_fault_not_a_cascade(head: str, step_a: str, pa
     assert "did you mean" in fault.message, fault
     unreachable = {f.path for f in faults if "unreachable" in f.message}
     assert not unreachable & {"$.steps.ship", "$.steps.done"}, faults
+
+
+def test_a_target_like_no_step_suggests_the_steps_nothing_goes_to() -> None:
+    """Regression (tutorial 1): the hint read `(no step goes to 'done' yet)`, unlike the
+    other hints; it asks, as they do."""
+    text = (
+        "name: x\nversion: 1\nstart: a\nsteps:\n"
+        "  a: {effect: h, idempotent: true, next: finish}\n"
+        "  done: {succeed: {}}\n"
+    )
+    (fault,) = faults_of(text)
+    assert fault.message == (
+        "next step 'finish' does not exist; did you mean 'done', which no step goes to yet?"
+    )
+    (fault,) = faults_of(text + "  other: {succeed: {}}\n")
+    assert fault.message.endswith("did you mean one of 'done', 'other', which no step goes to yet?")
 
 
 def test_expressions_that_read_nothing_are_reported() -> None:

@@ -4,6 +4,8 @@ handlers and the spend of a task's budget (callbacks: ``test_callbacks.py``)."""
 
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any
 
 import anyio
@@ -23,7 +25,7 @@ from tests.helpers.inprocess import (
 )
 from tests.helpers.processes import eventually
 from tests.helpers.workflows import FIVE_SLOW_STEPS, THREE_STEPS, UNCERTAIN, definition
-from toolkit.application import App
+from toolkit.application import App, EffectContext
 from toolkit.engine import Interpreter
 from toolkit.errors import NotReconcilable
 from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
@@ -283,6 +285,49 @@ async def test_faults_end_in_clear_states(store: Store) -> None:
     assert tasks["fail"].state == "failed"
     assert tasks["fail"].error == {"name": "Refused", "message": "refused fail", "step": "refuse"}
     assert tasks["none"].state == "failed" and tasks["none"].error["name"] == "NoChoiceMatched"
+
+
+RAISING = App("raising")
+
+
+@RAISING.effect("raise.sync")
+def raise_in_a_thread(ctx: EffectContext, order: str) -> None:
+    raise LookupError(f"no order {order}")  # the line a user must find
+
+
+async def test_a_failed_attempt_is_logged_with_the_handler_traceback(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: a handler's exception left only its name and message, in the store."""
+    text = """
+name: raising
+version: 1
+input: {type: object}
+start: a
+steps:
+  a:
+    effect: raise.sync
+    idempotent: true
+    args: {order: "${ input.order }"}
+    retry: {max_attempts: 2, initial: 10ms}
+"""
+    caplog.set_level(logging.WARNING, logger="toolkit")
+    (task_id,) = await deploy_submit(store, text, [{"order": "A-1"}])
+    await drain(store, text, handlers=RAISING)
+    failed = [r for r in caplog.records if r.__dict__.get("action") == "effect_failed"]
+    assert [(r.levelno, r.attempt) for r in failed] == [(logging.WARNING, 1), (logging.WARNING, 2)]
+    first = failed[0]
+    assert (first.task_id, first.step, first.occurrence) == (task_id, "a", "a#1")
+    assert "handler 'raise.sync' failed: LookupError: no order A-1" in first.getMessage()
+    assert first.exc_info is not None
+    where = traceback.extract_tb(first.exc_info[2])[-1]  # raised in the handler's thread
+    assert (where.filename, where.name) == (__file__, "raise_in_a_thread")
+    assert where.line == 'raise LookupError(f"no order {order}")  # the line a user must find'
+    # The stored error is as before: the name and message only.
+    evidence = await store.tasks.evidence(task_id)
+    assert [e["error"] for e in evidence] == [
+        {"name": "LookupError", "message": "no order A-1"}
+    ] * 2
 
 
 # --- reconciliation ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from tests.helpers.history import deploy, run_until_idle, submit_and_run
 from tests.helpers.workflows import DEFINITIONS, FLOW, WAITER
@@ -67,6 +68,9 @@ async def test_the_browser_filters_opens_and_acts(store: Store) -> None:
     signals = await store.tasks.signals(waiting[0])
     assert [(s["name"], s["payload"]) for s in signals] == [("go", {"by": "test"})]
     assert "sent to task" in browser.status
+    # Sent, not consumed yet: the task is due, waiting only for a worker (not for the signal).
+    detail = await browser.open(waiting[0])
+    assert detail.wait == "signal 'go' received; due now, waiting for a worker"
     await run_until_idle(store, DEFINITIONS)
     assert (await store.tasks.get(waiting[0])).state == "succeeded"
 
@@ -152,6 +156,19 @@ async def test_the_dashboard_plots_an_export(store: Store, tmp_path: Path) -> No
         "failed tasks",
     ]
     assert figure.axes[0].lines and figure.axes[2].lines
+    # Regression (tutorial 5): the title was the export's folder (a temporary one there), the
+    # legend covered the first bar, and the failed-task counts had ticks at 0.5.
+    assert figure.get_suptitle() == "task history"
+    FigureCanvasAgg(figure).draw()
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        assert legend is not None
+        assert legend.get_window_extent().x0 >= ax.get_window_extent().x1, "beside the panel"
+    for ax in figure.axes[1:]:
+        assert all(float(tick).is_integer() for tick in ax.get_yticks()), ax.get_yticks()
+    with history.open(tmp_path) as h:
+        titled = plot_history(h, "10s", title="two waves")
+    assert titled.get_suptitle() == "two waves"
 
 
 @pytest.mark.anyio

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
+from tests.helpers.inprocess import invoke
 from toolkit.examples import orders
 from toolkit.ops.demo import DemoSummary, order_inputs, run_demo
 from toolkit.store import Store
@@ -88,3 +89,13 @@ async def test_demo_runs_every_task_to_success(store: Store, tmp_path: Path) -> 
     assert again.effects_run == summary.effects_run
     assert len(list((tmp_path / "reports").iterdir())) == 72
     assert await store.tasks.counts_by_state() == {"succeeded": 744}
+
+
+def test_the_demo_command_shows_its_story_without_tracebacks(dsn: str, tmp_path: Path) -> None:
+    """The busy carrier's failed attempts are planned and counted in the summary: the worker's
+    warnings for them (each with a traceback) must not make the demo look broken."""
+    code, out, err = invoke(dsn, "--home", str(tmp_path), "demo", "--definitions", str(DEFINITIONS))
+    assert code == 0, err
+    assert "retries      " in out and "a busy carrier" in out, out
+    assert "Traceback" not in err and "effect_failed" not in err, err
+    assert all(line.startswith("demo: ") for line in err.splitlines()), err

@@ -1,9 +1,12 @@
-"""The example application's pure logic and the shipped demo data, without a database."""
+"""The example application's pure logic and the shipped demo data, without a database; and
+the README's commands that run each example once, against the test database."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
+import shutil
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
@@ -11,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.inprocess import invoke
 from toolkit.application import EffectContext
 from toolkit.definition import load_definitions
 from toolkit.examples import app, ingest, orders
@@ -305,3 +309,52 @@ def test_no_shipped_order_takes_a_failing_branch() -> None:
     for order in order_inputs(DATA / "orders.jsonl"):
         total = orders.price_order(order["items"]).total
         assert orders.review_order(total, order["items"])["approved"], order["order_id"]
+
+
+# --- the README's commands ----------------------------------------------------------------------
+
+
+def _readme_example_commands() -> list[list[str]]:
+    """The README's block that runs each example once, as ``toolkit`` arguments."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("toolkit deploy --app toolkit.examples definitions/")
+    block = text[start : text.index("```", start)]
+    return [shlex.split(line)[1:] for line in block.splitlines() if line.strip()]
+
+
+def test_the_readme_runs_a_valid_task_of_every_example(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: the README said `toolkit run --app toolkit.examples` runs the examples,
+    but nothing submitted tasks of them. Each submit line must pass its input schema, and the
+    worker must finish each task (the approval waits for its callback and a person)."""
+    shutil.copytree(DEFINITIONS, tmp_path / "definitions")  # the reports go under tmp_path
+    monkeypatch.chdir(tmp_path)
+    commands = _readme_example_commands()
+    submitted = [args[1] for args in commands if args[0] == "submit"]
+    assert sorted(submitted) == sorted(d.name for d in load_definitions([DEFINITIONS]))
+    ids = {}
+    for args in commands:
+        code, out, err = invoke(dsn, *args)
+        assert code == 0, (args, err)
+        if args[0] == "submit":
+            ids[args[1]] = int(out)
+
+    def shown(name: str) -> dict[str, Any]:
+        return dict(json.loads(invoke(dsn, "show", str(ids[name]), "--json")[1])["task"])
+
+    states = {name: (shown(name)["state"], shown(name)["wait_reason"]) for name in ids}
+    assert states.pop("approval-callback") == ("waiting", "callback")
+    assert set(states.values()) == {("succeeded", None)}, states
+    # The README's last steps: the callback's completion, the person's signal, a worker.
+    callbacks = shown("approval-callback")["checkpoint"]["callbacks"]
+    (token,) = [callback["token"] for callback in callbacks.values()]
+    task = str(ids["approval-callback"])
+    for args in (
+        ["complete", token, "--result", "{}"],
+        ["signal", task, "approved", "--payload", '{"by": "maria"}'],
+        ["run", "--app", "toolkit.examples", "--definitions", "definitions/", "--until-idle"],
+    ):
+        code, _, err = invoke(dsn, *args)
+        assert code == 0, (args, err)
+    assert shown("approval-callback")["state"] == "succeeded"

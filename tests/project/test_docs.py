@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from toolkit.cli import cli
 from toolkit.definition import schema_path
 from toolkit.lifecycle import EventKind, TaskState, WaitReason
+from toolkit.store.migrations import SchemaStatus, available_migrations
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -58,6 +59,15 @@ def test_cli_reference_help_blocks_match_the_real_help() -> None:
         result = CliRunner().invoke(cli, [*args, "--help"], prog_name="toolkit", terminal_width=80)
         stale = f"docs/cli.md is stale for: toolkit {' '.join(args)}"
         assert result.output.rstrip("\n") == block, stale
+
+
+def test_cli_reference_shows_the_schema_version_this_toolkit_needs() -> None:
+    """Regression: the outdated-schema example said `needs 1` long after migration 0002."""
+    page = (DOCS / "cli.md").read_text()
+    (shown,) = re.findall(r"error: the database schema is at version 0, this toolkit .*", page)
+    empty = SchemaStatus((), tuple(m.version for m in available_migrations()))
+    needed = f"this toolkit needs {empty.expected}: run `toolkit db migrate`"
+    assert shown.endswith(needed), f"docs/cli.md: {shown!r}; the toolkit says {needed!r}"
 
 
 def _section(page: str, heading: str) -> str:

@@ -288,10 +288,10 @@ SLOW_ONCE = App("slow-once")
 
 
 @SLOW_ONCE.effect("slow.first_attempt")
-async def slow_first_attempt(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
-    """Count the call; sleep ``seconds`` on the first attempt only."""
+async def slow_first_attempt(ctx: EffectContext, seconds: float | None = None) -> dict[str, Any]:
+    """Count the call; sleep ``seconds`` (None: not at all) on the first attempt only."""
     await record_call(ctx)
-    if ctx.attempt == 1:
+    if ctx.attempt == 1 and seconds is not None:  # `${ input.seconds }` of `{}` is None
         await anyio.sleep(seconds)
     return {"attempt": ctx.attempt}
 

@@ -8,16 +8,43 @@ from pathlib import Path
 
 import click
 
+from toolkit.cli.apps import check_option, checked_app
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.definition import load_definitions
+from toolkit.definition import WorkflowDefinition, load_definitions
+from toolkit.errors import DefinitionError
+from toolkit.store import Store
+from toolkit.store.definitions import DeployOutcome
+
+
+def load_by_line(
+    paths: Sequence[Path], *, accept_new_only: bool = False
+) -> list[WorkflowDefinition]:
+    """:func:`~toolkit.definition.load_definitions`, its faults file by file in line order.
+
+    The library leads each file's faults with the schema's best match; a person reading
+    them in a terminal goes down the file, so the commands print them by line (a fault of
+    the whole file, without a line, first).
+
+    Raises:
+        DefinitionError: the faults, files in load order, each file's by line.
+    """
+    try:
+        return load_definitions(paths, accept_new_only=accept_new_only)
+    except DefinitionError as exc:
+        files = list(dict.fromkeys(fault.file for fault in exc.faults))
+        raise DefinitionError(
+            sorted(exc.faults, key=lambda fault: (files.index(fault.file), fault.line or 0))
+        ) from None
 
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-def validate(paths: Sequence[Path]) -> None:
+@check_option()
+def validate(paths: Sequence[Path], app_spec: str | None) -> None:
     """Validate workflow definitions (files or folders); list every fault."""
-    definitions = load_definitions(paths)
+    definitions = load_by_line(paths)
+    checked_app(app_spec, definitions)
     for definition in definitions:
         click.echo(
             f"ok: {definition.source}: {definition.name} v{definition.version} "
@@ -27,11 +54,19 @@ def validate(paths: Sequence[Path]) -> None:
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@check_option(limits=True)
 @click.pass_obj
-def deploy(settings: Settings, paths: Sequence[Path]) -> None:
+def deploy(settings: Settings, paths: Sequence[Path], app_spec: str | None) -> None:
     """Register definition versions (a no-op for an unchanged version)."""
-    definitions = load_definitions(paths)
-    outcomes = run_in_store(settings, lambda store: store.definitions.deploy_all(definitions))
+    definitions = load_by_line(paths)
+    app = checked_app(app_spec, definitions)
+
+    async def register(store: Store) -> list[DeployOutcome]:
+        if app is not None:  # as a worker checks them, with the limits an operator set
+            app.check_limits(definitions, {limit.name for limit in await store.limits.list()})
+        return await store.definitions.deploy_all(definitions)
+
+    outcomes = run_in_store(settings, register)
     for definition, outcome in zip(definitions, outcomes, strict=True):
         click.echo(f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}")
 

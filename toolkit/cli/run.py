@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -11,9 +10,9 @@ from pathlib import Path
 import anyio
 import click
 
-from toolkit.application import App
+from toolkit.cli.apps import load_app
+from toolkit.cli.definitions import load_by_line
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.definition import load_definitions
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.supervisor import (
@@ -24,32 +23,6 @@ from toolkit.runtime.supervisor import (
 )
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
-
-
-def load_app(spec: str) -> App:
-    """Import ``MODULE[:ATTR]`` (default attribute ``app``) and return the :class:`App`.
-
-    Raises:
-        ConfigError: the module cannot be imported or the attribute is not an App.
-    """
-    module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app lives beside the user
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
-    name = attr or "app"
-    if not hasattr(module, name):
-        apps = sorted(key for key, value in vars(module).items() if isinstance(value, App))
-        hint = f" (it has {', '.join(apps)})" if apps else ""
-        raise ConfigError(f"--app {spec}: module {module_name!r} has no {name!r}{hint}")
-    app = getattr(module, name)
-    if not isinstance(app, App):
-        raise ConfigError(
-            f"--app {spec}: {module_name}.{name} is a {type(app).__name__}, not a toolkit.App"
-        )
-    return app
 
 
 @click.command()
@@ -165,7 +138,7 @@ def run(
     app = load_app(app_spec)
     # A version registered before a check was made stricter still runs; registering one
     # anew with such a fault is refused when the worker deploys its definitions.
-    definitions = load_definitions([definitions_path], accept_new_only=True)
+    definitions = load_by_line([definitions_path], accept_new_only=True)
 
     async def serve(store: Store) -> SupervisorReport:
         worker = Worker(store, app, definitions, worker_id=worker_id)

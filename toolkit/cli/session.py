@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import anyio
 import click
@@ -21,9 +21,31 @@ from psycopg.conninfo import conninfo_to_dict
 from toolkit.payload import DEFAULT_MAX_BYTES
 from toolkit.store import Store
 from toolkit.store.database import Database
-from toolkit.store.embedded import is_initialised, start_embedded
+from toolkit.store.embedded import HOME_NAME, find_home, is_initialised, start_embedded
 
 T = TypeVar("T")
+
+
+HomeOrigin = Literal["--home", "TOOLKIT_HOME", "found", "default"]
+"""How the embedded server's folder was chosen: named by the option or the environment
+variable, found as the nearest ``.toolkit`` (in the current folder or a parent), or the
+default ``./.toolkit`` when there was none."""
+
+
+def choose_home(
+    given: Path | None, cwd: Path, *, from_environment: bool = False
+) -> tuple[Path, HomeOrigin]:
+    """The embedded server's folder, and how it was chosen.
+
+    Args:
+        given: the ``--home`` / ``TOOLKIT_HOME`` value, None when neither was given.
+        cwd: the folder to look for the nearest ``.toolkit`` from.
+        from_environment: ``given`` came from ``TOOLKIT_HOME``, not from ``--home``.
+    """
+    if given is not None:
+        return given, "TOOLKIT_HOME" if from_environment else "--home"
+    found = find_home(cwd)
+    return (found, "found") if found is not None else (Path(HOME_NAME), "default")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,11 +56,13 @@ class Settings:
         dsn: the connection string, None for the embedded server.
         home: the embedded server's folder (``--home``, else the nearest ``.toolkit``).
         max_payload_bytes: the size limit of one stored JSON value (``--max-payload-bytes``).
+        home_origin: how ``home`` was chosen (what the note of a new server says).
     """
 
     dsn: str | None
     home: Path
     max_payload_bytes: int = DEFAULT_MAX_BYTES
+    home_origin: HomeOrigin = "--home"
 
     @property
     def embedded(self) -> bool:
@@ -53,14 +77,40 @@ class Settings:
         """
         if self.dsn is not None:
             return self.dsn
-        if not is_initialised(self.home):
-            click.echo(
-                f"note: creating a new embedded PostgreSQL in {self.home.resolve()} (none in "
-                "this folder or its parents; --home or TOOLKIT_HOME names another); "
-                "the first start takes a few seconds",
-                err=True,
-            )
+        note = self.new_server_note()
+        if note is not None:
+            click.echo(note, err=True)
         return start_embedded(self.home)
+
+    def new_server_note(self) -> str | None:
+        """What to say when the embedded server is created now; None when it exists.
+
+        The reason given is true to how ``home`` was chosen (``home_origin``).
+        """
+        if self.dsn is not None or is_initialised(self.home):
+            return None
+        return (
+            f"note: creating a new embedded PostgreSQL in {self.home.resolve()} "
+            f"({self._why_new()}); the first start takes a few seconds"
+        )
+
+    def _why_new(self) -> str:
+        """Why the server is new here, true to how ``home`` was chosen."""
+        if self.home_origin in ("--home", "TOOLKIT_HOME"):
+            return f"{self.home_origin} names this folder, which has no server yet"
+        other = "--home or TOOLKIT_HOME names another"
+        if self.home_origin == "default":
+            return f"no {HOME_NAME} folder in this folder or its parents; {other}"
+        above = next(
+            (
+                folder / HOME_NAME
+                for folder in self.home.resolve().parent.parents
+                if is_initialised(folder / HOME_NAME)
+            ),
+            None,
+        )
+        unused = "" if above is None else f", so the server in {above} further up is not used"
+        return f"the nearest {HOME_NAME} folder has no server yet{unused}; {other}"
 
     def describe(self) -> str:
         """Where the store is, for people: the embedded server's folder, or host/database.

@@ -10,7 +10,7 @@ import click
 
 from toolkit.cli.output import clip, echo_json
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.lifecycle import cursor_text
+from toolkit.lifecycle import cursor_text, received_signal, received_text
 from toolkit.store import Store
 
 
@@ -63,8 +63,12 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
     click.echo(f"  cursor:     {cursor_text(task['checkpoint'].get('cursor'), task['state'])}")
     wait = task["checkpoint"].get("wait")
     if task["state"] == "waiting" and wait:
-        due = f"at {wait['occurrence']}, due {task['run_at']}"
-        click.echo(f"  waits for:  {_wait_text(wait)} {due}")
+        received = received_signal(wait, data["signals"])
+        if received is not None:  # sent, not consumed yet: nothing lost, no worker yet
+            click.echo(f"  waits for:  {received_text(received, wait['occurrence'])}")
+        else:
+            due = f"at {wait['occurrence']}, due {task['run_at']}"
+            click.echo(f"  waits for:  {_wait_text(wait)} {due}")
     for line in _budget_lines(task["checkpoint"]):
         click.echo(line)
     for occurrence, callback in (task["checkpoint"].get("callbacks") or {}).items():
@@ -79,7 +83,8 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  result:     {json.dumps(task['result'], default=str)}")
     if task["error"] is not None:
         click.echo(f"  error:      {json.dumps(task['error'], default=str)}")
-    click.echo("  evidence:")
+    # Every task shows its evidence, none yet included (the notebook's detail says "(none)").
+    click.echo("  evidence:" if data["evidence"] else "  evidence:   (none)")
     for ev in data["evidence"]:
         outcome = ev["result"] if ev["record"] == "completed" else ev["error"]
         click.echo(

@@ -17,7 +17,7 @@ from toolkit.cli.options import duration_option, json_option, resource_amounts
 from toolkit.cli.output import echo_json
 from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.errors import ConfigError
+from toolkit.errors import ConfigError, UnknownSignal
 from toolkit.store import Store
 from toolkit.store.filters import TaskFilter
 from toolkit.store.tasks import TaskRecord
@@ -201,9 +201,14 @@ def send_signal(
 ) -> None:
     """Send signal NAME to task TASK_ID (kept until a wait consumes it)."""
     value = json_option(payload, "--payload")
-    signal_id = run_in_store(
-        settings, lambda store: store.tasks.signal(task_id, name, value, force=force)
-    )
+    try:
+        signal_id = run_in_store(
+            settings, lambda store: store.tasks.signal(task_id, name, value, force=force)
+        )
+    except UnknownSignal as refused:  # worded for the command line: --force, not force=True
+        raise UnknownSignal(
+            refused.refusal("--force"), task_id=task_id, name=name, waited=refused.waited
+        ) from None
     click.echo(f"signal {signal_id} sent to task {task_id}")
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from toolkit.definition.paths import JsonPath
-from toolkit.definition.wording import closest, suggest
+from toolkit.definition.wording import closest, suggest, unreached_hint
 from toolkit.definition.yaml_source import Problem
 
 _ENDS_WITHOUT_NEXT = ("effect", "wait", "parallel", "map", "workflow", "set")
@@ -145,7 +145,7 @@ def _graph_problems(
     # "does not exist" says it all, without a cascade of "unreachable" (issue 24, item 10).
     unreached = [step_id for step_id in steps if step_id not in reachable]
     if unreached and lost.keys() & reachable:
-        hint = f" (no step goes to {', '.join(map(repr, unreached))} yet)"
+        hint = unreached_hint(unreached)
         for index in (i for step_id in lost.keys() & reachable for i in lost[step_id]):
             problems[index] = replace(problems[index], message=problems[index].message + hint)
     elif not blind & reachable:

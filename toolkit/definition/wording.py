@@ -35,6 +35,16 @@ def suggest(word: str, choices: Iterator[str] | list[str]) -> str:
     return f"; did you mean {meant!r}?" if meant else ""
 
 
+def unreached_hint(unreached: list[str]) -> str:
+    """The hint of a target like no step's name: the steps nothing goes to, as a question.
+
+    ``"; did you mean 'done', which no step goes to yet?"``; with several, ``one of`` them.
+    """
+    names = ", ".join(map(repr, unreached))
+    which = names if len(unreached) == 1 else f"one of {names}"
+    return f"; did you mean {which}, which no step goes to yet?"
+
+
 def json_type(value: Any) -> str:
     """The JSON type name of a Python value."""
     if value is None:

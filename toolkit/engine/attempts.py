@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import logging
 import time
 from typing import Any, TypeVar
 
@@ -27,11 +28,15 @@ from toolkit.engine.failures import NEVER_RETRIED, Error, error_data
 from toolkit.engine.limits import take_limits
 from toolkit.engine.protocol import StepContext
 from toolkit.engine.threads import in_thread
-from toolkit.errors import ResultNotJson, ResultTooLarge
+from toolkit.errors import DatabaseUnavailable, ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind
 from toolkit.store.callbacks import new_token
 from toolkit.store.limits import LimitDeferral
 from toolkit.store.writes import Event, EvidenceRecord
+
+#: The worker's log of its tasks: the interpreter's logger, so that every per-task record of
+#: the engine comes from one name (docs/operations.md#logs).
+logger = logging.getLogger("toolkit.engine.interpreter")
 
 
 class AttemptKind(enum.StrEnum):
@@ -179,12 +184,14 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         # The call happened; its result cannot be recorded. Not an attempt to repeat: the
         # step fails for good (its catch applies).
         error = error_data(exc)
+        _log_failed(cycle, step, occurrence, number, error)
         frame.pending = None
         cp.callbacks.pop(occurrence, None)
         cycle.evidence.append(record("failed", error=error))
         return Attempt(AttemptKind.FAILED, occurrence, number, error=error, final=True)
     except TimedOut:
         error = {"name": "Timeout", "message": f"step {step.id!r} ran past {step.timeout:g} s"}
+        _log_failed(cycle, step, occurrence, number, error)
         if not step.idempotent:
             # The call may or may not have had its effect: uncertain, so reconcile.
             meter.settle()
@@ -194,6 +201,8 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         return Attempt(AttemptKind.FAILED, occurrence, number, error=error)
     except Exception as exc:  # a handler's error is data: it goes to the retry policy
         error = error_data(exc)
+        # The stored error is its name and message; the log has where it was raised.
+        _log_failed(cycle, step, occurrence, number, error, exc)
         frame.pending = None
         cp.callbacks.pop(occurrence, None)
         cycle.evidence.append(record("failed", error=error))
@@ -221,6 +230,34 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
     cycle.evidence.append(record("completed", result=result))
     compensable(cycle, step, occurrence, scope, result)
     return Attempt(AttemptKind.COMPLETED, occurrence, number, result=result)
+
+
+def _log_failed(
+    cycle: Cycle,
+    step: EffectStep,
+    occurrence: str,
+    number: int,
+    error: Error,
+    raised: BaseException | None = None,
+) -> None:
+    """Log a failed attempt at WARNING, with the traceback of what the handler ``raised``.
+
+    A handler that failed because the database is unreachable logs at INFO, without a
+    traceback: the outage itself is the supervisor's one warning (docs/operations.md#logs).
+    """
+    task = cycle.task
+    outage = isinstance(raised, DatabaseUnavailable)
+    logger.log(
+        logging.INFO if outage else logging.WARNING,
+        "task %s: step %r, attempt %s: handler %r failed: %s: %s",
+        task.id, step.id, number, step.handler, error["name"], error["message"],
+        exc_info=None if outage else raised,
+        extra={
+            "action": "effect_failed", "task_id": task.id, "step": step.id,
+            "occurrence": occurrence, "attempt": number, "handler": step.handler,
+            "error": error["name"],
+        },
+    )  # fmt: skip
 
 
 async def _after_callback(ctx: StepContext, step: EffectStep, occurrence: str) -> Attempt:

@@ -450,23 +450,29 @@ class TaskBrowser:
 # --- the history dashboard --------------------------------------------------------------------
 
 
-def plot_history(history: History, bucket: float | str = 60) -> Figure:
+def plot_history(
+    history: History, bucket: float | str = 60, *, title: str | None = None
+) -> Figure:
     """Plot queue delay, throughput and failures over time from an export.
 
     Args:
-        history: an open history (`toolkit.history.analytics.open`).
+        history: an open history (`toolkit.history.open`).
         bucket: time bucket, seconds or a duration string.
+        title: the figure's title; default ``task history``.
 
     Returns:
         A matplotlib figure with three panels sharing the time axis: queue delay p50 and
         p95 (seconds), tasks ended per bucket (succeeded, failed, cancelled), and failed
-        tasks per definition. Display it with ``display(fig)`` or as a cell's value.
+        tasks per definition; the counts on whole-number ticks, each panel's legend to its
+        right, clear of the data. Display it with ``display(fig)`` or as a cell's value.
 
     Raises:
         HistoryError: ``bucket`` is not a positive duration.
     """
+    from matplotlib.axes import Axes
     from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     def series(rows: Sequence[Sequence[Any]], key: int, value: int) -> dict[Any, float]:
         out: dict[Any, float] = {}
@@ -474,6 +480,9 @@ def plot_history(history: History, bucket: float | str = 60) -> Figure:
             if row[value] is not None:
                 out[row[key]] = out.get(row[key], 0.0) + float(row[value])
         return out
+
+    def legend(axes: Axes) -> None:  # beside the panel: inside it, it covers the first bars
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
     delay_rows = history.queue_delay_over_time(bucket).fetchall()
     ended = history.throughput(bucket).fetchall()
@@ -485,7 +494,7 @@ def plot_history(history: History, bucket: float | str = 60) -> Figure:
     axes[0].plot(list(p50), list(p50.values()), marker="o", label="p50")
     axes[0].plot(list(p95), list(p95.values()), marker="o", label="p95")
     axes[0].set_ylabel("queue delay (s)")
-    axes[0].legend(loc="upper left")
+    legend(axes[0])
     buckets = sorted({row[0] for row in ended})
     bottom = [0.0] * len(buckets)
     for column, label in ((5, "succeeded"), (6, "failed"), (7, "cancelled")):
@@ -494,21 +503,23 @@ def plot_history(history: History, bucket: float | str = 60) -> Figure:
         axes[1].bar(buckets, heights, width=width, bottom=bottom, label=label, align="edge")
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     axes[1].set_ylabel("tasks ended")
-    axes[1].legend(loc="upper left")
+    legend(axes[1])
     names = sorted({row[1] for row in ended})
     for name in names:
         points = series([row for row in ended if row[1] == name], 0, 6)
         axes[2].plot(list(points), list(points.values()), marker="x", label=name)
     axes[2].set_ylabel("failed tasks")
     axes[2].set_xlabel("time (UTC)")
+    for counts in axes[1:]:  # tasks are counted in whole numbers: no 0.5 ticks
+        counts.yaxis.set_major_locator(MaxNLocator(integer=True))
     # Ticks a few seconds apart repeated "%H:%M:%S" labels; the concise formatter shows
     # fractions of seconds when the ticks need them, and the date once, at the axis' end.
     locator = AutoDateLocator()  # type: ignore[no-untyped-call]
     axes[2].xaxis.set_major_locator(locator)
     axes[2].xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     if names:
-        axes[2].legend(loc="upper left")
-    figure.suptitle(f"history of {history.path.name}")
+        legend(axes[2])
+    figure.suptitle("task history" if title is None else title)
     return figure
 
 

@@ -19,7 +19,7 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.definition.svg import svg
 from toolkit.history.analytics import cell_text, render_table
 from toolkit.history.task_path import StepMark, task_path
-from toolkit.lifecycle import cursor_text
+from toolkit.lifecycle import cursor_text, received_signal, received_text
 from toolkit.store.tasks import TaskRecord
 
 
@@ -61,6 +61,9 @@ class TaskDetail:
         wait = self.task.checkpoint.get("wait") or {}
         if self.task.wait_reason == "reconciliation":
             return f"reconciliation of {self.task.checkpoint.get('pending')}"
+        received = received_signal(wait, self.signals)
+        if received is not None:
+            return received_text(received)
         if "signal" in wait:
             return f"signal {wait['signal']!r}"
         if "child" in wait:

@@ -37,13 +37,16 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """Readable lines: time, level, logger, message, then ``key=value`` extras."""
+    """Readable lines: time, level, logger, message, then ``key=value`` extras.
+
+    A traceback follows on the next lines, after the extras.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s")
 
-    def format(self, record: logging.LogRecord) -> str:
-        """Render ``record`` as one text line with its extras."""
-        line = super().format(record)
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The record's first line: the format's fields and its extras."""
+        line = super().formatMessage(record)
         extras = " ".join(f"{k}={v}" for k, v in _extras(record).items())
         return f"{line} [{extras}]" if extras else line

@@ -238,12 +238,7 @@ class Tasks(TaskReads):
         payload = self._checked(payload, f"payload of signal {name!r}")
         waited, schema = await self._signal_wait(task_id, name)
         if waited is not None and name not in waited and not force:
-            known = ", ".join(repr(n) for n in sorted(waited)) or "none: no step waits for one"
-            raise UnknownSignal(
-                f"task {task_id}: no step of its definition waits for signal {name!r} (it waits "
-                f"for {known}); nothing was stored (force=True, or toolkit signal --force, "
-                "stores it anyway)"
-            )
+            raise UnknownSignal(task_id=task_id, name=name, waited=waited)
         if schema is not None:
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
         row = await self._db.fetch_one(

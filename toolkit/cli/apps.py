@@ -1,0 +1,89 @@
+"""``--app MODULE[:ATTR]``: an application's handlers, imported and checked as a worker does.
+
+``toolkit run`` needs the app; ``validate`` and ``deploy`` take it optionally, to refuse a
+definition the worker would refuse (a handler missing, or one that cannot take its step's
+``args``) with the worker's own messages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from toolkit.application import App
+from toolkit.definition import WorkflowDefinition
+from toolkit.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def load_app(spec: str) -> App:
+    """Import ``MODULE[:ATTR]`` (default attribute ``app``) and return the :class:`App`.
+
+    Raises:
+        ConfigError: the module cannot be imported or the attribute is not an App.
+    """
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # as `python -m` would: the app lives beside the user
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
+    name = attr or "app"
+    if not hasattr(module, name):
+        apps = sorted(key for key, value in vars(module).items() if isinstance(value, App))
+        hint = f" (it has {', '.join(apps)})" if apps else ""
+        raise ConfigError(f"--app {spec}: module {module_name!r} has no {name!r}{hint}")
+    app = getattr(module, name)
+    if not isinstance(app, App):
+        raise ConfigError(
+            f"--app {spec}: {module_name}.{name} is a {type(app).__name__}, not a toolkit.App"
+        )
+    return app
+
+
+def checked_app(spec: str | None, definitions: Sequence[WorkflowDefinition]) -> App | None:
+    """The app of ``--app``, checked against ``definitions`` as ``toolkit run`` checks it.
+
+    Args:
+        spec: the option's ``MODULE[:ATTR]``; None when it was not given.
+        definitions: the loaded definitions.
+
+    Returns:
+        The app, or None without ``spec``.
+
+    Raises:
+        ConfigError: the app cannot be loaded (see :func:`load_app`).
+        MissingHandlers: an effect or compensation has no handler in the app, or one that
+            cannot take its ``args`` (one line each, naming the file and step).
+    """
+    if spec is None:
+        return None
+    app = load_app(spec)
+    app.check(definitions)
+    return app
+
+
+def check_option(*, limits: bool = False) -> Callable[[F], F]:
+    """The optional ``--app`` of ``validate`` and ``deploy`` (``TOOLKIT_APP``, as ``run``).
+
+    Args:
+        limits: the command also checks the limits the definitions name (``deploy``, which
+            can read those set in the store).
+    """
+    also = ", and every limit named is declared or set" if limits else ""
+    return click.option(
+        "--app",
+        "app_spec",
+        envvar="TOOLKIT_APP",
+        show_envvar=True,
+        metavar="MODULE[:ATTR]",
+        help="Also check the definitions against this app as toolkit run does: every "
+        f"effect has a handler that takes its args{also}.",
+    )
