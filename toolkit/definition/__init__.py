@@ -11,7 +11,7 @@ Schemas a definition declares; ``wording`` is how messages are written. ``payloa
 task input and signal payloads against their schemas; ``expressions`` the safe JMESPath
 templates; ``diagram`` the Mermaid drawing of a graph and ``svg`` the SVG one (a task's path
 coloured), both walking it through ``walk``; ``paths`` the JSON paths faults are printed
-with.
+with. ``cadence`` is when a recurring schedule ticks (cron or interval), pure arithmetic.
 """
 
 from toolkit.definition.load import (
