@@ -304,7 +304,10 @@ start: slow
 steps:
   slow: {effect: slow.first_attempt, idempotent: true, args: {seconds: "${ input.seconds }"},
          next: once}
-  once: {effect: slow.first_attempt, idempotent: false}
+  # Idempotent: a non-idempotent call in flight when the server stops (task 3 reaches this
+  # step in milliseconds, the stop takes longer on a loaded machine) rightly waits for
+  # reconciliation, which is not what this test is about.
+  once: {effect: slow.first_attempt, idempotent: true}
 """
 
 
