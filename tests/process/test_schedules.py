@@ -47,11 +47,13 @@ def test_three_workers_fire_each_tick_once_while_one_dies_and_one_stalls(
         dsn, "schedules", "create", "pulse", "--definition", "ticked", "--every", "1s",
         "--input", '{"tick": "${ context.scheduled_at }"}', "--overlap", "allow_all",
     )  # fmt: skip
-    out, err = made.communicate(timeout=60)
+    _, err = made.communicate(timeout=60)
     assert made.returncode == 0, err
     workers = [
-        toolkit_process(dsn, *RUN, "--definitions", str(definitions), "--worker-id", f"w{i}",
-                        stdout=subprocess.DEVNULL)  # fmt: skip
+        toolkit_process(
+            dsn, *RUN, "--definitions", str(definitions), "--worker-id", f"w{i}",
+            stdout=subprocess.DEVNULL,
+        )
         for i in range(3)
     ]
     try:
@@ -64,7 +66,7 @@ def test_three_workers_fire_each_tick_once_while_one_dies_and_one_stalls(
         resumed = len(_ticks(dsn))
         wait_for(lambda: len(_ticks(dsn)) >= resumed + 5, timeout=60, what="five after SIGCONT")
         pause = toolkit_process(dsn, "schedules", "pause", "pulse")
-        out, err = pause.communicate(timeout=60)
+        _, err = pause.communicate(timeout=60)
         assert pause.returncode == 0, err
     finally:
         for worker in workers:

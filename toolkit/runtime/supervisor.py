@@ -408,6 +408,8 @@ class WorkflowSupervisor:
                 control = entry.control
                 if control.lease_lost:
                     continue  # presumed lost already; its cycle is ending
+                if task_id in renewal.ended:
+                    continue  # its own last write ended the lease: the cycle is ending
                 if task_id not in renewed:
                     lost.append(task_id)
                     control.lease_lost = True
