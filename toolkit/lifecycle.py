@@ -105,6 +105,8 @@ class WaitReason(enum.StrEnum):
     LIMIT = "limit"
     #: an operator's record of an uncertain non-idempotent effect's outcome.
     RECONCILIATION = "reconciliation"
+    #: a delayed start (``submit --at`` / ``--delay``): the task starts at its ``run_at``.
+    START = "start"
 
 
 class EventKind(enum.StrEnum):

@@ -149,6 +149,17 @@ class WorkerMetrics:
             "acquisition that let it run, database time.",
             ["definition", "limit"], buckets=_SECONDS, registry=r,
         )  # fmt: skip
+        self.ticks = Counter(
+            "toolkit_schedule_ticks_total",
+            "Schedule ticks by what became of them: fired (started a run), skipped (the "
+            "overlap policy), missed (the catch-up policy), caught_up (missed, fired anyway).",
+            ["schedule", "outcome"], registry=r,
+        )  # fmt: skip
+        self.tick_lag = Histogram(
+            "toolkit_schedule_tick_lag_seconds",
+            "Fire time minus tick time of each tick that started a run, database time.",
+            ["schedule"], buckets=_SECONDS, registry=r,
+        )  # fmt: skip
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
 

@@ -23,9 +23,10 @@ def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[
     """Start ``python -m toolkit ARGS`` against ``dsn`` with the tests' apps importable.
 
     Its stdout and stderr are pipes unless ``kwargs`` (passed to `subprocess.Popen`) say
-    otherwise."""
+    otherwise; ``env`` in them adds variables to this process's environment."""
     env = {
         **os.environ,
+        **kwargs.pop("env", {}),  # type: ignore[dict-item]
         "TOOLKIT_DSN": dsn,
         "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
     }

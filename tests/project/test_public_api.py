@@ -55,6 +55,7 @@ DOCUMENTED = [
     "toolkit",
     "toolkit.__all__",
     "toolkit.definition",
+    "toolkit.definition.cadence",
     "toolkit.definition.diagram",
     "toolkit.definition.diagram.mermaid",
     "toolkit.definition.diagram.step_kind",

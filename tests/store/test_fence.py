@@ -37,6 +37,7 @@ UNFENCED = {
     "prune_tasks": "retention deletes ended tasks only",
     "set_limit": "an operator's change of a limit: it wakes the tasks waiting for it",
     "await_task": "marks a task awaited (a column no fenced write reads)",
+    "fire_schedule": "creates tasks (no lease yet), fenced by a compare-and-set on its schedule",
     "bulk_cancel": "an operator's cancel of tasks whose token and state the plan recorded",
     "bulk_signal": "an operator's signals: it moves run_at of waiting tasks only",
     "bulk_reconcile": "an operator's record of outcomes, for tasks nobody holds",

@@ -10,6 +10,7 @@ import pytest
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
+from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.migrations import migrate, schema_status
@@ -130,6 +131,26 @@ async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> N
     renewed = await store.leases.renew("w", "i1", [held[0], wrong, held[2]], 60.0)
     assert renewed.renewed == {ids[2]: None}
     assert (await store.leases.renew("someone-else", "i1", held, 60.0)).renewed == {}
+
+
+async def test_a_heartbeat_racing_the_last_write_reports_that_lease_ended_not_lost(
+    store: Store,
+) -> None:
+    """Regression: a renewal that waited for the row lock while the cycle's final write
+    committed found the lease gone and reported it lost (a spurious warning, and a cycle
+    cancelled after it had finished). The task's token is still the lease's and it is no
+    longer leased: its own write ended the lease."""
+    d = await _deployed(store)
+    ids = await store.tasks.submit(d, [{"n": 1}, {"n": 2}])
+    first, second = await store.leases.claim("w", [d.digest], 2, LEASE)
+    await store.leases.commit(
+        FencedWrite(first.fence("w"), first.checkpoint, state=TaskState.SUCCEEDED, result={})
+    )
+    await _expire(store, second.id)
+    (third,) = await store.leases.claim("other", [d.digest], 1, LEASE)  # taken over
+    renewal = await store.leases.renew("w", "i1", [first.fence("w"), second.fence("w")], 60.0)
+    assert (renewal.renewed, renewal.ended) == ({}, frozenset({ids[0]}))
+    assert third.id == ids[1]  # the task taken over is lost, not ended
 
 
 async def test_deploy_same_digest_is_noop_and_changed_digest_is_refused(store: Store) -> None:

@@ -25,6 +25,7 @@ from toolkit.cli import (
     limits,
     results,
     run,
+    schedules,
     show,
     tasks,
     tenants,
@@ -155,6 +156,7 @@ _COMMANDS: tuple[click.Command, ...] = (
     tasks.reconcile,
     results.wait,
     bulk.bulk,
+    schedules.schedules,
     # workers
     run.run,
     workers.workers,

@@ -50,18 +50,25 @@ def duration_option(text: str, option: str) -> float:
 
 
 def since_option(text: str | None) -> datetime.datetime | None:
-    """``--since``: an ISO 8601 date or time; without an offset it is UTC.
+    """``--since``: an ISO 8601 date or time; without an offset it is UTC (see time_option).
 
     Raises:
         ConfigError: the text is not an ISO 8601 date or time.
     """
-    if text is None:
-        return None
+    return None if text is None else time_option(text, "--since")
+
+
+def time_option(text: str, option: str) -> datetime.datetime:
+    """A time option such as ``--at``: an ISO 8601 date or time; without an offset, UTC.
+
+    Raises:
+        ConfigError: the text is not an ISO 8601 date or time; the message names ``option``.
+    """
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
         raise ConfigError(
-            f"--since {text!r}: expected an ISO 8601 date or time, e.g. 2025-06-01 or "
+            f"{option} {text!r}: expected an ISO 8601 date or time, e.g. 2025-06-01 or "
             "2025-06-01T12:00:00+02:00"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)

@@ -53,6 +53,10 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         )
     click.echo(f"  claims:     {task['attempts']}, fencing token {task['lease_token']}")
     click.echo(f"  input:      {json.dumps(task['input'], default=str)}")
+    if task["schedule_name"]:
+        click.echo(f"  schedule:   {task['schedule_name']}, tick {task['scheduled_at']}")
+    if task["state"] == "waiting" and task["wait_reason"] == "start":
+        click.echo(f"  starts at:  {task['run_at']} (a delayed start)")
     if task["tags"]:
         click.echo(f"  tags:       {' '.join(f'{k}={v}' for k, v in sorted(task['tags'].items()))}")
     if task["state"] == "waiting" and task["wait_reason"] == "reconciliation":

@@ -13,7 +13,7 @@ from typing import IO, Any, Literal, TypeVar
 import click
 
 from toolkit.cli.filters import filter_fields, filter_options, tag_options, task_filter
-from toolkit.cli.options import duration_option, json_option, resource_amounts
+from toolkit.cli.options import duration_option, json_option, resource_amounts, time_option
 from toolkit.cli.output import echo_json
 from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
@@ -54,6 +54,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option(
     "--tag", "tags", multiple=True, metavar="KEY=VALUE", help="Tag the task (repeatable)."
 )
+@click.option("--at", "at_text", metavar="TIME", help="Start it at TIME (ISO 8601), not now.")
+@click.option("--delay", "delay_text", metavar="DURATION", help="Start it in DURATION (e.g. 2h).")
 @click.option(
     "--wait", "wait_for", is_flag=True, help="Wait for the task to end; print its output."
 )
@@ -75,6 +77,8 @@ def submit(
     budgets: Sequence[str],
     timeout_text: str | None,
     tags: Sequence[str],
+    at_text: str | None,
+    delay_text: str | None,
     wait_for: bool,
     wait_text: str | None,
 ) -> None:
@@ -89,6 +93,10 @@ def submit(
         raise ConfigError("--wait-timeout goes with --wait")
     wait_timeout_seconds = wait_timeout(wait_text, "--wait-timeout")
     task_tags = tag_options(tags)
+    if at_text is not None and delay_text is not None:
+        raise ConfigError("give --at or --delay, not both")
+    start_at = time_option(at_text, "--at") if at_text is not None else None
+    delay = duration_option(delay_text, f"--delay {delay_text}") if delay_text else None
     if input_json is not None and input_file is not None:
         raise ConfigError("give --input or --input-file, not both")
     budget: dict[str, float] = {}
@@ -107,7 +115,8 @@ def submit(
     async def submit_task(store: Store) -> int:
         definition = await store.definitions.submittable(name, version)
         options: dict[str, Any] = dict(
-            tenant=tenant, budget=budget, timeout=timeout, tags=task_tags
+            tenant=tenant, budget=budget, timeout=timeout, tags=task_tags, start_at=start_at,
+            delay=delay,
         )
         if key is not None:
             task_id, _ = await store.tasks.submit_keyed(definition, value, key=key, **options)

@@ -31,9 +31,11 @@ from toolkit.errors import DatabaseUnavailable, ToolkitError
 from toolkit.lifecycle import TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.config import CancellationToken, SupervisorConfig
+from toolkit.runtime.firing import TickFirer
 from toolkit.runtime.listener import Listener
 from toolkit.runtime.outage import Outage
 from toolkit.runtime.report import SupervisorReport
+from toolkit.runtime.watches import watch_loop_lag, watch_unavailable
 from toolkit.runtime.worker import Worker
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
@@ -57,9 +59,6 @@ class WorkflowSupervisor:
         metrics: where to record Prometheus metrics; default a new :class:`WorkerMetrics`
             (serve it with ``metrics.serve(port)``).
     """
-
-    #: Seconds between two refreshes of the definition-unavailable gauge.
-    UNAVAILABLE_REFRESH = 15.0
 
     def __init__(
         self,
@@ -87,6 +86,8 @@ class WorkflowSupervisor:
         self._interpreter = Interpreter(
             worker.store, worker.app, worker.worker_id, self.metrics, self._commit
         )
+        names = [definition.name for definition in worker.definitions]
+        self._firer = TickFirer(worker.store.schedules, names, self.metrics)
 
     async def _commit(self, write: FencedWrite) -> TaskState:
         """The group commit, watched for outages."""
@@ -132,8 +133,9 @@ class WorkflowSupervisor:
                 services.start_soon(self._group_commit.run)
                 services.start_soon(self._heartbeats)
                 services.start_soon(self._listen)
-                services.start_soon(self._watch_loop_lag)
-                services.start_soon(self._watch_unavailable)
+                services.start_soon(watch_loop_lag, self.report, self.metrics)
+                services.start_soon(watch_unavailable, self.worker.store, self.metrics)
+                services.start_soon(self._firer.run)
                 try:
                     await self._claim_loop(shutdown)
                     if self._in_flight:
@@ -406,6 +408,8 @@ class WorkflowSupervisor:
                 control = entry.control
                 if control.lease_lost:
                     continue  # presumed lost already; its cycle is ending
+                if task_id in renewal.ended:
+                    continue  # its own last write ended the lease: the cycle is ending
                 if task_id not in renewed:
                     lost.append(task_id)
                     control.lease_lost = True
@@ -475,29 +479,6 @@ class WorkflowSupervisor:
 
     def _wake_up(self) -> None:
         self._wake.set()
-
-    async def _watch_loop_lag(self) -> None:
-        interval = 0.1
-        while True:
-            before = anyio.current_time()
-            await anyio.sleep(interval)
-            lag = max(anyio.current_time() - before - interval, 0.0)
-            self.report.max_loop_lag = max(self.report.max_loop_lag, lag)
-            self.metrics.loop_lag.observe(lag)
-
-    async def _watch_unavailable(self) -> None:
-        """Refresh the definition-unavailable gauge now and then (DESIGN §5)."""
-        gauge = self.metrics.definition_unavailable
-        while True:
-            try:
-                counts = await self.worker.store.definitions.unavailable()
-            except ToolkitError:  # the claim loop and heartbeats report outages
-                counts = None
-            if counts is not None:
-                gauge.clear()
-                for (name, version), n in counts.items():
-                    gauge.labels(name, str(version)).set(n)
-            await anyio.sleep(self.UNAVAILABLE_REFRESH)
 
 
 def _ids(ids: list[int]) -> str:

@@ -19,6 +19,7 @@ from toolkit.store.definitions import DefinitionCatalog
 from toolkit.store.leases import Leases
 from toolkit.store.limits import Limits
 from toolkit.store.migrations import migrate, schema_status
+from toolkit.store.schedules import Schedules
 from toolkit.store.tasks import Tasks
 from toolkit.store.tenants import Tenants
 from toolkit.store.workers import Membership
@@ -41,6 +42,7 @@ class Store:
         budgets: tenant budget reservations of parallel and map steps.
         children: child tasks started by ``workflow`` steps.
         bulk: bulk actions by filter: plans, and applying them.
+        schedules: recurring schedules, and the firing of their ticks.
     """
 
     def __init__(self, db: Database) -> None:
@@ -55,6 +57,7 @@ class Store:
         self.budgets = Budgets(db)
         self.children = Children(db)
         self.bulk = Bulk(db)
+        self.schedules = Schedules(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

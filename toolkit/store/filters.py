@@ -45,6 +45,7 @@ class TaskFilter:
         error: the name of the error a task ended with (``Declined``, ``Timeout``,
             ``Cancelled`` ...).
         step: the step a task is at, or failed at.
+        schedule: the schedule that started the task.
         created_since, created_until: bounds of the submit time (inclusive, exclusive): a
             datetime (naive means UTC), an ISO 8601 text, or a duration before now (seconds,
             or ``"30m"``, ``"2d"``).
@@ -62,6 +63,7 @@ class TaskFilter:
     tags: Mapping[str, str] | None = None
     error: str | None = None
     step: str | None = None
+    schedule: str | None = None
     created_since: TimeBound | None = None
     created_until: TimeBound | None = None
     finished_since: TimeBound | None = None
@@ -137,6 +139,7 @@ class TaskFilter:
             "tags": Jsonb(dict(self.tags)) if self.tags else None,
             "error": self.error,
             "step": self.step,
+            "schedule": self.schedule,
             **{field: _time_bound(getattr(self, field), field, now) for field in _BOUNDS},
         }
 

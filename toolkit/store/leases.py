@@ -39,10 +39,13 @@ class Renewal:
             lease renewed.
         registered: the worker's registration is still this process's; False once another
             process took its worker id over (its leases, which expire with it, are gone).
+        ended: leases not renewed because this process's own last write under them ended
+            them (the task queued, waiting or ended with the lease's token): not lost.
     """
 
     renewed: dict[int, Any]
     registered: bool
+    ended: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,8 +204,9 @@ class Leases:
             lease_seconds: new lease duration from database now, seconds.
 
         Returns:
-            The leases renewed (any of ``fences`` missing has lost its lease) and whether
-            the registration is still this process's.
+            The leases renewed, those this process's own writes ended meanwhile (any other
+            of ``fences`` has lost its lease), and whether the registration is still this
+            process's.
 
         Runs on the database's reserved connection, so handlers holding every connection of
         the main pool do not starve it. Idempotent: safe to send again.
@@ -223,8 +227,13 @@ class Leases:
             reserved=True,
         )
         return Renewal(
-            renewed={row["id"]: row["cancel_requested"] for row in rows if row["id"] is not None},
+            renewed={
+                row["id"]: row["cancel_requested"]
+                for row in rows
+                if row["id"] is not None and not row["ended"]
+            },
             registered=bool(rows and rows[0]["registered"]),
+            ended=frozenset(row["id"] for row in rows if row["id"] is not None and row["ended"]),
         )
 
     async def commit(self, write: FencedWrite) -> TaskState:

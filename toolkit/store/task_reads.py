@@ -51,6 +51,8 @@ class TaskRecord:
     cancel_requested: Any
     idempotency_key: str | None
     tags: dict[str, str]
+    schedule_name: str | None
+    scheduled_at: datetime.datetime | None
     created_at: datetime.datetime
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None

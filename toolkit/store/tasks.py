@@ -6,6 +6,7 @@ Reading tasks (one, a filtered page, counts, a result) is the other half of
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -100,6 +101,8 @@ class Tasks(TaskReads):
         budget: Mapping[str, float] | None = None,
         timeout: float | None = None,
         tags: Mapping[str, str] | None = None,
+        start_at: datetime.datetime | None = None,
+        delay: float | None = None,
     ) -> list[int]:
         """Queue one task per input, validated against the definition's input schema.
 
@@ -118,6 +121,9 @@ class Tasks(TaskReads):
                 until the deadline.
             tags: tags of every task (key to string value, :mod:`toolkit.store.tags`), over
                 those the definition's ``tags`` give from each input.
+            start_at: a delayed start: the tasks are queued, and claimed from this time on
+                (an aware datetime; until then they can be cancelled and never run).
+            delay: a delayed start in seconds from now (database time), instead.
 
         Returns:
             The new task ids, in input order.
@@ -146,6 +152,7 @@ class Tasks(TaskReads):
                 "tags": Jsonb(task_tags),
                 "checkpoint": Jsonb(initial),
                 "timeout": _timeout(definition, timeout),
+                **_start(start_at, delay),
             },
         )
         return [row["id"] for row in rows]
@@ -160,6 +167,8 @@ class Tasks(TaskReads):
         budget: Mapping[str, float] | None = None,
         timeout: float | None = None,
         tags: Mapping[str, str] | None = None,
+        start_at: datetime.datetime | None = None,
+        delay: float | None = None,
     ) -> tuple[int, bool]:
         """Queue one task unless the tenant already has a task with idempotency key ``key``.
 
@@ -171,6 +180,8 @@ class Tasks(TaskReads):
             budget: overrides of the definition's budget (see `submit`).
             timeout: overrides the definition's workflow timeout (see `submit`).
             tags: the task's tags (see `submit`).
+            start_at: a delayed start (see `submit`).
+            delay: a delayed start in seconds (see `submit`).
 
         Returns:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
@@ -191,6 +202,7 @@ class Tasks(TaskReads):
             "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
             "key": key,
             "timeout": _timeout(definition, timeout),
+            **_start(start_at, delay),
         }
         row = await self._db.fetch_one("submit_keyed_task", params)
         if row is None:  # inserted by a concurrent submit after this statement's snapshot
@@ -436,6 +448,30 @@ def signal_waits(
     if current:
         return waited, current[0]
     return waited, next((schema for _, schema in found if schema is not None), None)
+
+
+def _start(start_at: datetime.datetime | None, delay: float | None) -> dict[str, Any]:
+    """The ``start_at`` parameters of a submit.
+
+    Raises:
+        InputError: both given, a naive time, or a delay that is not 0 to 100 years.
+    """
+    if start_at is not None and delay is not None:
+        raise InputError("give start_at or delay, not both", path="$.start_at")
+    if start_at is not None and (
+        not isinstance(start_at, datetime.datetime) or start_at.tzinfo is None
+    ):
+        raise InputError(
+            f"start_at must be an aware datetime, not {start_at!r}", path="$.start_at"
+        )
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float)
+        or not 0 <= delay <= MAX_SECONDS
+    ):  # fmt: skip
+        raise InputError(
+            f"delay must be seconds from 0 to 100 years, not {delay!r}", path="$.delay"
+        )
+    return {"run_at": start_at, "delay": delay}
 
 
 def _cancel_params(task_id: int, reason: str) -> dict[str, Any]:

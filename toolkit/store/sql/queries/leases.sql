@@ -140,9 +140,9 @@ WITH candidates AS (
 -- (%(incarnation)s): once another process took the worker id over, registered is false. (Its
 -- leases cannot outlive it: they expire at the same moment, renewed by this same statement,
 -- and the id is taken over only once the registration expired.) Rows are locked in id
--- order, as the group
--- commit does, so the two never deadlock. Returns one row per lease renewed, or one row
--- with a NULL id when none was.
+-- order, as the group commit does, so the two never deadlock. Returns one row per lease
+-- renewed or ended by this process's own write (ended), or one row with a NULL id when
+-- there is none.
 WITH worker AS (
     UPDATE toolkit_workers
     SET heartbeat_at = clock_timestamp(),
@@ -165,8 +165,21 @@ WITH worker AS (
     WHERE t.id = held.id
       AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)
     RETURNING t.id, t.cancel_requested
+), released AS (
+    -- Leases this process's own last write ended (the task's token is still the lease's,
+    -- and it is no longer leased: nobody claimed it since), committed while this statement
+    -- waited: their cycles are ending, not lost.
+    SELECT t.id
+    FROM toolkit_tasks t
+    JOIN unnest(%(task_ids)s::bigint[], %(tokens)s::bigint[]) AS h(task_id, token)
+      ON t.id = h.task_id
+    WHERE t.lease_token = h.token AND t.state <> 'leased'
 )
-SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested
+SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested, r.ended
 FROM (SELECT 1) AS one
-LEFT JOIN renewed r ON true;
+LEFT JOIN (
+    SELECT id, cancel_requested, false AS ended FROM renewed
+    UNION ALL
+    SELECT id, NULL, true FROM released
+) r ON true;
 

@@ -1,3 +1,13 @@
+-- fragment: start_at
+-- A new task's state, wait reason and run_at: queued now, or for a delayed start (%(run_at)s,
+-- or database now + %(delay)s seconds) waiting, reason start, until then.
+CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL
+     THEN 'queued' ELSE 'waiting' END,
+CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL THEN NULL
+     ELSE 'start' END,
+coalesce(%(run_at)s::timestamptz,
+         clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second')
+
 -- name: submit_tasks
 -- Inserts one task per input and wakes idle workers (payload: nothing but ids). The tenant
 -- is registered (toolkit_tenants, default settings) if it is new: the claim reads tenants.
@@ -6,9 +16,10 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags)
+         deadline_at, tags, state, wait_reason, run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
-           clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags
+           clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
+           -- include: start_at
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
     JOIN jsonb_array_elements(%(tags)s::jsonb) WITH ORDINALITY AS g(tags, n) ON g.n = i.n
     ORDER BY i.n
@@ -29,9 +40,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key, deadline_at, tags)
+         idempotency_key, deadline_at, tags, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
-            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s)
+            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            -- include: start_at
+            )
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, definition_name, definition_version, definition_digest
 ), events AS (
@@ -51,7 +64,8 @@ WHERE tenant = %(tenant)s AND idempotency_key = %(key)s
 SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_digest, t.input,
        t.state, t.wait_reason, t.run_at, t.checkpoint, t.lease_owner, t.lease_token,
        t.lease_expires_at, t.attempts, t.result, t.error, t.cancel_requested,
-       t.idempotency_key, t.tags, t.created_at, t.updated_at, t.finished_at
+       t.idempotency_key, t.tags, t.schedule_name, t.scheduled_at, t.created_at,
+       t.updated_at, t.finished_at
 
 -- fragment: task_filter
 -- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
@@ -67,6 +81,7 @@ AND (%(tags)s::jsonb IS NULL OR t.tags @> %(tags)s::jsonb)
 AND (%(error)s::text IS NULL OR t.error ->> 'name' = %(error)s::text)
 AND (%(step)s::text IS NULL
      OR coalesce(t.checkpoint ->> 'cursor', t.error ->> 'step') = %(step)s::text)
+AND (%(schedule)s::text IS NULL OR t.schedule_name = %(schedule)s::text)
 AND (%(created_since)s::timestamptz IS NULL OR t.created_at >= %(created_since)s::timestamptz)
 AND (%(created_until)s::timestamptz IS NULL OR t.created_at < %(created_until)s::timestamptz)
 AND (%(finished_since)s::timestamptz IS NULL

@@ -1,0 +1,136 @@
+-- Schedules (docs/schedules.md): made, changed, paused, and fired by workers.
+
+-- fragment: schedule_columns
+SELECT s.name, s.definition_name, s.owner, s.owner_version, s.cadence, s.input, s.tenant,
+       s.tags, s.overlap, s.catchup, s.catchup_window, s.pause_after_failures, s.paused,
+       s.pause_note, s.consecutive_failures, s.next_tick, s.buffered, s.fired, s.skipped,
+       s.missed, s.caught_up, s.last_tick, s.created_at, s.updated_at,
+       (SELECT count(*) FROM toolkit_tasks t
+        WHERE t.schedule_name = s.name AND t.state IN ('queued', 'leased', 'waiting')) AS live
+
+-- name: create_schedule
+-- A new schedule; its first tick is the cadence's first after database now (%(next_tick)s
+-- computed by the caller from database_now). Returns nothing when the name is taken.
+INSERT INTO toolkit_schedules
+    (name, definition_name, owner, owner_version, cadence, input, tenant, tags, overlap,
+     catchup, catchup_window, pause_after_failures, next_tick)
+VALUES (%(name)s, %(definition_name)s, %(owner)s, %(owner_version)s, %(cadence)s, %(input)s,
+        %(tenant)s, %(tags)s, %(overlap)s, %(catchup)s, %(catchup_window)s,
+        %(pause_after_failures)s, %(next_tick)s)
+ON CONFLICT (name) DO NOTHING
+RETURNING name;
+
+-- name: update_schedule
+-- A store-owned schedule's settings, replaced (the caller merged the changes).
+UPDATE toolkit_schedules
+SET cadence = %(cadence)s, input = %(input)s, tenant = %(tenant)s, tags = %(tags)s,
+    overlap = %(overlap)s, catchup = %(catchup)s, catchup_window = %(catchup_window)s,
+    pause_after_failures = %(pause_after_failures)s, next_tick = %(next_tick)s,
+    updated_at = clock_timestamp()
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: get_schedule
+-- include: schedule_columns
+FROM toolkit_schedules s
+WHERE s.name = %(name)s;
+
+-- name: list_schedules
+-- include: schedule_columns
+FROM toolkit_schedules s
+WHERE (%(definition_name)s::text IS NULL OR s.definition_name = %(definition_name)s::text)
+ORDER BY s.name;
+
+-- name: delete_schedule
+-- Its runs go on (they keep its name); its unfired and buffered ticks are dropped.
+DELETE FROM toolkit_schedules WHERE name = %(name)s RETURNING name;
+
+-- name: pause_schedule
+UPDATE toolkit_schedules
+SET paused = true, pause_note = %(note)s, updated_at = clock_timestamp()
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: resume_schedule
+-- Ticks that came while it was paused do not fire: the next is the first after now
+-- (%(next_tick)s); the failure count starts again.
+UPDATE toolkit_schedules
+SET paused = false, pause_note = NULL, consecutive_failures = 0, buffered = '[]'::jsonb,
+    next_tick = %(next_tick)s, updated_at = clock_timestamp()
+WHERE name = %(name)s
+RETURNING name;
+
+-- name: due_schedules
+-- A firing pass: the unpaused schedules of these definitions with a tick due now or a
+-- buffered tick, and how many of their runs are live; with database now. Read without
+-- locks: fire_schedule decides, by compare-and-set.
+WITH now AS (SELECT clock_timestamp() AS now)
+-- include: schedule_columns
+, now.now
+FROM toolkit_schedules s, now
+WHERE NOT s.paused
+  AND s.definition_name = ANY(%(names)s::text[])
+  AND (s.next_tick <= now.now OR s.buffered <> '[]'::jsonb)
+ORDER BY s.next_tick
+LIMIT %(limit)s;
+
+-- name: next_schedule_tick
+-- Seconds until the earliest tick of these definitions' unpaused schedules (null: none).
+SELECT extract(epoch FROM min(next_tick) - clock_timestamp())::float8 AS seconds
+FROM toolkit_schedules
+WHERE NOT paused AND definition_name = ANY(%(names)s::text[]);
+
+-- name: fire_schedule
+-- Starts runs of a schedule. For a firing pass's plan (%(expected_next)s given) only if no
+-- other pass did first: the schedule row is locked and must be unpaused and still have the
+-- next tick and buffered ticks the plan was made from (compare-and-set), else nothing
+-- happens; it then gets its next tick and buffered ticks. For a trigger or a backfill
+-- (%(expected_next)s null) the schedule just has to exist. Each run in %(runs)s (tick, input,
+-- tags, key) becomes a task of the given definition version unless its tenant has a task
+-- with that idempotency key: a tick is at most one task, however often it is fired.
+WITH s AS (
+    SELECT name, tenant FROM toolkit_schedules
+    WHERE name = %(name)s
+      AND (%(expected_next)s::timestamptz IS NULL
+           OR (NOT paused AND next_tick = %(expected_next)s::timestamptz
+               AND buffered = %(expected_buffered)s::jsonb))
+    FOR NO KEY UPDATE
+), tenant AS (
+    INSERT INTO toolkit_tenants (tenant) SELECT tenant FROM s ON CONFLICT DO NOTHING
+), started AS (
+    INSERT INTO toolkit_tasks
+        (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
+         idempotency_key, deadline_at, tags, schedule_name, scheduled_at)
+    SELECT s.tenant, %(definition_name)s, %(version)s, %(digest)s, r.input, %(checkpoint)s,
+           r.key, clock_timestamp() + %(timeout)s::float8 * interval '1 second', r.tags,
+           s.name, r.tick
+    FROM s, jsonb_to_recordset(%(runs)s::jsonb) AS r(tick timestamptz, input jsonb,
+                                                      tags jsonb, key text)
+    ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, scheduled_at
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT id, 'submitted', jsonb_build_object('schedule', %(name)s::text, 'tick', scheduled_at,
+                                               'version', %(version)s::int)
+    FROM started
+), updated AS (
+    UPDATE toolkit_schedules t
+    SET next_tick = coalesce(%(next_tick)s::timestamptz, t.next_tick),
+        buffered = coalesce(%(buffered)s::jsonb, t.buffered),
+        fired = t.fired + (SELECT count(*) FROM started),
+        skipped = t.skipped + %(skipped)s, missed = t.missed + %(missed)s,
+        caught_up = t.caught_up + %(caught_up)s,
+        last_tick = greatest(t.last_tick, (SELECT max(scheduled_at) FROM started)),
+        updated_at = clock_timestamp()
+    FROM s
+    WHERE t.name = s.name
+    RETURNING t.name
+)
+SELECT (SELECT count(*) FROM updated) AS applied,
+       coalesce((SELECT jsonb_agg(id ORDER BY id) FROM started), '[]'::jsonb) AS task_ids,
+       pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+
+-- name: schedule_live_runs
+SELECT id FROM toolkit_tasks
+WHERE schedule_name = %(name)s AND state IN ('queued', 'leased', 'waiting')
+ORDER BY id;
