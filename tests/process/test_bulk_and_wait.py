@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.helpers.processes import query, submit_tasks, toolkit_process, wait_for
+from tests.helpers.processes import eventually, query, submit_tasks, toolkit_process, wait_for
 from toolkit.errors import TaskFailed
 from toolkit.store import Store
 
@@ -160,8 +160,10 @@ def test_result_in_python_while_a_worker_process_ends_the_task(
                     outcome["value"] = await store.tasks.result(task_id, timeout=60, poll=3600)
 
                 group.start_soon(wait)
-                while (await store.tasks.get(task_id)).state != "waiting":
-                    await anyio.sleep(0.05)
+                async def waiting() -> bool:
+                    return (await store.tasks.get(task_id)).state == "waiting"
+
+                await eventually(waiting, what=f"task {task_id} waiting")
                 await store.tasks.signal(task_id, "go", {"n": 1})
             assert outcome == {"value": {"signal": {"n": 1}}}
 
