@@ -411,6 +411,7 @@ class Tasks(TaskReads):
                 "occurrence": pending,
                 "record": record,
                 "operator": operator,
+                "plan_id": None,
                 "result": Jsonb(result) if outcome == "completed" else None,
                 "error": Jsonb(error_data) if outcome == "failed" else None,
                 "resolution": Jsonb(resolution),

@@ -153,7 +153,8 @@ WITH
 -- name: bulk_reconcile
 -- Records the outcome of the pending effect of each unchanged task waiting for its
 -- reconciliation (%(rows)s: task_id, occurrence, resolution), as reconcile_effect does for
--- one: evidence (unless a retry), the resolution in the checkpoint, queued again.
+-- one (the same fragment): evidence (unless a retry), the resolution in the checkpoint,
+-- queued again.
 WITH
 -- include: bulk_items
 , r AS (
@@ -163,33 +164,9 @@ WITH
     SELECT target.id, target.lease_token, r.occurrence, r.resolution
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state = 'waiting' AND target.checkpoint ->> 'pending' = r.occurrence
-), evidence AS (
-    INSERT INTO toolkit_effect_evidence
-        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-         fencing_token, worker_id, result, error)
-    SELECT g.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
-           %(record)s::text, e.attempt, g.lease_token, %(operator)s, %(result)s::jsonb,
-           %(error)s::jsonb
-    FROM reconciling g
-    JOIN LATERAL (
-        SELECT * FROM toolkit_effect_evidence
-        WHERE task_id = g.id AND occurrence = g.occurrence AND record = 'started'
-        ORDER BY id DESC LIMIT 1
-    ) e ON true
-    WHERE %(record)s::text IS NOT NULL
-), updated AS (
-    UPDATE toolkit_tasks t
-    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
-        checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
-        updated_at = clock_timestamp()
-    FROM reconciling g
-    WHERE t.id = g.id
-    RETURNING t.id, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT id, 'reconciled', %(operator)s, resolution || jsonb_build_object('plan', %(plan_id)s::bigint)
-    FROM updated
-), acted AS (
+),
+-- include: reconcile_targets
+, acted AS (
     SELECT id AS task_id, jsonb_build_object('outcome', resolution ->> 'outcome') AS detail
     FROM updated
 ),

@@ -314,39 +314,54 @@ now_cancelled AS (
 -- no outcome, or asks for a new call; the task is queued again with the resolution in its
 -- checkpoint, for the interpreter to apply. Refused (no row) unless the task waits for
 -- reconciliation of exactly this occurrence.
-WITH target AS (
-    SELECT id, lease_token FROM toolkit_tasks
+WITH reconciling AS (
+    SELECT id, lease_token, %(occurrence)s::text AS occurrence,
+           %(resolution)s::jsonb AS resolution
+    FROM toolkit_tasks
     WHERE id = %(task_id)s
       AND state = 'waiting' AND wait_reason = 'reconciliation'
       AND checkpoint ->> 'pending' = %(occurrence)s
     FOR NO KEY UPDATE
-), evidence AS (
+),
+-- include: reconcile_targets
+SELECT id, notified FROM updated;
+
+-- fragment: reconcile_targets
+-- Records the outcome of the pending occurrence of each row of CTE reconciling (id,
+-- lease_token, occurrence, resolution; locked, waiting for that reconciliation): evidence
+-- of %(record)s (none for a retry) under the task's token, by %(operator)s, with
+-- %(result)s or %(error)s; the resolution in the checkpoint; the task queued again
+-- (updated: id, resolution, notified); a reconciled event, naming bulk plan %(plan_id)s
+-- when there is one.
+evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
          fencing_token, worker_id, result, error)
-    SELECT target.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
-           %(record)s::text, e.attempt, target.lease_token, %(operator)s, %(result)s::jsonb,
+    SELECT g.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
+           %(record)s::text, e.attempt, g.lease_token, %(operator)s, %(result)s::jsonb,
            %(error)s::jsonb
-    FROM target
+    FROM reconciling g
     JOIN LATERAL (
         SELECT * FROM toolkit_effect_evidence
-        WHERE task_id = target.id AND occurrence = %(occurrence)s AND record = 'started'
+        WHERE task_id = g.id AND occurrence = g.occurrence AND record = 'started'
         ORDER BY id DESC LIMIT 1
     ) e ON true
     WHERE %(record)s::text IS NOT NULL
 ), updated AS (
     UPDATE toolkit_tasks t
     SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
-        checkpoint = jsonb_set(t.checkpoint, '{resolution}', %(resolution)s::jsonb),
+        checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
         updated_at = clock_timestamp()
-    FROM target
-    WHERE t.id = target.id
-    RETURNING t.id
+    FROM reconciling g
+    WHERE t.id = g.id
+    RETURNING t.id, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT id, 'reconciled', %(operator)s, %(resolution)s::jsonb FROM updated
+    SELECT id, 'reconciled', %(operator)s,
+           resolution || CASE WHEN %(plan_id)s::bigint IS NULL THEN '{}'::jsonb
+                              ELSE jsonb_build_object('plan', %(plan_id)s::bigint) END
+    FROM updated
 )
-SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM updated;
 
 -- name: task_definition_body
 -- The definition body a task is pinned to (by digest), with its checkpoint.
