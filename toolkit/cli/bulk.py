@@ -19,6 +19,7 @@ from toolkit.cli.filters import filter_fields, filter_options, task_filter
 from toolkit.cli.options import json_option
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.cli.tasks import chosen_outcome, outcome_options
+from toolkit.counts import counted
 from toolkit.store import Store
 from toolkit.store.bulk import BATCH_SIZE, Plan
 from toolkit.store.filters import TaskFilter
@@ -77,7 +78,8 @@ def _preview_or_apply(
 
 def _print_preview(plan: Plan, where: TaskFilter, sample: list[Any]) -> None:
     matched = sum(n for *_, n in plan.matched)
-    click.echo(f"{matched:,} tasks match ({where.describe()})")
+    click.echo(f"{counted(matched, 'task')} {'matches' if matched == 1 else 'match'} "
+               f"({where.describe()})")  # fmt: skip
     if plan.matched:
         click.echo(f"  {'STATE':<10} {'DEFINITION':<32} {'TASKS':>9}")
         for state, name, version, n in plan.matched:
