@@ -249,6 +249,10 @@ class DefinitionConflict(ToolkitError):
     """This definition version is already deployed with another digest: bump the version."""
 
 
+class ScheduleConflict(ToolkitError):
+    """Deploying this definition version would break a schedule; nothing was deployed."""
+
+
 class UnknownTask(ToolkitError):
     """No task has this id."""
 

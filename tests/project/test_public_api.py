@@ -41,7 +41,7 @@ EXPORTS = [
     "DefinitionRetired", "EffectCancelled", "EffectContext", "ExpressionError",
     "HandlerArgumentsMismatch", "HandlerNotFound", "HistoryError", "InputError", "LeaseLost",
     "MissingHandlers", "MissingLimits", "NotExported", "NotReconcilable", "PayloadRefused",
-    "PlanRefused", "ResultNotJson", "ResultTooLarge", "Store", "SubmitConflict",
+    "PlanRefused", "ResultNotJson", "ResultTooLarge", "ScheduleConflict", "Store", "SubmitConflict",
     "SupervisorConfig", "SupervisorReport", "TaskCancelled", "TaskFailed", "TaskFilter",
     "TaskTerminal", "ToolkitError", "UnknownDefinition", "UnknownLimit", "UnknownSignal",
     "UnknownTask", "UnknownTenant", "WaitTimedOut", "Worker", "WorkerIdInUse",

@@ -15,6 +15,7 @@ from toolkit.definition import WorkflowDefinition, load_definitions
 from toolkit.errors import DefinitionError
 from toolkit.store import Store
 from toolkit.store.definitions import DeployOutcome
+from toolkit.store.schedules import Schedule
 
 
 def load_by_line(
@@ -61,14 +62,25 @@ def deploy(settings: Settings, paths: Sequence[Path], app_spec: str | None) -> N
     definitions = load_by_line(paths)
     app = checked_app(app_spec, definitions)
 
-    async def register(store: Store) -> list[DeployOutcome]:
+    async def register(store: Store) -> tuple[list[DeployOutcome], list[Schedule]]:
         if app is not None:  # as a worker checks them, with the limits an operator set
             app.check_limits(definitions, {limit.name for limit in await store.limits.list()})
-        return await store.definitions.deploy_all(definitions)
+        outcomes = await store.definitions.deploy_all(definitions)
+        names = sorted({d.name for d in definitions if d.schedules})
+        declared = [s for name in names for s in await store.schedules.list(name)]
+        return outcomes, [s for s in declared if s.owner == "definition"]
 
-    outcomes = run_in_store(settings, register)
+    outcomes, declared = run_in_store(settings, register)
     for definition, outcome in zip(definitions, outcomes, strict=True):
         click.echo(f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}")
+        for schedule in declared:
+            if (schedule.definition_name, schedule.owner_version) == (
+                definition.name, definition.version
+            ):  # fmt: skip
+                click.echo(
+                    f"  schedule {schedule.name}: {schedule.cadence.describe()}, next tick "
+                    f"{schedule.next_tick:%Y-%m-%d %H:%M:%S %Z}"
+                )
 
 
 @click.group()

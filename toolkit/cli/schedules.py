@@ -12,10 +12,10 @@ from toolkit.cli.filters import tag_options
 from toolkit.cli.options import json_option, time_option
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
+from toolkit.definition.schedules import OVERLAPS, parse_catchup
 from toolkit.errors import ConfigError
 from toolkit.store import Store
 from toolkit.store.schedules import Schedule
-from toolkit.store.tick_plan import CATCHUPS, OVERLAPS
 
 
 @click.group()
@@ -64,15 +64,10 @@ def _changes(options: dict[str, Any]) -> dict[str, Any]:
         found["tags"] = tag_options(options["tags"])
     catchup = options.get("catchup")
     if catchup is not None:
-        policy, _, window = catchup.partition(" ")
-        if policy.lower() == "all":
-            found["catchup"], found["catchup_window"] = "all", window.removeprefix("within ")
-        elif policy in CATCHUPS and not window:
-            found["catchup"] = policy
-        else:
-            raise ConfigError(
-                f"--catchup {catchup!r}: none, latest, or all WINDOW (e.g. 'all 6h')"
-            )
+        try:
+            found["catchup"], found["catchup_window"] = parse_catchup(catchup)
+        except ValueError as exc:
+            raise ConfigError(f"--catchup: {exc}") from None
     return found
 
 

@@ -38,6 +38,7 @@ from toolkit.definition.model import (
 )
 from toolkit.definition.paths import JsonPath, format_path
 from toolkit.definition.policies import CatchRule, RetryPolicy
+from toolkit.definition.schedules import build_schedules
 from toolkit.durations import parse_duration
 
 _DEFAULT_RETRY: Mapping[str, Any] = types.MappingProxyType(
@@ -73,6 +74,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
                 for key, value in doc.get("tags", {}).items()
             }
         ),
+        schedules=build_schedules(doc),
     )
 
 

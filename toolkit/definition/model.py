@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from toolkit.definition.expressions import Template
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
+from toolkit.definition.schedules import ScheduleDeclaration
 from toolkit.errors import DefinitionFault, ExpressionError, InputError
 
 __all__ = [
@@ -382,6 +383,8 @@ class WorkflowDefinition:
             ``MaxStepsExceeded``; default `DEFAULT_MAX_STEPS`.
         tags: The tags every task gets at submit, by key: templates over the input (see
             :meth:`task_tags`). Empty when the definition declares none.
+        schedules: The schedules it declares (``schedules:``), which deploying it as the
+            newest version makes, changes or removes (docs/schedules.md).
     """
 
     name: str
@@ -402,6 +405,7 @@ class WorkflowDefinition:
     tags: Mapping[str, Template] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
     )
+    schedules: tuple[ScheduleDeclaration, ...] = ()
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property

@@ -25,7 +25,7 @@ def reference_problems(steps: Any) -> list[Problem]:
     """
     known = sorted(_step_ids(steps))
     problems = []
-    for path, text in _expression_strings(steps, ("steps",)):
+    for path, text in expression_strings(steps, ("steps",)):
         for expression, name, field in scope_reads(text):
             if name == "null":
                 continue  # a field no scope has: null, as `null` is (a common idiom)
@@ -57,7 +57,7 @@ def tag_problems(tags: Any) -> list[Problem]:
     problems = template_problems(("tags",), tags)
     if problems:
         return problems
-    for path, text in _expression_strings(tags, ("tags",)):
+    for path, text in expression_strings(tags, ("tags",)):
         for expression, name, _ in scope_reads(text):
             if name not in ("input", "null", "true", "false"):
                 problems.append(Problem(path, (
@@ -86,17 +86,17 @@ def _step_ids(steps: Any) -> set[str]:
     return ids
 
 
-def _expression_strings(value: Any, path: JsonPath) -> Iterator[tuple[JsonPath, str]]:
+def expression_strings(value: Any, path: JsonPath) -> Iterator[tuple[JsonPath, str]]:
     """Every string holding ``${`` inside ``value``, with its path."""
     if isinstance(value, str):
         if "${" in value:
             yield path, value
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from _expression_strings(item, (*path, key))
+            yield from expression_strings(item, (*path, key))
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _expression_strings(item, (*path, i))
+            yield from expression_strings(item, (*path, i))
 
 
 def template_problems(path: JsonPath, value: Any) -> list[Problem]:

@@ -19,6 +19,7 @@ from toolkit.definition.references import (
     tag_problems,
     template_problems,
 )
+from toolkit.definition.schedules import schedule_problems
 from toolkit.definition.step_checks import _duration_problems, _reserve_problems, _step_problems
 from toolkit.definition.wording import closest, suggest
 from toolkit.definition.yaml_source import Problem
@@ -63,8 +64,9 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):
         problems += _duration_problems(("defaults",), defaults)
-    if "input" in doc:
-        problems += input_schema_problems(doc["input"])
+    input_problems = input_schema_problems(doc["input"]) if "input" in doc else []
+    problems += input_problems
+    problems += schedule_problems(doc, input_schema_ok=not input_problems)
     if isinstance(steps, dict):
         problems += _reserve_problems(doc.get("budget"), steps)
     return problems

@@ -15,9 +15,11 @@ from toolkit.errors import (
     DefinitionFault,
     DefinitionInUse,
     DefinitionRetired,
+    ScheduleConflict,
     UnknownDefinition,
 )
 from toolkit.store.database import Database
+from toolkit.store.schedule_deploy import refuse_breaking, sync_declared
 
 DeployOutcome = Literal["registered", "unchanged"]
 
@@ -54,7 +56,11 @@ class DefinitionCatalog:
         self._db = db
 
     async def deploy(self, definition: WorkflowDefinition) -> DeployOutcome:
-        """Register a definition version.
+        """Register a definition version, and bring the schedules it declares in step.
+
+        When the version is the newest registered, the schedules its YAML declares are
+        made, changed or removed to match it (:func:`~toolkit.store.schedule_deploy.
+        sync_declared`); re-deploying it changes nothing.
 
         Returns:
             ``"registered"`` when new, ``"unchanged"`` when the same digest was registered.
@@ -65,9 +71,22 @@ class DefinitionCatalog:
             DefinitionError: the definition carries faults of checks made stricter for new
                 registrations (``new_only_faults``) and this version is not registered yet
                 with this digest: it would be a new registration.
+            ScheduleConflict: a new version that would break a schedule: a declared name
+                another schedule holds, or a schedule of the store whose input its input
+                schema refuses (docs/schedules.md).
         """
         if definition.new_only_faults:
             await self._refuse_new_only([definition])
+        try:
+            existing: WorkflowDefinition | None = await self.get(
+                definition.name, definition.version
+            )
+        except UnknownDefinition:
+            existing = None
+        if existing is not None and existing.digest != definition.digest:
+            raise DefinitionConflict(_conflict_message(existing, definition))
+        if existing is None:
+            await refuse_breaking(self._db, definition)
         inserted = await self._db.fetch_one(
             "insert_definition",
             {
@@ -78,12 +97,12 @@ class DefinitionCatalog:
                 "source": definition.source,
             },
         )
-        if inserted is not None:
-            return "registered"
-        existing = await self.get(definition.name, definition.version)
-        if existing.digest == definition.digest:
-            return "unchanged"
-        raise DefinitionConflict(_conflict_message(existing, definition))
+        if inserted is None:  # registered meanwhile, by another deploy
+            existing = await self.get(definition.name, definition.version)
+            if existing.digest != definition.digest:
+                raise DefinitionConflict(_conflict_message(existing, definition))
+        await sync_declared(self._db, definition)
+        return "registered" if inserted is not None else "unchanged"
 
     async def deploy_all(self, definitions: Sequence[WorkflowDefinition]) -> list[DeployOutcome]:
         """Register several versions, or none of them when one conflicts.
@@ -99,18 +118,34 @@ class DefinitionCatalog:
                 conflicting definition); nothing was registered.
             DefinitionError: a definition that is not registered yet carries faults of
                 checks made stricter for new registrations; nothing was registered.
+            ScheduleConflict: a new version would break a schedule (see :meth:`deploy`), or
+                two definitions declare one schedule name; nothing was registered.
         """
         await self._refuse_new_only(definitions)
-        conflicts = []
+        conflicts, breaking = [], []
+        declared: dict[str, WorkflowDefinition] = {}
         for definition in definitions:
+            for schedule in definition.schedules:
+                other = declared.setdefault(schedule.name, definition)
+                if other.name != definition.name:
+                    breaking.append(
+                        f"schedule {schedule.name!r} is declared by both {other.name} and "
+                        f"{definition.name}: rename one"
+                    )
             try:
                 existing = await self.get(definition.name, definition.version)
             except UnknownDefinition:
+                try:
+                    await refuse_breaking(self._db, definition)
+                except ScheduleConflict as exc:
+                    breaking.append(exc.message)
                 continue
             if existing.digest != definition.digest:
                 conflicts.append(_conflict_message(existing, definition))
         if conflicts:
             raise DefinitionConflict("\n".join(conflicts))
+        if breaking:
+            raise ScheduleConflict("\n".join(breaking))
         return [await self.deploy(definition) for definition in definitions]
 
     async def _refuse_new_only(self, definitions: Sequence[WorkflowDefinition]) -> None:

@@ -14,130 +14,40 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import datetime
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
 from toolkit.checkpoint import Checkpoint
-from toolkit.definition import WorkflowDefinition
-from toolkit.definition.cadence import Cadence, CronCadence, IntervalCadence, parse_cadence
-from toolkit.definition.expressions import compile_template
-from toolkit.errors import (
-    ExpressionError,
-    ExpressionSyntaxError,
-    InputError,
-    PayloadRefused,
-    ToolkitError,
-)
-from toolkit.payload import check_payload
+from toolkit.definition.cadence import parse_cadence
+from toolkit.definition.schedules import Catchup, Overlap
+from toolkit.errors import InputError, ToolkitError
 from toolkit.store.database import Database
 from toolkit.store.definitions import DefinitionCatalog
 from toolkit.store.names import check_tenant
-from toolkit.store.tags import check_tags, merged_tags
-from toolkit.store.tick_plan import CATCHUPS, OVERLAPS, Catchup, Overlap, TickPlan, plan_ticks
+from toolkit.store.schedule_values import (
+    Schedule,
+    UnknownSchedule,
+    cadence_json,
+    check_name,
+    check_settings,
+    render_tick,
+    tick_key,
+)
+from toolkit.store.tags import check_tags
+from toolkit.store.tick_plan import TickPlan, plan_ticks
 
-#: A schedule's name: what ``toolkit schedules`` commands take.
-SCHEDULE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,199}")
+__all__ = ["MAX_BACKFILL", "Fired", "Schedule", "Schedules", "UnknownSchedule", "tick_key"]
+
 #: Most ticks one backfill may start.
 MAX_BACKFILL = 10_000
+
 _CADENCE = frozenset({"cron", "every", "offset", "timezone"})
 #: The fields :meth:`Schedules.update` changes.
 _CHANGEABLE = _CADENCE | {
     "input", "tenant", "tags", "overlap", "catchup", "catchup_window", "pause_after_failures",
 }
-
-
-class UnknownSchedule(ToolkitError):
-    """There is no schedule of that name."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """A schedule as stored, with how many of its runs are live.
-
-    Attributes:
-        name: its name.
-        definition_name: the definition its ticks start (its newest active version).
-        owner: ``store`` (made at run time) or ``definition`` (declared in the YAML of
-            version ``owner_version``).
-        owner_version: see ``owner``.
-        cadence: when it ticks.
-        input: the task input, a template (``${ context.scheduled_at }``,
-            ``${ context.schedule }``).
-        tenant: the tenant of its tasks.
-        tags: tags of its tasks.
-        overlap: the overlap policy.
-        catchup: the catch-up policy; ``catchup_window`` its window (``all``), seconds.
-        catchup_window: see ``catchup``.
-        pause_after_failures: pause it after this many consecutive failed runs (None: never).
-        paused: whether it is paused; ``pause_note`` why.
-        pause_note: see ``paused``.
-        consecutive_failures: failed runs since the last success.
-        next_tick: its first tick not handled yet (database time).
-        buffered: ticks waiting for the live run to end.
-        fired, skipped, missed, caught_up: counts of ticks, since it was made.
-        last_tick: the newest tick that started a run.
-        live: its live runs.
-    """
-
-    name: str
-    definition_name: str
-    owner: str
-    owner_version: int | None
-    cadence: Cadence
-    input: Any
-    tenant: str
-    tags: dict[str, str]
-    overlap: Overlap
-    catchup: Catchup
-    catchup_window: float | None
-    pause_after_failures: int | None
-    paused: bool
-    pause_note: str | None
-    consecutive_failures: int
-    next_tick: datetime.datetime
-    buffered: tuple[datetime.datetime, ...]
-    fired: int
-    skipped: int
-    missed: int
-    caught_up: int
-    last_tick: datetime.datetime | None
-    created_at: datetime.datetime
-    updated_at: datetime.datetime
-    live: int
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Schedule:
-        """A schedule from its row (``schedule_columns``)."""
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in row.items() if k in fields}
-        values["cadence"] = cadence_from_json(row["cadence"])
-        values["buffered"] = tuple(datetime.datetime.fromisoformat(t) for t in row["buffered"])
-        return cls(**values)
-
-    def describe(self) -> str:
-        """The schedule in a line: cadence, definition, policies."""
-        catchup = self.catchup if self.catchup != "all" else f"all within {self.catchup_window:g} s"
-        return (
-            f"{self.cadence.describe()} starts {self.definition_name} (tenant {self.tenant}); "
-            f"overlap {self.overlap}, catch-up {catchup}"
-        )
-
-
-def cadence_json(cadence: Cadence) -> dict[str, Any]:
-    """A cadence as stored: ``{"cron", "timezone"}`` or ``{"every", "offset"}`` (seconds)."""
-    if isinstance(cadence, CronCadence):
-        return {"cron": cadence.expression, "timezone": cadence.timezone}
-    return {"every": cadence.every_seconds, "offset": cadence.offset_seconds}
-
-
-def cadence_from_json(data: Mapping[str, Any]) -> Cadence:
-    """The cadence a schedule row stores (see :func:`cadence_json`)."""
-    if "cron" in data:
-        return CronCadence(data["cron"], data.get("timezone", "UTC"))
-    return IntervalCadence(float(data["every"]), float(data.get("offset", 0.0)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,18 +124,13 @@ class Schedules:
                 definition's input schema for a sample tick.
             UnknownDefinition, DefinitionRetired: no active version of ``definition``.
         """
-        if not isinstance(name, str) or not SCHEDULE_NAME.fullmatch(name):
-            raise InputError(
-                f"schedule name {name!r} is not one: 1 to 200 letters, digits, '_', '.', ':', "
-                "'/' or '-', not starting with a punctuation mark",
-                path="$.name",
-            )
+        check_name(name)
         cadence = parse_cadence(cron=cron, every=every, offset=offset, timezone=timezone)
-        window = _settings(overlap, catchup, catchup_window, pause_after_failures)
+        window = check_settings(overlap, catchup, catchup_window, pause_after_failures)
         target = await self._definitions.submittable(definition)
         tags = check_tags(tags or {}, path="$.tags")
         now = await self._now()
-        _render(target, name, input, cadence.next_after(now), tags, self._db)
+        render_tick(target, name, input, cadence.next_after(now), tags, self._db)
         row = await self._db.fetch_one(
             "create_schedule",
             {
@@ -258,12 +163,7 @@ class Schedules:
                 YAML (change it there, and deploy).
         """
         old = await self.get(name)
-        if old.owner != "store":
-            raise InputError(
-                f"schedule {name!r} is declared by {old.definition_name} "
-                f"v{old.owner_version}: change it in that YAML and deploy a new version",
-                path="$.name",
-            )
+        _refuse_declared(old, "change it in that YAML")
         unknown = set(changes) - _CHANGEABLE
         if unknown:
             raise TypeError(f"no schedule field {', '.join(sorted(unknown))}")
@@ -284,13 +184,13 @@ class Schedules:
         }  # fmt: skip
         if "catchup" in changes and changes["catchup"] != "all" and "catchup_window" not in changes:
             merged["catchup_window"] = None
-        window = _settings(merged["overlap"], merged["catchup"], merged["catchup_window"],
+        window = check_settings(merged["overlap"], merged["catchup"], merged["catchup_window"],
                            merged["pause_after_failures"])  # fmt: skip
         target = await self._definitions.submittable(old.definition_name)
         tags = check_tags(merged["tags"] or {}, path="$.tags")
         now = await self._now()
         next_tick = cadence.next_after(now) if cadence != old.cadence else old.next_tick
-        _render(target, name, merged["input"], next_tick, tags, self._db)
+        render_tick(target, name, merged["input"], next_tick, tags, self._db)
         await self._changed(
             "update_schedule",
             name,
@@ -344,11 +244,14 @@ class Schedules:
         return await self.get(name)
 
     async def delete(self, name: str) -> None:
-        """Delete a schedule; its live runs go on.
+        """Delete a schedule made at run time; its live runs go on.
 
         Raises:
             UnknownSchedule: there is none of that name.
+            InputError: it is declared in a definition's YAML (remove it there and deploy;
+                pause it meanwhile).
         """
+        _refuse_declared(await self.get(name), "remove it from that YAML")
         await self._changed("delete_schedule", name, {})
 
     async def _changed(self, statement: str, name: str, params: dict[str, Any]) -> None:
@@ -412,7 +315,7 @@ class Schedules:
         definition = await self._definitions.submittable(schedule.definition_name)
         runs = []
         for index, tick in enumerate(ticks):
-            value, tags = _render(
+            value, tags = render_tick(
                 definition, schedule.name, schedule.input, tick, schedule.tags, self._db
             )
             key = keys[index] if keys else tick_key(schedule.name, tick)
@@ -484,71 +387,16 @@ class Schedules:
         return None if row is None or row["seconds"] is None else float(row["seconds"])
 
 
-def tick_key(name: str, tick: datetime.datetime) -> str:
-    """The idempotency key of a schedule's tick: one task per (schedule, tick time)."""
-    return f"schedule/{name}/{tick.astimezone(datetime.UTC).isoformat()}"
-
-
-def _settings(
-    overlap: str, catchup: str, window: str | float | None, pause_after: int | None
-) -> float | None:
-    """Check the policies; return the catch-up window in seconds.
+def _refuse_declared(schedule: Schedule, instead: str) -> None:
+    """Refuse editing a schedule its definition owns: a deploy would undo the edit.
 
     Raises:
-        InputError: an unknown policy, a window without ``all`` (or ``all`` without one),
-            or a pause-after count below 1.
+        InputError: it is declared in a definition's YAML.
     """
-    from toolkit.durations import parse_duration
-
-    if overlap not in OVERLAPS:
-        raise InputError(f"overlap {overlap!r}: one of {', '.join(OVERLAPS)}", path="$.overlap")
-    if catchup not in CATCHUPS:
-        raise InputError(f"catchup {catchup!r}: one of {', '.join(CATCHUPS)}", path="$.catchup")
-    if (catchup == "all") != (window is not None):
+    if schedule.owner != "store":
         raise InputError(
-            "catchup 'all' takes a window (all within 6h), and only it does", path="$.catchup"
+            f"schedule {schedule.name!r} is declared by {schedule.definition_name} "
+            f"v{schedule.owner_version}: {instead} and deploy a new version (pause, resume "
+            "and trigger work here)",
+            path="$.name",
         )
-    if pause_after is not None and (isinstance(pause_after, bool) or pause_after < 1):
-        raise InputError(
-            f"pause_after_failures must be 1 or more, not {pause_after!r}",
-            path="$.pause_after_failures",
-        )
-    if window is None:
-        return None
-    try:
-        seconds = parse_duration(window)
-    except ValueError as exc:
-        raise InputError(f"catchup window: {exc}", path="$.catchup") from None
-    if seconds <= 0:
-        raise InputError("the catch-up window must be longer than 0", path="$.catchup")
-    return seconds
-
-
-def _render(
-    definition: WorkflowDefinition,
-    name: str,
-    template: Any,
-    tick: datetime.datetime,
-    tags: Mapping[str, str],
-    db: Database,
-) -> tuple[Any, dict[str, str]]:
-    """A tick's task input (the template rendered, checked) and tags.
-
-    Raises:
-        InputError: the input does not render, is over the payload limits or fails the
-            definition's input schema; ``path`` starts ``$.input``.
-    """
-    context = {"scheduled_at": tick.astimezone(datetime.UTC).isoformat(), "schedule": name}
-    try:
-        value = compile_template(template if template is not None else {}, path="$.input")
-        rendered = value.render({"input": {}, "steps": {}, "context": context})
-        check_payload(rendered, db.payload_limits)
-        checked = definition.validate_input(rendered)
-    except (ExpressionError, ExpressionSyntaxError, PayloadRefused) as exc:
-        raise InputError(f"schedule {name!r}: input: {exc}", path="$.input") from exc
-    except InputError as exc:
-        raise InputError(
-            f"schedule {name!r}: its input fails the input schema: {exc.message}",
-            path=f"$.input{(exc.path or '$')[1:]}",
-        ) from exc
-    return checked, merged_tags(definition.task_tags(checked), tags)

@@ -20,19 +20,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Sequence
-from typing import Literal
 
 from toolkit.definition.cadence import Cadence, IntervalCadence
+from toolkit.definition.schedules import Catchup, Overlap
 
 #: Seconds a tick may be late and still fire as late, not missed.
 GRACE = 60.0
 #: Most ticks one pass handles for one schedule; the rest are the next pass's.
 MAX_TICKS = 1000
 
-Overlap = Literal["skip", "buffer_one", "buffer_all", "cancel_other", "allow_all"]
-Catchup = Literal["none", "latest", "all"]
-OVERLAPS: tuple[Overlap, ...] = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
-CATCHUPS: tuple[Catchup, ...] = ("none", "latest", "all")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,6 +30,17 @@ SET cadence = %(cadence)s, input = %(input)s, tenant = %(tenant)s, tags = %(tags
 WHERE name = %(name)s
 RETURNING name;
 
+-- name: update_declared_schedule
+-- A definition-owned schedule, set to what version %(owner_version)s declares; its pause,
+-- counters and buffered ticks stay. Nothing when it is not that definition's.
+UPDATE toolkit_schedules
+SET owner_version = %(owner_version)s, cadence = %(cadence)s, input = %(input)s,
+    tenant = %(tenant)s, tags = %(tags)s, overlap = %(overlap)s, catchup = %(catchup)s,
+    catchup_window = %(catchup_window)s, pause_after_failures = %(pause_after_failures)s,
+    next_tick = %(next_tick)s, updated_at = clock_timestamp()
+WHERE name = %(name)s AND owner = 'definition' AND definition_name = %(definition_name)s
+RETURNING name;
+
 -- name: get_schedule
 -- include: schedule_columns
 FROM toolkit_schedules s
