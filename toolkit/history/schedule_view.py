@@ -18,17 +18,13 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 from toolkit.definition.cadence import CronCadence
+from toolkit.history.task_detail import STATE_COLOURS
 from toolkit.store import Store
 from toolkit.store.schedules import Schedule
 from toolkit.store.tasks import TaskRecord
 
 #: The stylesheet of the board's rows (JupyterLab's theme colours, with fallbacks).
 STYLESHEET = Path(__file__).resolve().parent / "schedule_board.css"
-#: The badge colour of each task state (as the TaskBrowser's detail shows them).
-STATE_COLOURS = {
-    "queued": "#757575", "leased": "#1565c0", "waiting": "#ef6c00",
-    "succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#616161",
-}  # fmt: skip
 _UTC = ZoneInfo("UTC")
 
 
@@ -116,15 +112,20 @@ class ScheduleRow:
 
     def fire_texts(self) -> list[str]:
         """Its next fire times, each with how far off it is (``due`` once passed)."""
-        return [f"{self.moment(t)} ({_until((t - self.now).total_seconds())})"
-                for t in self.upcoming]  # fmt: skip
+        return [
+            f"{self.moment(t)} ({_until((t - self.now).total_seconds())})" for t in self.upcoming
+        ]
+
+    def started(self, run: TaskRecord) -> str:
+        """How and when a run started: ``tick Mon 2026-12-07 06:00:00 CET`` or ``triggered ...``."""
+        manual = (run.idempotency_key or "").startswith(f"schedule/{self.name}/manual/")
+        when = self.moment(run.scheduled_at or run.created_at)
+        return f"triggered {when}" if manual else f"tick {when}"
 
     def run_text(self, run: TaskRecord) -> str:
         """A run in a line: ``task 7 succeeded, tick Mon 2026-12-07 06:00:00 CET``."""
         state = run.state + (f" ({run.wait_reason})" if run.wait_reason else "")
-        tick = run.scheduled_at or run.created_at
-        manual = (run.idempotency_key or "").startswith(f"schedule/{self.name}/manual/")
-        return f"task {run.id} {state}, {'triggered' if manual else 'tick'} {self.moment(tick)}"
+        return f"task {run.id} {state}, {self.started(run)}"
 
     def fields(self) -> list[tuple[str, list[str]]]:
         """The row as ``(label, lines)`` pairs.
@@ -229,14 +230,13 @@ def _cell(label: str, inner: str) -> str:
 
 
 def _run_html(row: ScheduleRow, run: TaskRecord) -> str:
-    """A run: its id, a badge of its state, and its tick."""
+    """A run: its id, a badge of its state, and how and when it started."""
     colour = STATE_COLOURS.get(run.state, "#616161")
-    tick = run.scheduled_at or run.created_at
     return (
         f"<div class='toolkit-schedule-run' data-task='{run.id}'>task {run.id} "
         f"<span class='toolkit-schedule-badge' style='background:{colour}'>"
         f"{html.escape(run.state)}</span> <span class='toolkit-schedule-muted'>"
-        f"{html.escape(row.moment(tick))}</span></div>"
+        f"{html.escape(row.started(run))}</span></div>"
     )
 
 
