@@ -2,12 +2,15 @@
 
 JupyterLab runs tutorial 3 to its end; the test then works the ``TaskBrowser`` as a user
 would — picks a task with the mouse, moves with the arrow keys, sends a signal with the
-widget's button — and saves screenshots. The docs site, built to a folder and served on
-127.0.0.1 with every other address blocked, must draw its diagrams (offline Mermaid).
+widget's button — and saves screenshots. Tutorial 7's ``ScheduleBoard`` is worked the same
+way: resume, trigger and pause a schedule with its buttons, then show its runs in the
+browser. The docs site, built to a folder and served on 127.0.0.1 with every other address
+blocked, must draw its diagrams (offline Mermaid).
 
 Skipped, with the reason, when Playwright or a Chromium is missing (``.ci/run`` installs
 both). Set ``TOOLKIT_SCREENSHOTS=docs`` to write the screenshots to ``docs/images/`` (the
-TaskBrowser pictures the docs show), else they go to the test's temporary folder.
+TaskBrowser and ScheduleBoard pictures the docs show), else they go to the test's temporary
+folder.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,9 +49,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def wait_for_http(
-    url: str, seconds: float, process: subprocess.Popen[bytes], log: Path
-) -> None:
+def wait_for_http(url: str, seconds: float, process: subprocess.Popen[bytes], log: Path) -> None:
     def answers() -> bool:
         tail = log.read_text(errors="replace")[-3000:]
         assert process.poll() is None, f"the server exited ({process.returncode}):\n{tail}"
@@ -71,8 +72,8 @@ def shots(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[str]:
-    """JupyterLab on 127.0.0.1 over a copy of the tutorials; yields its base URL with token."""
+def lab(tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """JupyterLab on 127.0.0.1 over a copy of the tutorials; yields a tutorial's URL by name."""
     root = tmp_path / "lab"
     shutil.copytree(REPO / "notebooks", root)
     token, port = secrets.token_hex(16), free_port()
@@ -97,7 +98,7 @@ def lab(tmp_path: Path) -> Iterator[str]:
     try:
         status = f"http://127.0.0.1:{port}/api/status?token={token}"
         wait_for_http(status, 60, process, log_path)
-        yield f"http://127.0.0.1:{port}/lab/tree/03-inspect.ipynb?token={token}"
+        yield lambda notebook: f"http://127.0.0.1:{port}/lab/tree/{notebook}?token={token}"
     finally:
         process.terminate()
         try:
@@ -113,22 +114,29 @@ def chromium(playwright: sync_api.Playwright) -> sync_api.Browser:
     return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
 
 
-def test_the_task_browser_works_in_jupyterlab(lab: str, shots: Path, tmp_path: Path) -> None:
+def run_all(page: sync_api.Page, url: str, last_output: str) -> None:
+    """Open a notebook, run all its cells, and wait for the run to end with ``last_output``."""
+    page.set_default_timeout(PATIENCE)
+    page.goto(url)
+    page.locator(".jp-Notebook").wait_for()
+    page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    # The run has ended when no prompt shows a star and the last output is there.
+    page.wait_for_function(
+        "() => { const p = [...document.querySelectorAll('.jp-InputArea-prompt')];"
+        " return p.length > 0 && !p.some(e => e.textContent.includes('*')); }"
+    )
+    page.locator("pre", has_text=last_output).first.wait_for()
+
+
+def test_the_task_browser_works_in_jupyterlab(
+    lab: Callable[[str], str], shots: Path, tmp_path: Path
+) -> None:
     with sync_api.sync_playwright() as playwright:
         browser = chromium(playwright)
         page = browser.new_page(viewport={"width": 1200, "height": 900})
-        page.set_default_timeout(PATIENCE)
-        page.goto(lab)
-        page.locator(".jp-Notebook").wait_for()
-        page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-        # The run has ended when no prompt shows a star and the last output is there.
-        page.wait_for_function(
-            "() => { const p = [...document.querySelectorAll('.jp-InputArea-prompt')];"
-            " return p.length > 0 && !p.some(e => e.textContent.includes('*')); }"
-        )
-        page.locator("pre", has_text="error: task 2 was cancelled").first.wait_for()
+        run_all(page, lab("03-inspect.ipynb"), "error: task 2 was cancelled")
         listing = page.locator(".toolkit-task-list[role=listbox]").first
         listing.scroll_into_view_if_needed()
 
@@ -156,6 +164,43 @@ def test_the_task_browser_works_in_jupyterlab(lab: str, shots: Path, tmp_path: P
         # Its cancel and reconcile buttons: a waiting task can be cancelled, not reconciled.
         assert page.get_by_role("button", name="Cancel task").is_enabled()
         assert page.get_by_role("button", name="Reconcile").is_disabled()
+        browser.close()
+
+
+def test_the_schedule_board_works_in_jupyterlab(lab: Callable[[str], str], shots: Path) -> None:
+    with sync_api.sync_playwright() as playwright:
+        browser = chromium(playwright)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        run_all(page, lab("07-schedules.ipynb"), "the task browser shows the runs of schedule")
+        row = page.locator(".toolkit-schedule-board-row", has_text="weekday-report").first
+        row.scroll_into_view_if_needed()
+        assert "paused: holidays" in row.inner_text()  # the tutorial paused it
+        assert row.get_by_role("button", name="Pause").is_disabled()
+
+        # Resume and trigger it with its buttons: the store changes, the row shows it.
+        row.get_by_role("button", name="Resume").click()
+        page.get_by_text("schedule weekday-report resumed; next tick").wait_for()
+        row.get_by_role("button", name="Trigger").click()
+        page.get_by_text("schedule weekday-report: task 4 started").wait_for()
+        row.locator(".toolkit-schedule-run[data-task='4']").wait_for()
+        assert row.locator(".toolkit-schedule-active").count() == 1
+        assert row.locator(".toolkit-schedule-run").count() == 3
+        page.screenshot(path=str(shots / "schedule-board.png"), full_page=False)
+
+        # Pause it with a note typed in its row.
+        row.locator("input[placeholder='why pause (a note)']").fill("from the browser")
+        row.get_by_role("button", name="Pause").click()
+        page.get_by_text("schedule weekday-report paused: from the browser").wait_for()
+
+        # Runs: the task browser lists the schedule's three runs, not the other task.
+        row.get_by_role("button", name="Runs").click()
+        page.get_by_text(
+            "the task browser shows the runs of schedule weekday-report: 3 tasks"
+        ).wait_for()
+        options = page.locator(".toolkit-task-list[role=listbox]").first.locator("[role=option]")
+        assert options.count() == 3, options.all_text_contents()
+        field = page.locator(".widget-text").filter(has_text="schedule").locator("input").first
+        assert field.input_value() == "weekday-report"
         browser.close()
 
 

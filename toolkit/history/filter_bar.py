@@ -1,9 +1,10 @@
 """The TaskBrowser's filter: widgets for the fields of one :class:`TaskFilter`.
 
 State, tenant, definition and version are dropdowns (their choices come from the tasks the
-store holds); tags, error and "created since" are text fields: tags as ``KEY=VALUE`` pairs
-(``customer=acme region=eu``, all of them), the time as a duration before now (``2h``) or
-an ISO 8601 time. The same names as the keyword arguments of
+store holds); tags, error, schedule and "created since" are text fields: tags as
+``KEY=VALUE`` pairs (``customer=acme region=eu``, all of them), the schedule's name (its
+runs: the ScheduleBoard's *Runs* button fills it in), the time as a duration before now
+(``2h``) or an ISO 8601 time. The same names as the keyword arguments of
 :class:`~toolkit.store.filters.TaskFilter` and the CLI's filter options (docs/many-tasks.md).
 """
 
@@ -52,6 +53,9 @@ class FilterBar:
             description="tags", placeholder="customer=acme region=eu", layout=wide
         )
         self.error_filter = widgets.Text(description="error", placeholder="Declined", layout=narrow)
+        self.schedule_filter = widgets.Text(
+            description="schedule", placeholder="name", layout=narrow
+        )
         self.since_filter = widgets.Text(
             description="since", placeholder="2h or 2026-06-01", layout=narrow
         )
@@ -61,16 +65,19 @@ class FilterBar:
         self._extra: dict[str, Any] = {}
         for control in self._dropdowns():
             control.observe(self._on_change, names="value")
-        for text in (self.tags_filter, self.error_filter, self.since_filter):
+        for text in self._texts():
             text.continuous_update = False
             text.observe(self._on_change, names="value")
         self.widget = widgets.VBox([
             widgets.HBox(list(self._dropdowns())),
-            widgets.HBox([self.tags_filter, self.error_filter, self.since_filter]),
+            widgets.HBox(list(self._texts())),
         ])  # fmt: skip
 
     def _dropdowns(self) -> tuple[widgets.Dropdown, ...]:
         return (self.state_filter, self.tenant_filter, self.definition_filter, self.version_filter)
+
+    def _texts(self) -> tuple[widgets.Text, ...]:
+        return (self.tags_filter, self.error_filter, self.schedule_filter, self.since_filter)
 
     def _on_change(self, change: Mapping[str, Any]) -> None:
         if not self._updating:
@@ -85,6 +92,7 @@ class FilterBar:
         version: int | None = None,
         tags: Mapping[str, str] | None = None,
         error: str | None = None,
+        schedule: str | None = None,
         created_since: str | None = None,
         **fields: Any,
     ) -> None:
@@ -97,6 +105,7 @@ class FilterBar:
             version: the version dropdown's.
             tags: the tags field's, key to value.
             error: the error field's.
+            schedule: the schedule field's (a schedule's name: its runs).
             created_since: the "since" field's: a duration before now or a time.
             fields: other :class:`TaskFilter` fields (``step``, ``wait_reason``,
                 ``finished_since`` ...), kept although no widget shows them.
@@ -116,6 +125,7 @@ class FilterBar:
             self.version_filter.value = ANY if version is None else str(version)
             self.tags_filter.value = " ".join(f"{k}={v}" for k, v in (tags or {}).items())
             self.error_filter.value = error or ""
+            self.schedule_filter.value = schedule or ""
             self.since_filter.value = created_since or ""
             self._extra = {k: v for k, v in fields.items() if v is not None}
         except Exception as exc:  # traitlets raises TraitError for a value not offered
@@ -139,6 +149,7 @@ class FilterBar:
                 definition=None if name is None else name + (f"@{version}" if version else ""),
                 tags=_tags(self.tags_filter.value) or None,
                 error=self.error_filter.value.strip() or None,
+                schedule=self.schedule_filter.value.strip() or None,
                 created_since=self.since_filter.value.strip() or None,
                 **self._extra,
             )

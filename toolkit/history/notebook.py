@@ -1,7 +1,8 @@
-"""Notebook inspection: a task browser, a history dashboard and a scratch database.
+"""Notebook inspection: a task browser, a schedule board, a history dashboard, a scratch database.
 
-The task browser is built with ipywidgets, the dashboard with matplotlib; the scratch
-database (:mod:`toolkit.history.scratch`) gives a tutorial its own PostgreSQL.
+The task browser and the schedule board (:mod:`toolkit.history.schedule_board`) are built
+with ipywidgets, the dashboard with matplotlib; the scratch database
+(:mod:`toolkit.history.scratch`) gives a tutorial its own PostgreSQL.
 
 Everything here is async-friendly in Jupyter's running event loop: call the coroutine
 methods with top-level ``await`` in a cell; widget buttons schedule their work on that same
@@ -26,6 +27,8 @@ from toolkit.errors import ConfigError, DefinitionError, ToolkitError, UnknownDe
 from toolkit.history.analytics import History, render_table
 from toolkit.history.bulk_panel import BulkPanel
 from toolkit.history.filter_bar import FilterBar
+from toolkit.history.schedule_board import ScheduleBoard as ScheduleBoard
+from toolkit.history.schedule_view import ScheduleRow as ScheduleRow
 from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
 from toolkit.history.task_detail import TaskDetail as TaskDetail
 from toolkit.history.task_list import TaskList
@@ -44,11 +47,11 @@ if TYPE_CHECKING:
 class TaskBrowser:
     """An ipywidgets view of the tasks of a store: filter, open one, act on it.
 
-    Filter by state, tenant, definition, version, tags, error and submit time (the fields
-    of a :class:`~toolkit.store.filters.TaskFilter`), page through any number of tasks
-    (``limit`` a page), preview and apply a bulk cancel or signal on the filter (``bulk``,
-    the plans of ``toolkit bulk``); open a task to see its timeline of
-    events, checkpoint, effect evidence, waits, signals and reconciliation status, and its
+    Filter by state, tenant, definition, version, tags, error, schedule and submit time
+    (the fields of a :class:`~toolkit.store.filters.TaskFilter`), page through any number
+    of tasks (``limit`` a page), preview and apply a bulk cancel or signal on the filter
+    (``bulk``, the plans of ``toolkit bulk``); open a task to see its timeline of events,
+    checkpoint, effect evidence, waits, signals and reconciliation status, and its
     path through its definition's graph (an SVG, each step coloured by what happened to
     it); send it a signal, cancel it or reconcile it with the buttons, which call the same
     store API as ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``.
@@ -200,8 +203,9 @@ class TaskBrowser:
 
         Args:
             fields: :class:`~toolkit.store.filters.TaskFilter` fields: ``state``, ``tenant``,
-                ``definition`` (a name) and ``version`` (the dropdowns), ``tags``, ``error``
-                and ``created_since`` (the text fields), or any other (``step`` ...).
+                ``definition`` (a name) and ``version`` (the dropdowns), ``tags``, ``error``,
+                ``schedule`` and ``created_since`` (the text fields), or any other (``step``
+                ...).
 
         Raises:
             ValueError: a value a dropdown does not offer (refresh first to load the

@@ -154,7 +154,7 @@ class TaskDetail:
         failed, or an intent without outcome yet).
         """
         esc = html.escape
-        colour = _STATE_COLOURS.get(self.task.state, "#616161")
+        colour = STATE_COLOURS.get(self.task.state, "#616161")
         parts = [
             f'<div class="toolkit-task"><b>{esc(self._title())}</b> '
             f'<span style="background:{colour};color:white;padding:0 6px;border-radius:3px">'
@@ -181,7 +181,7 @@ class TaskDetail:
 
 
 #: The badge colour of each task state in the detail pane.
-_STATE_COLOURS = {
+STATE_COLOURS = {
     "queued": "#757575", "leased": "#1565c0", "waiting": "#ef6c00",
     "succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#616161",
 }  # fmt: skip
