@@ -33,12 +33,13 @@ pytestmark = pytest.mark.anyio
 def test_the_export_schema_is_pinned() -> None:
     """Changing a column is a new export schema version: update this test, the docs and
     EXPORT_SCHEMA_VERSION together."""
-    assert EXPORT_SCHEMA_VERSION == 1
+    assert EXPORT_SCHEMA_VERSION == 2
     assert {table: [name for name, _ in cols] for table, cols in EXPORT_COLUMNS.items()} == {
         "tasks": [
             "id", "tenant", "definition_name", "definition_version", "definition_digest",
             "state", "wait_reason", "attempts", "lease_token", "parent_id", "idempotency_key",
             "input", "result", "error", "created_at", "run_at", "updated_at", "finished_at",
+            "schedule_name", "scheduled_at", "tags",
         ],
         "events": ["id", "task_id", "kind", "worker_id", "fencing_token", "detail", "at"],
         "effects": [
@@ -49,6 +50,11 @@ def test_the_export_schema_is_pinned() -> None:
         "checkpoints": [
             "task_id", "lease_token", "definition_digest", "state", "cursor", "pending",
             "wait", "checkpoint", "updated_at",
+        ],
+        "schedules": [
+            "name", "definition_name", "owner", "tenant", "cadence", "overlap", "catchup",
+            "paused", "fired", "skipped", "missed", "caught_up", "next_tick", "last_tick",
+            "created_at", "exported_at",
         ],
     }  # fmt: skip
     page = (Path(__file__).parent.parent.parent / "docs" / "history.md").read_text()
@@ -101,7 +107,9 @@ async def test_a_second_export_adds_only_newer_rows(store: Store, tmp_path: Path
     first = await export_history(store.db, out)
     again = await export_history(store.db, out)  # nothing happened since
     assert again.since == first.until
-    assert again.rows == {"tasks": 0, "events": 0, "effects": 0, "checkpoints": 0}
+    assert again.rows == {
+        "tasks": 0, "events": 0, "effects": 0, "checkpoints": 0, "schedules": 0,
+    }  # fmt: skip
 
     await submit_and_run(store, flows=1, broken=0)
     third = await export_history(store.db, out, since=again.until)

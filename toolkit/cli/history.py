@@ -27,7 +27,8 @@ from toolkit.counts import counted
 def export_cmd(settings: Settings, out_dir: Path, since: str | None) -> None:
     """Export task, event, effect evidence and checkpoint history to Parquet in OUT_DIR.
 
-    Each run adds one file per table and a manifest entry; earlier files stay.
+    Each run adds one file per table, a snapshot of the schedules and a manifest entry;
+    earlier files stay.
     """
     from toolkit.history.export import export_history
 
@@ -51,7 +52,8 @@ def stats(out_dir: Path, bucket: str) -> None:
     """Print history statistics from the export in OUT_DIR (no database needed).
 
     Queue delay, step execution time, lease losses, retries, failures, time waiting,
-    budget spend and throughput, as tables.
+    budget spend, throughput and schedules (tick lag, skipped and missed ticks), as
+    tables.
     """
     from toolkit import history
 

@@ -8,13 +8,16 @@ connection with one view per exported table, each row once however many runs exp
   ``definition_version``;
 - ``effects``: every effect evidence record, with the same three task columns;
 - ``checkpoints``: each checkpoint snapshot;
+- ``schedules``: the newest exported snapshot of each schedule (its tick counters);
 
 and derived views: ``queue_delays`` (one row per counted claim), ``effect_calls`` (one row
-per effect outcome, with its duration) and ``wait_spans`` (one row per durable wait). The
+per effect outcome, with its duration), ``wait_spans`` (one row per durable wait) and
+``schedule_lags`` (one row per task a schedule started, with its tick lag). The
 methods of :class:`History` are the ready answers; each returns a lazy DuckDB relation
 (``.fetchall()``, ``.df()`` with pandas, ``.show()``, or more SQL on top).
 
-Times are UTC (the connection's ``TimeZone`` is set to UTC); durations are seconds.
+Times are UTC (the connection's ``TimeZone`` is set to UTC); durations are seconds. Runs
+written by an older export schema read as NULL in the columns their files lack.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from toolkit.errors import HistoryError
 from toolkit.history.export import EXPORT_COLUMNS, TABLES, Manifest, read_manifest
 from toolkit.store.queries import parse_named_blocks
 
-VIEWS = ("tasks", "events", "effects", "checkpoints")
+VIEWS = ("tasks", "events", "effects", "checkpoints", "schedules")
 """The table views of a history, one per exported table."""
 
-DERIVED_VIEWS = ("queue_delays", "effect_calls", "wait_spans")
+DERIVED_VIEWS = ("queue_delays", "effect_calls", "wait_spans", "schedule_lags")
 """The derived views the answers are computed from."""
 
 
@@ -59,6 +62,10 @@ def _seconds(bucket: float | str) -> float:
     if seconds <= 0:
         raise HistoryError("bucket: the width must be longer than 0 s")
     return seconds
+
+
+_SCHEDULES_TITLE = "schedules (tick lag in seconds: task created minus its tick)"
+_NO_SCHEDULES = "(no schedule and no scheduled task in this export)"
 
 
 class History:
@@ -215,6 +222,25 @@ class History:
         """
         return self._relation("throughput", bucket)
 
+    def schedules(self) -> duckdb.DuckDBPyRelation:
+        """Ticks of each schedule: the runs it started, their tick lag, the ticks it missed.
+
+        A run's tick lag is its task's creation minus the tick it was started for
+        (``scheduled_at``), by database time: about 0 for a tick fired on time or a
+        ``toolkit schedules trigger``, the downtime for a caught-up tick, the age of the tick
+        for a backfill. ``skipped``, ``missed`` and ``caught_up`` are the schedule's own
+        counters (since it was made) in the newest export snapshot that holds it; NULL for a
+        schedule no snapshot holds (deleted before the first export of schema 2, or a folder
+        exported by schema 1 only).
+
+        Returns:
+            Columns ``schedule``, ``definition_name``, ``fired`` (its tasks in the export),
+            ``p50_seconds``, ``p95_seconds``, ``max_seconds`` (tick lag), ``skipped``,
+            ``missed``, ``caught_up``; by schedule name. No rows when the export holds
+            neither a scheduled task nor a schedule.
+        """
+        return self._relation("schedules")
+
     def summary(self) -> duckdb.DuckDBPyRelation:
         """Rows and time span of each table view.
 
@@ -251,9 +277,11 @@ class History:
             ("time waiting (seconds)", self.waits()),
             ("budget spend", self.budget_spend()),
             ("throughput (tasks ended)", self.throughput(bucket)),
+            (_SCHEDULES_TITLE, self.schedules()),
         ]
         for title, relation in sections:
-            lines += render_table(title, relation.columns, relation.fetchall())
+            empty = _NO_SCHEDULES if title == _SCHEDULES_TITLE else "(none)"
+            lines += render_table(title, relation.columns, relation.fetchall(), empty=empty)
             lines.append("")
         return "\n".join(lines).rstrip() + "\n"
 
@@ -297,13 +325,20 @@ def cell_text(value: object) -> str:
     return str(value)
 
 
-def render_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    """A titled plain-text table: a header, a rule, one line per row ("(none)" if empty).
+def render_table(
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    *,
+    empty: str = "(none)",
+) -> list[str]:
+    """A titled plain-text table: a header, a rule, one line per row (``empty`` if none).
 
     Args:
         title: the line above the table.
         columns: column names (long names are shortened: ``definition_name`` → ``definition``).
         rows: the rows, each as long as ``columns``.
+        empty: the line under the title when there are no rows.
 
     Returns:
         The lines, numbers right-aligned, text left-aligned.
@@ -311,7 +346,7 @@ def render_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obj
     header = [_SHORT_NAMES.get(name, name) for name in columns]
     cells = [[cell_text(value) for value in row] for row in rows]
     if not cells:
-        return [title, "  (none)"]
+        return [title, f"  {empty}"]
     numeric = [
         all(isinstance(row[i], int | float) or row[i] is None for row in rows)
         for i in range(len(columns))
@@ -328,24 +363,40 @@ def render_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[obj
     return [title, line(header), "  " + "  ".join("-" * w for w in widths), *map(line, cells)]
 
 
+_RUN_NUMBER = r"run-(\d+)\.parquet$"
+"""The run number in a run file's name (`toolkit.history.export.RUN_FILE`)."""
+
+
 def _raw_view(con: duckdb.DuckDBPyConnection, folder: Path, manifest: Manifest, table: str) -> None:
-    """Make ``TABLE_raw``: every run's rows of a table, with exactly the pinned columns."""
+    """Make ``TABLE_raw``: every run's rows of a table, with exactly the pinned columns.
+
+    A column the files of a run lack (written by an older export schema) reads as NULL. An
+    ``export_run`` column says which run each row came from, so that a view can prefer the
+    newer of two snapshots with the same time (a window exported again).
+    """
     files = [str(folder / name) for name in manifest.files(table)]
     missing = [name for name in files if not Path(name).is_file()]
     if missing:
         raise HistoryError(f"{missing[0]}: listed in the manifest but missing")
     columns = EXPORT_COLUMNS[table]
     if files:
-        relation = con.read_parquet(files, union_by_name=True)
+        relation = con.read_parquet(files, union_by_name=True, filename=True)
         present = set(relation.columns)
+        run = duckdb.FunctionExpression(
+            "regexp_extract",
+            duckdb.ColumnExpression("filename"),
+            duckdb.ConstantExpression(_RUN_NUMBER),
+            duckdb.ConstantExpression(1),
+        )
     else:
-        relation, present = None, set()
+        relation, present, run = None, set(), duckdb.ConstantExpression(None)
     expressions = [
         duckdb.ColumnExpression(name).cast(duckdb.sqltype(kind)).alias(name)
         if name in present
         else duckdb.ConstantExpression(None).cast(duckdb.sqltype(kind)).alias(name)
         for name, kind in columns
     ]
+    expressions.append(run.cast(duckdb.sqltype("INTEGER")).alias("export_run"))
     if relation is None:
         # No run yet: an empty view with the pinned columns.
         relation = con.sql("SELECT 1 AS one WHERE false")
@@ -364,8 +415,8 @@ def open(path: str | os.PathLike[str]) -> History:
         in place, when a query needs them.
 
     Raises:
-        HistoryError: the folder has no manifest, one of another export schema version, or
-            a file the manifest lists is missing.
+        HistoryError: the folder has no manifest, one of an export schema version this
+            toolkit does not read (a newer one), or a file the manifest lists is missing.
     """
     folder = Path(path)
     manifest = read_manifest(folder)

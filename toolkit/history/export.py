@@ -8,7 +8,12 @@ written is rewritten. ``until`` is a horizon the database guarantees no later co
 reach under (see the ``export_horizon`` query), so consecutive runs miss no row.
 
 Rows are read with ``COPY ... TO STDOUT`` (CSV) from one REPEATABLE READ snapshot and written
-to Parquet by DuckDB with the pinned column types of `EXPORT_COLUMNS`.
+to Parquet by DuckDB with the pinned column types of `EXPORT_COLUMNS`. The ``schedules``
+table is a snapshot of every schedule at the run's time, not a window.
+
+A folder written by an older export schema (`READABLE_SCHEMA_VERSIONS`) is read and appended
+to: each run records the version it was written with, and a column its files lack reads as
+NULL (docs/decisions.md, "History export of schedules").
 """
 
 from __future__ import annotations
@@ -28,8 +33,15 @@ from toolkit.errors import HistoryError
 from toolkit.store.database import Database
 from toolkit.store.queries import query
 
-EXPORT_SCHEMA_VERSION = 1
-"""Version of the export layout: the tables, their columns and types, and the manifest."""
+EXPORT_SCHEMA_VERSION = 2
+"""Version of the export layout: the tables, their columns and types, and the manifest.
+
+1: tasks, events, effects, checkpoints. 2: ``tasks`` gains ``schedule_name``,
+``scheduled_at`` and ``tags``; a ``schedules`` snapshot table; each run records its version.
+"""
+
+READABLE_SCHEMA_VERSIONS = frozenset({1, EXPORT_SCHEMA_VERSION})
+"""Export schema versions this toolkit reads and appends runs to (newer ones are refused)."""
 
 MANIFEST_NAME = "manifest.json"
 """The manifest's file name inside an export folder."""
@@ -57,6 +69,9 @@ EXPORT_COLUMNS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("run_at", "TIMESTAMPTZ"),
         ("updated_at", "TIMESTAMPTZ"),
         ("finished_at", "TIMESTAMPTZ"),
+        ("schedule_name", "VARCHAR"),
+        ("scheduled_at", "TIMESTAMPTZ"),
+        ("tags", "JSON"),
     ),
     "events": (
         ("id", "BIGINT"),
@@ -95,6 +110,24 @@ EXPORT_COLUMNS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("checkpoint", "JSON"),
         ("updated_at", "TIMESTAMPTZ"),
     ),
+    "schedules": (
+        ("name", "VARCHAR"),
+        ("definition_name", "VARCHAR"),
+        ("owner", "VARCHAR"),
+        ("tenant", "VARCHAR"),
+        ("cadence", "JSON"),
+        ("overlap", "VARCHAR"),
+        ("catchup", "VARCHAR"),
+        ("paused", "BOOLEAN"),
+        ("fired", "BIGINT"),
+        ("skipped", "BIGINT"),
+        ("missed", "BIGINT"),
+        ("caught_up", "BIGINT"),
+        ("next_tick", "TIMESTAMPTZ"),
+        ("last_tick", "TIMESTAMPTZ"),
+        ("created_at", "TIMESTAMPTZ"),
+        ("exported_at", "TIMESTAMPTZ"),
+    ),
 }
 """The export schema: table name to its ``(column, DuckDB type)`` pairs, in file order.
 
@@ -110,7 +143,15 @@ _QUERIES = {
     "events": "export_events",
     "effects": "export_effects",
     "checkpoints": "export_checkpoints",
+    "schedules": "export_schedules",
 }
+
+SNAPSHOT_TABLES = frozenset({"schedules"})
+"""Tables each run exports whole, as of its snapshot, rather than the rows of its window."""
+
+RUN_FILE = "{table}/run-{number:05d}.parquet"
+"""A run's file of a table, relative to the folder (`toolkit.history.analytics` reads the
+run number back from the name)."""
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
@@ -127,6 +168,8 @@ class ExportRun:
         rows: rows written, by table.
         files: the run's Parquet file of each table, relative to the folder.
         oldest: the creation time of the oldest task in the store at export time.
+        schema_version: the export schema its files follow (1 for a run whose manifest
+            entry does not say: version 1 did not record it).
     """
 
     number: int
@@ -136,6 +179,7 @@ class ExportRun:
     rows: dict[str, int]
     files: dict[str, str]
     oldest: datetime.datetime | None = None
+    schema_version: int = EXPORT_SCHEMA_VERSION
 
     def to_json(self) -> dict[str, Any]:
         """The run as stored in the manifest (times in ISO 8601 with their offset)."""
@@ -147,6 +191,7 @@ class ExportRun:
             "rows": dict(self.rows),
             "files": dict(self.files),
             "oldest": None if self.oldest is None else self.oldest.isoformat(),
+            "schema_version": self.schema_version,
         }
 
     @classmethod
@@ -167,6 +212,7 @@ class ExportRun:
             rows={str(k): int(v) for k, v in data["rows"].items()},
             files={str(k): str(v) for k, v in data["files"].items()},
             oldest=moment(data.get("oldest")),
+            schema_version=int(data.get("schema_version", 1)),
         )
 
 
@@ -175,7 +221,8 @@ class Manifest:
     """The contents of an export folder's ``manifest.json``.
 
     Attributes:
-        schema_version: the export schema the files follow (`EXPORT_SCHEMA_VERSION`).
+        schema_version: the export schema of the folder's newest runs (older runs may follow
+            an older one: see each run's ``schema_version``).
         runs: the export runs, oldest first.
     """
 
@@ -247,8 +294,8 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> Manifest:
         The manifest.
 
     Raises:
-        HistoryError: there is no manifest, it cannot be read, or it was written for another
-            export schema version.
+        HistoryError: there is no manifest, it cannot be read, or it was written for an
+            export schema version this toolkit does not read (a newer one).
     """
     path = Path(out_dir) / MANIFEST_NAME
     try:
@@ -260,10 +307,11 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> Manifest:
     if not isinstance(data, dict) or data.get("format") != MANIFEST_FORMAT:
         raise HistoryError(f"{path}: not a runifold history manifest")
     version = data.get("schema_version")
-    if version != EXPORT_SCHEMA_VERSION:
+    if not isinstance(version, int) or version not in READABLE_SCHEMA_VERSIONS:
         raise HistoryError(
-            f"{path}: export schema version {version}, this toolkit reads version "
-            f"{EXPORT_SCHEMA_VERSION}: export into a new folder"
+            f"{path}: export schema version {version}, this toolkit reads versions "
+            f"{min(READABLE_SCHEMA_VERSIONS)} to {EXPORT_SCHEMA_VERSION}: read it with the "
+            "toolkit that wrote it, or export into a new folder"
         )
     try:
         runs = tuple(ExportRun.from_json(run) for run in data["runs"])
@@ -331,8 +379,12 @@ async def export_history(
     """Export tasks, events, effect evidence and checkpoints changed since ``since``.
 
     Creates ``out_dir`` when missing. Each call is one run: a Parquet file per table (even
-    an empty one) and a new manifest entry; files of earlier runs are kept as they are. Only
-    reads the store (one READ ONLY snapshot), so it never blocks a worker.
+    an empty one) and a new manifest entry; files of earlier runs are kept as they are. The
+    run also writes a snapshot of every schedule (``schedules``: its counters as of the
+    run). Only reads the store (one READ ONLY snapshot), so it never blocks a worker.
+
+    A folder of an older readable export schema takes the run too: the run's files follow
+    `EXPORT_SCHEMA_VERSION`, the manifest records each run's version and takes the new one.
 
     Args:
         db: the store's database (``store.db``).
@@ -345,7 +397,7 @@ async def export_history(
         The run, as recorded in the manifest.
 
     Raises:
-        HistoryError: ``out_dir`` holds a manifest of another export schema, or is not a
+        HistoryError: ``out_dir`` holds a manifest of a newer export schema, or is not a
             folder that can be written.
         DatabaseUnavailable: the database cannot be reached.
     """
@@ -374,15 +426,16 @@ async def export_history(
             assert horizon is not None
             until, exported_at, oldest = horizon
             await conn.execute(query("export_utc"))
-            params = {"since": window_start, "until": until}
+            window = {"since": window_start, "until": until}
             for table in TABLES:
                 csv_path = Path(scratch) / f"{table}.csv"
+                params = None if table in SNAPSHOT_TABLES else window
                 with csv_path.open("wb") as stream:
                     async with conn.cursor().copy(query(_QUERIES[table]), params) as copy:
                         async for chunk in copy:
                             stream.write(chunk)
         for table in TABLES:
-            relative = f"{table}/run-{number:05d}.parquet"
+            relative = RUN_FILE.format(table=table, number=number)
             target = folder / relative
             target.parent.mkdir(exist_ok=True)
             rows[table] = _csv_to_parquet(Path(scratch) / f"{table}.csv", table, target)
@@ -396,5 +449,8 @@ async def export_history(
         files=files,
         oldest=None if oldest is None else _as_utc(oldest),
     )
-    _write_manifest(folder, dataclasses.replace(manifest, runs=(*manifest.runs, run)))
+    _write_manifest(
+        folder,
+        Manifest(schema_version=EXPORT_SCHEMA_VERSION, runs=(*manifest.runs, run)),
+    )
     return run

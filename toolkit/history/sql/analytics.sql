@@ -1,19 +1,21 @@
 -- DuckDB SQL over an export folder (toolkit/history.py, docs/history.md). Not run by the
--- store: it reads the views tasks_raw, events_raw, effects_raw and checkpoints_raw, which
--- toolkit.history.analytics makes from the Parquet files of every export run.
+-- store: it reads the views tasks_raw, events_raw, effects_raw, checkpoints_raw and
+-- schedules_raw, which toolkit.history.analytics makes from the Parquet files of every export
+-- run (a column an older run's files lack is NULL; export_run is the run a row came from).
 -- Times are UTC; durations are in seconds (double); $bucket is a bucket width in seconds.
 
 -- name: view_tasks
--- The latest exported snapshot of each task (a task changed between two runs is in both).
+-- The latest exported snapshot of each task (a task changed between two runs is in both;
+-- of two with the same time, a window exported again, the newer run's).
 CREATE OR REPLACE VIEW tasks AS
-SELECT * FROM tasks_raw
-QUALIFY row_number() OVER (PARTITION BY id ORDER BY updated_at DESC) = 1;
+SELECT * EXCLUDE (export_run) FROM tasks_raw
+QUALIFY row_number() OVER (PARTITION BY id ORDER BY updated_at DESC, export_run DESC) = 1;
 
 -- name: view_events
 -- Every event once, with its task's tenant and definition.
 CREATE OR REPLACE VIEW events AS
 SELECT e.*, t.tenant, t.definition_name, t.definition_version
-FROM (SELECT * FROM events_raw
+FROM (SELECT * EXCLUDE (export_run) FROM events_raw
       QUALIFY row_number() OVER (PARTITION BY id ORDER BY id) = 1) e
 LEFT JOIN tasks t ON t.id = e.task_id;
 
@@ -21,7 +23,7 @@ LEFT JOIN tasks t ON t.id = e.task_id;
 -- Every effect evidence record once, with its task's tenant and definition.
 CREATE OR REPLACE VIEW effects AS
 SELECT f.*, t.tenant, t.definition_name, t.definition_version
-FROM (SELECT * FROM effects_raw
+FROM (SELECT * EXCLUDE (export_run) FROM effects_raw
       QUALIFY row_number() OVER (PARTITION BY id ORDER BY id) = 1) f
 LEFT JOIN tasks t ON t.id = f.task_id;
 
@@ -29,8 +31,15 @@ LEFT JOIN tasks t ON t.id = f.task_id;
 -- Each distinct checkpoint snapshot once (a task's checkpoint as of each export that saw
 -- it change).
 CREATE OR REPLACE VIEW checkpoints AS
-SELECT * FROM checkpoints_raw
-QUALIFY row_number() OVER (PARTITION BY task_id, updated_at ORDER BY task_id) = 1;
+SELECT * EXCLUDE (export_run) FROM checkpoints_raw
+QUALIFY row_number() OVER (PARTITION BY task_id, updated_at ORDER BY export_run DESC) = 1;
+
+-- name: view_schedules
+-- The newest exported snapshot of each schedule: its tick counters as of that export run
+-- (exported_at). A schedule deleted since keeps its last snapshot.
+CREATE OR REPLACE VIEW schedules AS
+SELECT * EXCLUDE (export_run) FROM schedules_raw
+QUALIFY row_number() OVER (PARTITION BY name ORDER BY exported_at DESC, export_run DESC) = 1;
 
 -- name: view_queue_delays
 -- One row per claim whose delay the history records. A claim event carries its queue delay
@@ -145,6 +154,16 @@ SELECT task_id, tenant, definition_name, definition_version, reason,
        date_diff('microsecond', "at", ended_at) / 1e6 AS seconds
 FROM marked
 WHERE reason IS NOT NULL;
+
+-- name: view_schedule_lags
+-- One row per task a schedule started: the tick it was started for (scheduled_at) and its
+-- tick lag, the task's creation minus that tick, by database time.
+CREATE OR REPLACE VIEW schedule_lags AS
+SELECT id AS task_id, schedule_name, definition_name, definition_version, tenant, state,
+       scheduled_at, created_at,
+       greatest(date_diff('microsecond', scheduled_at, created_at), 0) / 1e6 AS lag_seconds
+FROM tasks
+WHERE schedule_name IS NOT NULL AND scheduled_at IS NOT NULL;
 
 -- name: queue_delay
 SELECT time_bucket(to_seconds($bucket), claimed_at) AS bucket,
@@ -261,6 +280,27 @@ WHERE finished_at IS NOT NULL
 GROUP BY ALL
 ORDER BY bucket, definition_name, definition_version, tenant;
 
+-- name: schedules
+-- Per schedule: its runs in the export and their tick lag, and the ticks it skipped, missed
+-- and caught up by its newest snapshot (NULL when no snapshot holds it).
+WITH runs AS (
+    SELECT schedule_name, any_value(definition_name) AS definition_name,
+           count(*) AS fired,
+           quantile_cont(lag_seconds, 0.5) AS p50_seconds,
+           quantile_cont(lag_seconds, 0.95) AS p95_seconds,
+           max(lag_seconds) AS max_seconds
+    FROM schedule_lags
+    GROUP BY schedule_name
+)
+SELECT coalesce(s.name, r.schedule_name) AS schedule,
+       coalesce(s.definition_name, r.definition_name) AS definition_name,
+       coalesce(r.fired, 0) AS fired,
+       r.p50_seconds, r.p95_seconds, r.max_seconds,
+       s.skipped, s.missed, s.caught_up
+FROM runs r
+FULL OUTER JOIN schedules s ON s.name = r.schedule_name
+ORDER BY schedule;
+
 -- name: summary
 -- Rows and time span of each view.
 SELECT 'tasks' AS "table", count(*) AS "rows", min(created_at) AS first_at,
@@ -270,4 +310,6 @@ SELECT 'events', count(*), min("at"), max("at") FROM events
 UNION ALL
 SELECT 'effects', count(*), min(recorded_at), max(recorded_at) FROM effects
 UNION ALL
-SELECT 'checkpoints', count(*), min(updated_at), max(updated_at) FROM checkpoints;
+SELECT 'checkpoints', count(*), min(updated_at), max(updated_at) FROM checkpoints
+UNION ALL
+SELECT 'schedules', count(*), min(created_at), max(exported_at) FROM schedules;

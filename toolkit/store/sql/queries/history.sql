@@ -1,8 +1,8 @@
 -- History export and retention (toolkit/export.py, toolkit/retention.py, docs/history.md).
 -- An export reads in one REPEATABLE READ, READ ONLY transaction, so that every table is read
 -- from the same snapshot. Each table's rows are those whose time lies in [since, until):
--- tasks and checkpoints by updated_at, events by at, effect evidence by recorded_at. The
--- column lists are the export schema (toolkit.history.export.EXPORT_COLUMNS): change both together
+-- tasks and checkpoints by updated_at, events by at, effect evidence by recorded_at; the
+-- schedules are a snapshot of every schedule as of the export. The column lists are the export schema (toolkit.history.export.EXPORT_COLUMNS): change both together
 -- and bump EXPORT_SCHEMA_VERSION.
 
 -- name: export_begin
@@ -33,7 +33,8 @@ SET LOCAL TIME ZONE 'UTC';
 COPY (
     SELECT id, tenant, definition_name, definition_version, definition_digest, state,
            wait_reason, attempts, lease_token, parent_id, idempotency_key, input, result,
-           error, created_at, run_at, updated_at, finished_at
+           error, created_at, run_at, updated_at, finished_at, schedule_name, scheduled_at,
+           tags
     FROM toolkit_tasks
     WHERE updated_at >= %(since)s AND updated_at < %(until)s
     ORDER BY id
@@ -66,6 +67,16 @@ COPY (
     FROM toolkit_tasks
     WHERE updated_at >= %(since)s AND updated_at < %(until)s
     ORDER BY id
+) TO STDOUT (FORMAT csv);
+
+-- name: export_schedules
+-- Every schedule with its tick counters as of this snapshot (now(): the export's
+-- exported_at), whatever the window: the counters are per schedule, not per task.
+COPY (
+    SELECT name, definition_name, owner, tenant, cadence, overlap, catchup, paused, fired,
+           skipped, missed, caught_up, next_tick, last_tick, created_at, now() AS exported_at
+    FROM toolkit_schedules
+    ORDER BY name
 ) TO STDOUT (FORMAT csv);
 
 -- name: prune_candidates
