@@ -7,6 +7,7 @@ import pytest
 
 from tests.helpers.inprocess import drain
 from tests.helpers.workflows import definition
+from tests.store.test_schedules import FAILING
 from toolkit.definition.cadence import CronCadence, IntervalCadence
 from toolkit.errors import InputError, ScheduleConflict, UnknownDefinition
 from toolkit.store import Store
@@ -37,15 +38,6 @@ NIGHTLY = """schedules:
 HOURLY = """  - name: report.hourly
     every: 1h
     input: {day: hourly}
-"""
-
-FAILING = """
-name: failing
-version: 1
-input: {type: object}
-start: boom
-steps:
-  boom: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}
 """
 
 
