@@ -13,17 +13,15 @@ Needs the ``notebook`` extra (``pip install "runifold[notebook]"``: ipywidgets, 
 
 from __future__ import annotations
 
-import asyncio
-import html
 import json
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from toolkit.counts import counted
 from toolkit.definition import WorkflowDefinition
-from toolkit.errors import ConfigError, DefinitionError, ToolkitError, UnknownDefinition
+from toolkit.errors import ConfigError, DefinitionError, UnknownDefinition
 from toolkit.history.analytics import History, render_table
 from toolkit.history.bulk_panel import BulkPanel
 from toolkit.history.filter_bar import FilterBar
@@ -32,6 +30,7 @@ from toolkit.history.schedule_view import ScheduleRow as ScheduleRow
 from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
 from toolkit.history.task_detail import TaskDetail as TaskDetail
 from toolkit.history.task_list import TaskList
+from toolkit.history.widget_work import WidgetWork
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.tasks import TaskRecord
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 # --- the task browser -------------------------------------------------------------------------
 
 
-class TaskBrowser:
+class TaskBrowser(WidgetWork):
     """An ipywidgets view of the tasks of a store: filter, open one, act on it.
 
     Filter by state, tenant, definition, version, tags, error, schedule and submit time
@@ -86,14 +85,13 @@ class TaskBrowser:
             limit: tasks on a page.
             operator: the name recorded with reconciliations and bulk plans.
         """
+        super().__init__()
         self.store = store
         self.limit = limit
         self.operator = operator
         self.tasks: list[TaskRecord] = []
         self.detail: TaskDetail | None = None
         self._definitions: dict[tuple[str, int, str], WorkflowDefinition] = {}
-        self.status = ""
-        self._pending: set[asyncio.Task[Any]] = set()
         self._updating = False
 
         self.filters = FilterBar(changed=lambda: self._schedule(self.refresh()))
@@ -119,7 +117,6 @@ class TaskBrowser:
         self.reconcile_result = widgets.Text(description="result", placeholder="JSON (completed)")
         self.reconcile_error = widgets.Text(description="error", placeholder="name (failed)")
         self.reconcile_button = widgets.Button(description="Reconcile", icon="check")
-        self.status_line = widgets.HTML()
 
         self.bulk = BulkPanel(
             store, lambda: self.filters.where, operator, self._reload, self._say
@@ -164,33 +161,6 @@ class TaskBrowser:
                 "TaskBrowser: a live widget; run the notebook in JupyterLab to use it"
             )
         return bundle
-
-    # --- scheduling -----------------------------------------------------------------------
-
-    def _schedule(self, work: Coroutine[Any, Any, Any]) -> None:
-        """Run a coroutine on the running loop (a widget callback cannot await)."""
-        task = asyncio.get_running_loop().create_task(self._reporting(work))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _reporting(self, work: Coroutine[Any, Any, Any]) -> None:
-        try:
-            await work
-        except (ToolkitError, ValueError) as exc:
-            self._say(f"error: {exc}", error=True)
-
-    async def settle(self) -> None:
-        """Wait until the work scheduled by buttons and filters is done.
-
-        Work scheduled meanwhile (a refresh that opens a task) is waited for too.
-        """
-        while self._pending:
-            await asyncio.gather(*list(self._pending))
-
-    def _say(self, text: str, *, error: bool = False) -> None:
-        self.status = text
-        color = "#c62828" if error else "#2e7d32"
-        self.status_line.value = f'<span style="color:{color}">{html.escape(text)}</span>'
 
     # --- filters and the list -------------------------------------------------------------
 

@@ -12,16 +12,15 @@ Needs the ``notebook`` extra (ipywidgets).
 
 from __future__ import annotations
 
-import asyncio
-import html
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as widgets
 
 from toolkit.counts import counted
-from toolkit.errors import ConfigError, ToolkitError
+from toolkit.errors import ConfigError
 from toolkit.history.schedule_view import ScheduleRow, read_rows, rows_text, style_html
+from toolkit.history.widget_work import WidgetWork
 from toolkit.store import Store
 from toolkit.store.schedules import Schedule, UnknownSchedule
 from toolkit.store.tasks import TaskRecord
@@ -79,7 +78,7 @@ class ScheduleControls:
             child.close()
 
 
-class ScheduleBoard:
+class ScheduleBoard(WidgetWork):
     """An ipywidgets board of the schedules of a store: when each fires next, what it ran.
 
     Each row shows a schedule's name, definition and owner, its cadence and time zone,
@@ -125,18 +124,16 @@ class ScheduleBoard:
             upcoming: next fire times shown per schedule.
             runs: recent runs shown per schedule.
         """
+        super().__init__()
         self.store = store
         self.browser = browser
         self.upcoming = upcoming
         self.runs = runs
         self.rows: list[ScheduleRow] = []
-        self.status = ""
-        self._pending: set[asyncio.Task[Any]] = set()
         self.controls: dict[str, ScheduleControls] = {}
         self.refresh_button = widgets.Button(description="Refresh", icon="refresh")
         self.refresh_button.on_click(lambda _: self._schedule(self.refresh()))
         self.rows_box = widgets.VBox()
-        self.status_line = widgets.HTML()
         self.widget = widgets.VBox(
             [widgets.HTML(style_html()), self.refresh_button, self.rows_box, self.status_line]
         )
@@ -150,28 +147,6 @@ class ScheduleBoard:
         return bundle
 
     # --- scheduling -----------------------------------------------------------------------
-
-    def _schedule(self, work: Coroutine[Any, Any, Any]) -> None:
-        """Run a coroutine on the running loop (a widget callback cannot await)."""
-        task = asyncio.get_running_loop().create_task(self._reporting(work))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _reporting(self, work: Coroutine[Any, Any, Any]) -> None:
-        try:
-            await work
-        except (ToolkitError, ValueError) as exc:
-            self._say(f"error: {exc}", error=True)
-
-    async def settle(self) -> None:
-        """Wait until the work the buttons scheduled is done (and what it scheduled)."""
-        while self._pending:
-            await asyncio.gather(*list(self._pending))
-
-    def _say(self, text: str, *, error: bool = False) -> None:
-        self.status = text
-        color = "#c62828" if error else "#2e7d32"
-        self.status_line.value = f'<span style="color:{color}">{html.escape(text)}</span>'
 
     def _act(self, verb: str, name: str) -> None:
         """A row's button: schedule its coroutine."""
