@@ -19,8 +19,13 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
-#: Version of the checkpoint layout, stored in every checkpoint.
-CHECKPOINT_FORMAT = 1
+#: Version of the checkpoint layout, stored in every checkpoint. Format 2 (issue 18) keeps
+#: the branches of a parallel or map step in rows of their own (``toolkit_branches``), not
+#: under ``fanout.branches``; a format-1 checkpoint still loads, its branches are written as
+#: rows by its task's next write (:attr:`FanOut.inline`).
+CHECKPOINT_FORMAT = 2
+#: Formats :meth:`Checkpoint.from_json` reads.
+READABLE_FORMATS = frozenset({1, 2})
 
 Json = dict[str, Any]
 
@@ -132,7 +137,21 @@ class LimitWait:
         }  # fmt: skip
 
 
-Wait = TimerWait | SignalWait | AnyWait | CallbackWait | ChildWait | BudgetWait | LimitWait
+@dataclasses.dataclass(frozen=True)
+class BranchesWait:
+    """Every live branch of parallel or map step occurrence ``occurrence`` waits."""
+
+    occurrence: str
+
+    def to_json(self) -> Json:
+        """The stored JSON form."""
+        return {"occurrence": self.occurrence, "branches": True}
+
+
+Wait = (
+    TimerWait | SignalWait | AnyWait | CallbackWait | ChildWait | BudgetWait | LimitWait
+    | BranchesWait
+)
 
 
 def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
@@ -160,6 +179,8 @@ def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
             occurrence, data["limit"], data.get("scope") or "", int(data.get("deferrals", 0)),
             data.get("since"),
         )  # fmt: skip
+    if data.get("branches"):
+        return BranchesWait(occurrence)
     if data.get("timer"):
         return TimerWait(occurrence)
     raise ValueError(f"unknown wait in a checkpoint: {dict(data)!r}")
@@ -180,6 +201,10 @@ class Frame:
         pending: occurrence whose ``started`` evidence has no outcome yet.
         prefix: prepended to every occurrence key of this graph: ``""`` for the task,
             ``"fan#1/fast/"`` for branch ``fast`` of the first occurrence of step ``fan``.
+        wait: what the graph waits for (one of the :data:`Wait` variants), or None.
+        due: not stored: the wait's deadline has passed if it has not ended otherwise.
+            Always so for the task (a waiting task is claimed when its wait ends); a
+            branch read back waiting knows it from its row's timer.
     """
 
     cursor: str | None
@@ -188,6 +213,8 @@ class Frame:
     attempts: dict[str, int] = dataclasses.field(default_factory=dict)
     pending: str | None = None
     prefix: str = ""
+    wait: Wait | None = None
+    due: bool = dataclasses.field(default=True, compare=False)
 
     def occurrence(self, step: str) -> str:
         """The occurrence key of the current entry into ``step``, e.g. ``"charge#1"``."""
@@ -209,23 +236,28 @@ class BranchStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     #: an effect of the branch waits for reconciliation
     BLOCKED = "blocked"
+    #: the branch waits (a timer, a signal, a callback, a child), holding no lease
+    WAITING = "waiting"
 
 
 @dataclasses.dataclass
 class BranchFrame(Frame):
-    """One branch of a parallel or map step, kept in the checkpoint while the step runs.
+    """One branch of a parallel or map step, stored in a row of its own while the step runs.
 
     Attributes:
         status: where the branch stands.
         output: the branch's output once it succeeded.
         error: the branch's error once it failed.
         spent: resources spent by the branch's effects (``{"tokens": 120}``).
+        run_at: when a waiting branch's wait ends at the latest (ISO-8601, database time);
+            None for never.
     """
 
     status: BranchStatus = BranchStatus.RUNNING
     output: Any = None
     error: dict[str, Any] | None = None
     spent: dict[str, float] = dataclasses.field(default_factory=dict)
+    run_at: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -251,11 +283,14 @@ class BranchFrame(Frame):
             output=data.get("output"),
             error=data.get("error"),
             spent=dict(data.get("spent", {})),
+            wait=wait_from_json(data.get("wait")),
+            run_at=data.get("run_at"),
+            due=False,
         )
 
     def to_json(self) -> Json:
-        """The branch as stored under ``checkpoint.fanout.branches``."""
-        return {
+        """The branch as stored in its row (``toolkit_branches.frame``)."""
+        data: Json = {
             "cursor": self.cursor,
             "outputs": self.outputs,
             "visits": self.visits,
@@ -267,46 +302,85 @@ class BranchFrame(Frame):
             "error": self.error,
             "spent": self.spent,
         }
+        if self.wait is not None:
+            data["wait"] = self.wait.to_json()
+            data["run_at"] = self.run_at
+        return data
+
+    def waits_for(self) -> tuple[str, ...]:
+        """What a waiting branch waits for, as its row lists it (``signal:NAME`` ...)."""
+        wait = self.wait
+        if isinstance(wait, SignalWait):
+            return (f"signal:{wait.signal}",)
+        if isinstance(wait, AnyWait):
+            return tuple(f"signal:{name}" for name in wait.signals)
+        if isinstance(wait, CallbackWait):
+            return (f"callback:{wait.callback}",)
+        if isinstance(wait, ChildWait):
+            return (f"child:{wait.child}",)
+        return ()
 
 
 @dataclasses.dataclass
 class FanOut:
     """The parallel or map step occurrence in progress.
 
+    Its branches are stored in rows of their own (``toolkit_branches``); the checkpoint
+    keeps what the step as a whole needs, so that its size does not grow with the items.
+
     Attributes:
         occurrence: the step's occurrence.
-        branches: the branches begun so far, by name (a map item's name is its index).
+        started: branches begun so far (a map begins its items in index order; a parallel
+            step all its branches at once).
+        ended: branches that have ended (succeeded, failed or cancelled).
+        failure: ``{"branch", "error"}`` of the first branch that failed (mode ``all`` and
+            map); None while none has.
         winner: the branch that won a ``first_success`` race, once one has.
         reserved: what the step reserved from the budgets, by resource; None until it has
             (or when it reserves nothing).
         spent: what its branches spent of the reservation, by resource.
+        branches: not stored: the branches this cycle holds in memory, by name (a map
+            item's name is its index) — those it resumed or began, not the parked ones.
+        inline: not stored: ``branches`` came from a format-1 checkpoint, which kept every
+            branch inline; the next write stores them as rows.
     """
 
     occurrence: str
-    branches: dict[str, BranchFrame] = dataclasses.field(default_factory=dict)
+    started: int = 0
+    ended: int = 0
+    failure: dict[str, Any] | None = None
     winner: str | None = None
     reserved: dict[str, float] | None = None
     spent: dict[str, float] = dataclasses.field(default_factory=dict)
+    branches: dict[str, BranchFrame] = dataclasses.field(default_factory=dict)
+    inline: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> FanOut:
-        """Rebuild the step's state from its stored JSON."""
+        """Rebuild the step's state from its stored JSON (format 1 or 2)."""
+        inline = {
+            name: BranchFrame.from_json(branch)
+            for name, branch in (data.get("branches") or {}).items()
+        }
         return cls(
             occurrence=data["occurrence"],
-            branches={
-                name: BranchFrame.from_json(branch)
-                for name, branch in (data.get("branches") or {}).items()
-            },
+            started=int(data.get("started", 0)),
+            ended=int(data.get("ended", 0)),
+            failure=data.get("failure"),
             winner=data.get("winner"),
             reserved=dict(data["reserved"]) if data.get("reserved") is not None else None,
             spent=dict(data.get("spent") or {}),
+            branches=inline,
+            inline="branches" in data,
         )
 
     def to_json(self) -> Json:
         """The step's state as stored under ``checkpoint.fanout``."""
         return {
             "occurrence": self.occurrence,
-            "branches": {name: branch.to_json() for name, branch in self.branches.items()},
+            "started": self.started,
+            "ended": self.ended,
+            "failure": self.failure,
             "winner": self.winner,
             "reserved": self.reserved,
             "spent": self.spent,
@@ -475,7 +549,6 @@ class Checkpoint(Frame):
 
     Attributes:
         steps_run: steps executed so far, pure ones included.
-        wait: what the task waits for (one of the :data:`Wait` variants), or None.
         resolution: an operator's reconciliation of the pending occurrence, to apply.
         fanout: the parallel or map step in progress, or None.
         budget: the task's budget by resource.
@@ -487,7 +560,6 @@ class Checkpoint(Frame):
     """
 
     steps_run: int = 0
-    wait: Wait | None = None
     resolution: Resolution | None = None
     fanout: FanOut | None = None
     budget: dict[str, BudgetLine] = dataclasses.field(default_factory=dict)
@@ -515,7 +587,7 @@ class Checkpoint(Frame):
         Raises:
             ValueError: the JSON was written by an unknown checkpoint format.
         """
-        if data.get("format") != CHECKPOINT_FORMAT:
+        if data.get("format") not in READABLE_FORMATS:
             raise ValueError(f"unknown checkpoint format {data.get('format')!r}")
         resolution = data.get("resolution")
         fanout = data.get("fanout")

@@ -339,6 +339,29 @@ class UnknownSignal(InputError):
         )
 
 
+class SignalAmbiguous(InputError):
+    """A signal to a task as a whole would reach several of its waiting branches.
+
+    Send it to one of them (``address``; ``toolkit signal --branch NAME`` or ``--item N``);
+    nothing was stored.
+
+    Attributes:
+        task_id: the task.
+        name: the signal's name.
+        addresses: the waiting branches that wait for it.
+    """
+
+    def __init__(self, task_id: int, name: str, addresses: Iterable[str]) -> None:
+        self.task_id = task_id
+        self.name = name
+        self.addresses = tuple(addresses)
+        listed = ", ".join(self.addresses)
+        super().__init__(
+            f"task {task_id} has {len(self.addresses)} branches waiting for signal {name!r} "
+            f"({listed}): address one of them (--branch NAME, --item N); nothing was stored"
+        )
+
+
 class TaskTerminal(ToolkitError):
     """The task has already ended (succeeded, failed or cancelled); nothing was changed."""
 

@@ -107,6 +107,9 @@ class WaitReason(enum.StrEnum):
     RECONCILIATION = "reconciliation"
     #: a delayed start (``submit --at`` / ``--delay``): the task starts at its ``run_at``.
     START = "start"
+    #: every live branch of a parallel or map step waits (a timer, signal, callback or
+    #: child each); ``run_at`` is the earliest branch timer, and any branch's wake ends it.
+    BRANCHES = "branches"
 
 
 class EventKind(enum.StrEnum):

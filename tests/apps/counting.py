@@ -122,6 +122,21 @@ async def hand_out(ctx: EffectContext, complete_early: bool = False) -> str:
     return "handed out"
 
 
+@app.effect("count.poll")
+async def poll(ctx: EffectContext, ready_after: int = 1_000_000) -> dict[str, Any]:
+    """A status check: ready once this step of this task has been called ``ready_after``
+    times (each loop of a polling loop is a new occurrence, with its own key)."""
+    await record_call(ctx)
+    async with ctx.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT count(*) FROM test_calls WHERE step = %s AND idempotency_key LIKE %s",
+            (ctx.step, f"{ctx.task_id}:%"),
+        )
+        row = await cursor.fetchone()
+    polls = int(row[0]) if row else 0
+    return {"ready": polls >= ready_after, "polls": polls}
+
+
 @app.effect("count.crash")
 async def crash(ctx: EffectContext) -> None:
     await record_call(ctx)

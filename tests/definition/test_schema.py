@@ -21,7 +21,7 @@ def test_schema_has_a_def_per_step_kind() -> None:
         assert schema["$defs"][f"{kind}Step"]["properties"]["catch"] == {"$ref": "#/$defs/catch"}
     assert "catch" not in schema["$defs"]["setStep"]["properties"]
     in_branch = [branch["$ref"] for branch in schema["$defs"]["branchStep"]["oneOf"]]
-    branch_kinds = ("effect", "choice", "succeed", "fail", "set")
+    branch_kinds = ("effect", "choice", "succeed", "fail", "wait", "workflow", "set")
     assert in_branch == [f"#/$defs/{kind}Step" for kind in branch_kinds]
 
 

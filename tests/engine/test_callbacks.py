@@ -10,8 +10,7 @@ import pytest
 
 from tests.apps import counting
 from tests.apps.counting import TOKENS
-from tests.helpers.inprocess import deploy_submit, drain, make_due
-from tests.helpers.processes import eventually
+from tests.helpers.inprocess import deploy_submit, drain, make_due, sql
 from toolkit.errors import CallbackRefused, InputError
 from toolkit.store import Store
 
@@ -110,10 +109,20 @@ async def test_each_attempt_of_a_callback_in_a_branch_waits_its_whole_timeout(
 ) -> None:
     TOKENS.clear()
     (task_id,) = await deploy_submit(store, BRANCH_CALLBACK, [{}])
-    started = anyio.current_time()
+    for attempt in (1, 2):  # the branch parks; each attempt gets a timer of its own
+        await drain(store, BRANCH_CALLBACK)
+        task = await store.tasks.get(task_id)
+        assert (task.state, task.wait_reason, len(TOKENS)) == ("waiting", "branches", attempt)
+        (left,) = await sql(
+            store,
+            "SELECT extract(epoch FROM run_at - clock_timestamp())::float8"
+            " FROM toolkit_branches WHERE task_id = %s",
+            task_id,
+        )
+        assert 0 < left[0] <= 0.3, left  # the whole timeout is ahead, not what is left of one
+        await sql(store, "UPDATE toolkit_branches SET run_at = clock_timestamp()")
+        await make_due(store, task_id)
     await drain(store, BRANCH_CALLBACK)
-    assert anyio.current_time() - started >= 0.6  # two attempts of 0.3 s, not one shared
-    assert len(TOKENS) == 2
     assert (await store.tasks.get(task_id)).result == "gave up"
 
 
@@ -157,16 +166,12 @@ async def test_show_prints_the_token_of_a_callback_awaited_in_a_branch(
     TOKENS = counting.TOKENS
     TOKENS.clear()
     (task_id,) = await deploy_submit(store, CALLBACK_IN_BRANCH, [{}])
-    async with anyio.create_task_group() as group:  # the worker ends once the task does
-        group.start_soon(drain, store, CALLBACK_IN_BRANCH)
-
-        async def awaited() -> bool:  # the branch waits, its token in the checkpoint
-            task = await store.tasks.get(task_id)
-            return bool(task.checkpoint.get("callbacks"))
-
-        await eventually(awaited, what="the branch awaiting its callback")
-        code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
-        assert code == 0
-        assert f"callback:   fan#1/ask/c#1 attempt 1: token {TOKENS[0]}" in out
-        await store.tasks.complete(TOKENS[0], result="answered")
+    await drain(store, CALLBACK_IN_BRANCH)  # the branch parks, its token in the checkpoint
+    assert (await store.tasks.get(task_id)).wait_reason == "branches"
+    code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
+    assert code == 0
+    assert f"callback:   fan#1/ask/c#1 attempt 1: token {TOKENS[0]}" in out
+    assert "ask       waiting   at c, waits for a callback" in out
+    await store.tasks.complete(TOKENS[0], result="answered")
+    await drain(store, CALLBACK_IN_BRANCH)
     assert (await store.tasks.get(task_id)).result == {"ask": "answered"}

@@ -133,8 +133,10 @@ async def test_a_signal_racing_the_wait_commit_is_not_lost(
     (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
 
     class Racing(type(store.leases)):  # type: ignore[misc]
-        async def next_signal(self, task_id: int, names: Any, taken: Any = ()) -> Any:
-            found = await super().next_signal(task_id, names, taken)
+        async def next_signal(
+            self, task_id: int, names: Any, taken: Any = (), address: Any = None
+        ) -> Any:
+            found = await super().next_signal(task_id, names, taken, address)
             await store.tasks.signal(task_id, names[0], "raced")  # arrives after the look
             return found
 

@@ -2,7 +2,8 @@
 
 A trigger (installed in the test's own database only, never by the toolkit) records the
 task row after every insert or update that changes its state or checkpoint, with the ids
-of the newest event and evidence row at that moment. A history is then, per task, the list
+of the newest event and evidence row at that moment; another records every write of a
+branch row (the branches of a parallel or map step have rows of their own). A history is then, per task, the list
 of its commits: state, wait reason, checkpoint, and the events and evidence each commit
 appended. It is normalised for what legitimately varies between runs (times, callback
 tokens, retry jitter, claim delays, the scenario's working folder) and compared with
@@ -46,8 +47,25 @@ CREATE TABLE golden_commits (
     token bigint,
     checkpoint jsonb,
     events_upto bigint NOT NULL,
-    evidence_upto bigint NOT NULL
+    evidence_upto bigint NOT NULL,
+    txid bigint NOT NULL DEFAULT txid_current()
 );
+CREATE TABLE golden_branches (
+    seq bigserial PRIMARY KEY,
+    task_id bigint NOT NULL,
+    fanout text NOT NULL,
+    name text NOT NULL,
+    frame jsonb NOT NULL,
+    txid bigint NOT NULL DEFAULT txid_current()
+);
+CREATE FUNCTION golden_record_branch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO golden_branches (task_id, fanout, name, frame)
+    VALUES (NEW.task_id, NEW.fanout, NEW.name, NEW.frame);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER golden_record_branch AFTER INSERT OR UPDATE ON toolkit_branches
+    FOR EACH ROW EXECUTE FUNCTION golden_record_branch();
 CREATE FUNCTION golden_record() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' OR NEW.state IS DISTINCT FROM OLD.state
@@ -120,7 +138,7 @@ async def history(store: Store) -> dict[str, dict[str, Any]]:
         commits = await (
             await conn.execute(
                 "SELECT task_id, state, wait_reason, token, checkpoint, events_upto,"
-                " evidence_upto FROM golden_commits ORDER BY seq"
+                " evidence_upto, txid FROM golden_commits ORDER BY seq"
             )
         ).fetchall()
         events = await (
@@ -135,6 +153,11 @@ async def history(store: Store) -> dict[str, dict[str, Any]]:
                 " FROM toolkit_tasks ORDER BY id"
             )
         ).fetchall()
+        branch_writes = await (
+            await conn.execute(
+                "SELECT task_id, fanout, name, frame, txid FROM golden_branches ORDER BY seq"
+            )
+        ).fetchall()
         evidence = await (
             await conn.execute(
                 "SELECT task_id, id, occurrence, step, handler, idempotent, idempotency_key,"
@@ -146,7 +169,7 @@ async def history(store: Store) -> dict[str, dict[str, Any]]:
     tasks: dict[str, list[dict[str, Any]]] = {}
     seen_events: dict[int, int] = {}
     seen_evidence: dict[int, int] = {}
-    for task_id, state, wait_reason, token, checkpoint, events_upto, evidence_upto in commits:
+    for task_id, state, wait_reason, token, checkpoint, events_upto, evidence_upto, txid in commits:
         since_event = seen_events.get(task_id, 0)
         since_evidence = seen_evidence.get(task_id, 0)
         seen_events[task_id] = events_upto
@@ -168,6 +191,13 @@ async def history(store: Store) -> dict[str, dict[str, Any]]:
         if recorded:
             commit["evidence"] = recorded
         commit["checkpoint"] = checkpoint
+        fanout = (checkpoint or {}).get("fanout")
+        if fanout is not None:  # where every branch stood at this commit
+            branches: dict[str, Any] = {}
+            for tid, occurrence, name, frame, written in branch_writes:
+                if tid == task_id and occurrence == fanout["occurrence"] and written <= txid:
+                    branches[name] = frame
+            commit["branches"] = branches
         tasks.setdefault(f"task {task_id}", []).append(normalise(commit))
     for name, commits in tasks.items():
         tasks[name] = _collapse_fanouts(commits)
@@ -217,7 +247,7 @@ def _collapse_fanouts(commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"fan-out phase": phase})
         phase["events"] = _sorted([*phase["events"], *commit["events"]])
         phase["evidence"] = _sorted([*phase["evidence"], *commit.get("evidence", [])])
-        phase["branches at its end"] = checkpoint["fanout"]["branches"]
+        phase["branches at its end"] = commit.get("branches", {})
         phase["checkpoint at its end"] = {k: v for k, v in checkpoint.items() if k != "fanout"}
     return out
 

@@ -31,6 +31,9 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             "evidence": await store.tasks.evidence(task_id),
             "signals": await store.tasks.signals(task_id),
             "events": await store.tasks.events(task_id),
+            "branches": [
+                dataclasses.asdict(branch) for branch in await store.branches.of_task(task_id)
+            ],
         }
 
     data = run_in_store(settings, task_in_detail)
@@ -79,7 +82,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(
             f"  callback:   {occurrence} attempt {callback['attempt']}: token {callback['token']}"
         )
-    for line in _fanout_lines(task["checkpoint"].get("fanout")):
+    for line in _fanout_lines(task["checkpoint"].get("fanout"), data["branches"]):
         click.echo(line)
     if task["cancel_requested"] and task["state"] == "leased":
         click.echo(f"  cancel:     requested ({task['cancel_requested'].get('reason')})")
@@ -132,6 +135,8 @@ def _wait_text(wait: dict[str, Any]) -> str:
         return "a callback"
     if "signals" in wait:
         return "the first of signals " + ", ".join(map(repr, wait["signals"]))
+    if "branches" in wait:
+        return "its waiting branches (below)"
     return "timer"
 
 
@@ -144,11 +149,16 @@ def _budget_lines(checkpoint: dict[str, Any]) -> list[str]:
     ]
 
 
-def _fanout_lines(fanout: dict[str, Any] | None) -> list[str]:
-    """The parallel or map step in progress: reservation, winner, each branch's progress."""
+def _fanout_lines(fanout: dict[str, Any] | None, branches: list[dict[str, Any]]) -> list[str]:
+    """The parallel or map step in progress: reservation, winner, each branch's progress.
+
+    ``branches``: the task's stored branch rows (``store.branches.of_task``); a format-1
+    checkpoint still holds its branches inline until its task's next write.
+    """
     if not fanout:
         return []
-    lines = [f"  branches:   of {fanout['occurrence']}"]
+    lines = [f"  branches:   of {fanout['occurrence']}, {fanout.get('started', 0)} begun, "
+             f"{fanout.get('ended', 0)} ended"]  # fmt: skip
     if fanout.get("reserved"):
         spent = fanout.get("spent") or {}
         lines.append(
@@ -160,10 +170,19 @@ def _fanout_lines(fanout: dict[str, Any] | None) -> list[str]:
         )
     if fanout.get("winner"):
         lines.append(f"    winner    {fanout['winner']}")
-    for name, branch in fanout.get("branches", {}).items():
+    rows = [
+        (row["name"], row["frame"], row["run_at"])
+        for row in branches
+        if row["fanout"] == fanout["occurrence"]
+    ]
+    rows += [(name, frame, None) for name, frame in (fanout.get("branches") or {}).items()]
+    for name, branch, run_at in rows:
         where = f"at {branch['cursor']}" if branch["cursor"] else ""
         if branch.get("pending"):
             where += f", uncertain {branch['pending']}"
+        if branch["status"] == "waiting" and branch.get("wait"):
+            where += f", waits for {_wait_text(branch['wait'])}"
+            where += f" until {run_at}" if run_at else ""
         spent = ", ".join(f"{r} {a:g}" for r, a in sorted((branch.get("spent") or {}).items()))
         lines.append(
             f"    {name:<9} {branch['status']:<9} {where}" + (f" spent {spent}" if spent else "")

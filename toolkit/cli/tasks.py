@@ -204,15 +204,31 @@ def tasks(
 @click.option(
     "--force", is_flag=True, help="Store it even if no step of the definition waits for NAME."
 )
+@click.option("--branch", help="For this branch of a parallel step only.")
+@click.option("--item", type=click.IntRange(min=0), help="For this item of a map step only.")
 @click.pass_obj
 def send_signal(
-    settings: Settings, task_id: int, name: str, payload: str | None, force: bool
+    settings: Settings,
+    task_id: int,
+    name: str,
+    payload: str | None,
+    force: bool,
+    branch: str | None,
+    item: int | None,
 ) -> None:
-    """Send signal NAME to task TASK_ID (kept until a wait consumes it)."""
+    """Send signal NAME to task TASK_ID (kept until a wait consumes it).
+
+    Inside a parallel or map step, --branch or --item addresses one branch; without them
+    the signal goes to the one branch waiting for NAME, and is refused when several do.
+    """
     value = json_option(payload, "--payload")
+    if branch is not None and item is not None:
+        raise click.UsageError("give --branch or --item, not both")
+    address = str(item) if item is not None else branch
     try:
         signal_id = run_in_store(
-            settings, lambda store: store.tasks.signal(task_id, name, value, force=force)
+            settings,
+            lambda store: store.tasks.signal(task_id, name, value, force=force, address=address),
         )
     except UnknownSignal as refused:  # worded for the command line: --force, not force=True
         raise UnknownSignal(

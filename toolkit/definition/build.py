@@ -166,7 +166,7 @@ def _until(raw: Mapping[str, Any], path: str) -> Template | None:
 def _build_branch_step(
     where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]
 ) -> BranchStep:
-    """Build an effect, choice, succeed, fail or set step (the kinds a branch may hold)."""
+    """Build an effect, choice, succeed, fail or set step."""
     step_id, path = str(where[-1]), format_path(where)
     if "effect" in raw:
         timeout = raw.get("timeout", defaults.get("timeout"))
@@ -229,10 +229,11 @@ def _build_branch_step(
 
 def _build_branch(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) -> Branch:
     """Build the branch at ``where``; the definition's effect defaults apply inside it too."""
-    steps = {
-        step_id: _build_branch_step((*where, "steps", step_id), step, defaults)
-        for step_id, step in raw["steps"].items()
-    }
+    steps: dict[str, BranchStep] = {}
+    for step_id, raw_step in raw["steps"].items():
+        step = _build_step((*where, "steps", step_id), raw_step, defaults)
+        assert not isinstance(step, ParallelStep | MapStep), "the schema refuses them"
+        steps[step_id] = step
     return Branch(start=raw["start"], steps=types.MappingProxyType(steps))
 
 

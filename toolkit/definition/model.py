@@ -236,9 +236,6 @@ DEFAULT_MAX_STEPS = 10_000
 TIMEOUT_ERROR = "Timeout"
 """Error name of a signal wait whose ``timeout`` expires (and of an effect attempt time-out)."""
 
-BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep | SetStep
-"""A step allowed inside a branch of a parallel or map step."""
-
 
 @dataclass(frozen=True)
 class Branch:
@@ -345,6 +342,10 @@ class WorkflowStep:
     catch: tuple[CatchRule, ...] = ()
 
 
+BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep | SetStep | WaitStep | WorkflowStep
+"""A step allowed inside a branch of a parallel or map step (no nested parallel or map)."""
+
+
 Step = (
     EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep | ParallelStep | MapStep
     | WorkflowStep | SetStep
@@ -424,15 +425,19 @@ class WorkflowDefinition:
         compensating effects (``compensate.effect``), not those of child workflows, which are
         definitions of their own.
         """
+        effects = [s for s in self.all_steps() if isinstance(s, EffectStep)]
+        compensations = [s.compensate.handler for s in effects if s.compensate is not None]
+        return frozenset([*(s.handler for s in effects), *compensations])
+
+    def all_steps(self) -> list[Step]:
+        """Every step of the definition: its own, then those of its branches, in order."""
         steps: list[Step] = list(self.steps.values())
         for step in self.steps.values():
             if isinstance(step, ParallelStep):
                 steps += [s for branch in step.branches.values() for s in branch.steps.values()]
             elif isinstance(step, MapStep):
                 steps += step.branch.steps.values()
-        effects = [s for s in steps if isinstance(s, EffectStep)]
-        compensations = [s.compensate.handler for s in effects if s.compensate is not None]
-        return frozenset([*(s.handler for s in effects), *compensations])
+        return steps
 
     def task_tags(self, value: Any) -> dict[str, str]:
         """The tags the definition's ``tags`` give a task of input ``value``.

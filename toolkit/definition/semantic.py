@@ -90,8 +90,10 @@ def _graph_and_step_problems(
     for step_id, step in steps.items():
         path = (*holder, "steps", step_id)
         problems += _step_problems(path, step)
-        if scope is None:  # inside a branch, these kinds are schema faults already
+        if scope is None:  # inside a branch, parallel and map are schema faults already
             problems += _composite_problems(path, step, flagged, list(steps))
+        else:
+            problems += _child_input_problems(path, step)
     return problems
 
 
@@ -121,7 +123,12 @@ def _composite_problems(
             problems += _graph_and_step_problems(
                 branch.get("start"), (*path, "map", "branch"), branch.get("steps"), flagged, scope
             )
+    return problems + _child_input_problems(path, step)
+
+
+def _child_input_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
+    """Check the input expressions of a workflow step's child."""
     child = step.get("workflow")
     if isinstance(child, dict) and "input" in child:
-        problems += template_problems((*path, "workflow", "input"), child["input"])
-    return problems
+        return template_problems((*path, "workflow", "input"), child["input"])
+    return []

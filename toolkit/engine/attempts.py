@@ -262,7 +262,7 @@ def _log_failed(
 
 async def _after_callback(ctx: StepContext, step: EffectStep, occurrence: str) -> Attempt:
     """What the callback of a called attempt came to, as an attempt."""
-    outcome = await callback_outcome(ctx.cycle, step, occurrence)
+    outcome = await callback_outcome(ctx.cycle, ctx.frame, step, occurrence)
     if outcome.kind == "completed":
         ctx.frame.attempts.pop(occurrence, None)
         compensable(ctx.cycle, step, occurrence, ctx.scope, outcome.result)

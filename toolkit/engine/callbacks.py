@@ -10,7 +10,7 @@ import dataclasses
 import functools
 from typing import Any, Literal
 
-from toolkit.checkpoint import CallbackWait
+from toolkit.checkpoint import CallbackWait, Frame
 from toolkit.definition import EffectStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import Error
@@ -30,12 +30,14 @@ class CallbackOutcome:
     error: Error | None = None
 
 
-async def callback_outcome(cycle: Cycle, step: EffectStep, occurrence: str) -> CallbackOutcome:
+async def callback_outcome(
+    cycle: Cycle, frame: Frame, step: EffectStep, occurrence: str
+) -> CallbackOutcome:
     """What the callback of ``occurrence``'s called attempt came to.
 
-    A task claimed again while it waits for a callback that has not come was claimed at the
-    callback's timeout; a callback found expired (a branch waiting inside its lease expires
-    it at the timeout) timed out too: the token expires and the attempt fails with
+    A task (or a branch, ``frame``) resumed while it waits for a callback that has not come
+    was resumed at the callback's timeout (a branch knows it from its timer: ``due``); a
+    callback found expired timed out too: the token expires and the attempt fails with
     ``Timeout``.
     """
     cp = cycle.checkpoint
@@ -44,17 +46,18 @@ async def callback_outcome(cycle: Cycle, step: EffectStep, occurrence: str) -> C
     record = await cycle.retrying(functools.partial(callbacks.get, callback.token))
     if record is not None and record.state == "completed":
         cp.callbacks.pop(occurrence)
-        cp.wait = None
+        frame.wait = None
         if record.error is not None:
             error = {"name": str(record.error.get("name", "CallbackFailed")),
                      "message": str(record.error.get("message", ""))}  # fmt: skip
             return CallbackOutcome("failed", callback.attempt, error=error)
         return CallbackOutcome("completed", callback.attempt, result=record.result)
-    waiting = isinstance(cp.wait, CallbackWait) and cp.wait.callback == callback.token
-    if waiting or record is None or record.state == "expired":
+    wait = frame.wait
+    timed_out = isinstance(wait, CallbackWait) and wait.callback == callback.token and frame.due
+    if timed_out or record is None or record.state == "expired":
         await cycle.retrying(functools.partial(callbacks.expire, callback.token))
         cp.callbacks.pop(occurrence)
-        cp.wait = None
+        frame.wait = None
         assert step.callback is not None
         return CallbackOutcome("failed", callback.attempt, error=timeout_error(step))
     return CallbackOutcome("open", callback.attempt)

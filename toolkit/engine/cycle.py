@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import enum
 import functools
+import json
 import math
 import random
 import threading
@@ -23,7 +24,7 @@ import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import App, SpendLedger, SpendLimits
-from toolkit.checkpoint import Checkpoint, Frame
+from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint, Frame
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.failures import Error
 from toolkit.errors import DatabaseUnavailable, PayloadRefused, ResultNotJson, ResultTooLarge
@@ -32,7 +33,7 @@ from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
 from toolkit.store import Store
 from toolkit.store.leases import ClaimedTask
-from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
+from toolkit.store.writes import BranchRow, Event, EvidenceRecord, FencedWrite
 
 T = TypeVar("T")
 
@@ -104,6 +105,23 @@ class CycleControl:
         return self.call_stop
 
 
+@dataclasses.dataclass
+class HeldBranch:
+    """A branch the cycle holds in memory, and what of it the store has.
+
+    ``written``: its frame as last written (JSON text), None before its first write;
+    ``release``: drop it once a write carries its state (it ended or parked).
+    """
+
+    frame: BranchFrame
+    fanout: str
+    name: str
+    position: int
+    written: str | None = None
+    seen: int = 0
+    release: bool = False
+
+
 @dataclasses.dataclass(frozen=True)
 class Services:
     """What every cycle of one interpreter uses.
@@ -145,6 +163,11 @@ class Cycle:
         self.evidence: list[EvidenceRecord] = []
         self.events: list[Event] = []
         self.signals: list[tuple[int, str]] = []
+        #: Every signal this cycle took, written or not: a write in flight has not marked
+        #: them consumed yet, so no other branch of the cycle may take one again; branches
+        #: look for a signal one at a time (``signal_lock``).
+        self.signals_taken: list[int] = []
+        self.signal_lock = anyio.Lock()
         self.budget_delta: dict[str, float] = {}
         #: Tags handlers set (``ctx.tag``), not yet written; and the task's tags with them.
         self.tags: dict[str, str] = {}
@@ -160,6 +183,17 @@ class Cycle:
         #: checkpoint is copied into each write (a branch may change it while one waits).
         self.fanning_out = False
         self.lock = anyio.Lock()
+        #: Commits asked for, and the number of them the last write began after: a commit
+        #: asked for while another is written joins the next write (see `commit`).
+        self._commits_asked = 0
+        self._commits_written = 0
+        #: Branches held in memory, by (step occurrence, name): each write carries those
+        #: whose frame changed since it was last written (`hold_branch`).
+        self._branches: dict[tuple[str, str], HeldBranch] = {}
+        #: Steps whose branches ended: the next write deletes their rows.
+        self._branches_ended: list[str] = []
+        #: (step occurrence, name) of every branch that began to wait under this lease.
+        self.parked: list[tuple[str, str]] = []
         #: The workflow deadline was met by going to ``on_timeout``: writes clear it.
         self.clear_deadline = False
         #: Event-loop times the run of pure steps in progress began (or last committed) and
@@ -214,9 +248,68 @@ class Cycle:
         data = self.checkpoint.to_json()
         return copy.deepcopy(data) if self.fanning_out else data
 
+    def hold_branch(
+        self, fanout: str, name: str, position: int, frame: BranchFrame, *,
+        stored: dict[str, Any] | None = None, seen: int = 0, stored_seen: int = 0,
+    ) -> None:  # fmt: skip
+        """Hold a branch in memory: from now on each write carries it when it changed.
+
+        Args:
+            fanout: its step occurrence.
+            name: its name.
+            position: its order among the step's branches.
+            frame: its progress.
+            stored: its frame as read from its row (None: not stored yet, or stored
+                inline by a format-1 checkpoint: the next write stores it).
+            seen: the wakes its row had when read (the next write records them handled).
+            stored_seen: the wakes its row recorded handled when read.
+        """
+        written = json.dumps(stored, sort_keys=True) if stored is not None else None
+        if seen != stored_seen:
+            written = None  # its row must record the wakes handled, changed or not
+        self._branches[(fanout, name)] = HeldBranch(frame, fanout, name, position, written, seen)
+
+    def release_branch(self, fanout: str, name: str) -> None:
+        """Drop a branch that ended or parked from memory once a write has carried it."""
+        held = self._branches.get((fanout, name))
+        if held is not None:
+            held.release = True
+        if held is not None and held.frame.status is BranchStatus.WAITING:
+            self.parked.append((fanout, name))
+
+    def end_branches(self, fanout: str) -> None:
+        """The step ``fanout`` ended: drop its branches; the next write deletes their rows."""
+        for key in [key for key in self._branches if key[0] == fanout]:
+            del self._branches[key]
+        self._branches_ended.append(fanout)
+
+    def _branch_rows(self) -> tuple[BranchRow, ...]:
+        """The held branches whose frame changed since last written; drop released ones."""
+        rows = []
+        for key, held in list(self._branches.items()):
+            frame = held.frame
+            data = frame.to_json()
+            text = json.dumps(data, sort_keys=True)
+            if text != held.written:
+                held.written = text
+                row = BranchRow(
+                    held.fanout, held.name, held.position, str(frame.status),
+                    json.loads(text), frame.run_at, frame.waits_for(), held.seen,
+                )  # fmt: skip
+                rows.append(row)
+            if held.release:
+                del self._branches[key]
+        return tuple(rows)
+
     def write(self, **fields: Any) -> FencedWrite:
         """A fenced write of the current checkpoint plus everything not yet written."""
+        branches_ended = tuple(self._branches_ended)
+        self._branches_ended.clear()
+        parked = tuple(self.parked) if fields.get("wait_reason") == "branches" else ()
         write = FencedWrite(
+            branches=self._branch_rows(),
+            branches_ended=branches_ended,
+            parked=parked,
             fence=self.fence,
             checkpoint=self.checkpoint_json(),
             evidence=tuple(self.evidence),
@@ -247,11 +340,18 @@ class Cycle:
             DatabaseUnavailable: the database stayed unreachable while the lease surely held.
         """
         # Branches share the cycle: one write at a time, and a branch being cancelled (a
-        # race decided) finishes the write it has begun.
+        # race decided) finishes the write it has begun. A commit asked for while another
+        # is written joins the next write: many branch ends of one task share one commit.
         with anyio.CancelScope(shield=self.fanning_out):
+            self._commits_asked += 1
+            asked = self._commits_asked
             async with self.lock:
+                if not fields and self._commits_written >= asked:
+                    return  # a write built after this commit was asked for carried it
+                covered = self._commits_asked
                 write = self.write(**fields)
                 applied = await self.retrying(functools.partial(self.services.apply, write))
+                self._commits_written = covered
         if applied != write.state:  # a cancel request found by the write itself
             self.cancelled_at_commit = True
         metrics = self.services.metrics

@@ -29,11 +29,14 @@ async def deadline_passed(cycle: Cycle) -> Error | None:
     cp = cycle.checkpoint
     step = cp.cursor
     error: Error = {"name": "Timeout", "message": "the workflow deadline passed", "step": step}
+    tasks = cycle.services.store.tasks
     if cp.fanout is not None:
         release(cycle, cp.fanout)
+        cycle.end_branches(cp.fanout.occurrence)
         cp.fanout = None
+        # children its waiting branches started are not waited for any more
+        await cycle.retrying(functools.partial(tasks.cancel_descendants, [cycle.task.id]))
     if isinstance(cp.wait, ChildWait):
-        tasks = cycle.services.store.tasks
         try:
             await cycle.retrying(functools.partial(tasks.cancel, cp.wait.child, "parent timed out"))
         except TaskTerminal:

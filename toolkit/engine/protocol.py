@@ -6,9 +6,9 @@ elsewhere (:class:`Goto`), ended the graph (:class:`Finish`), failed for good
 (:class:`Failed`), has to wait for something (:class:`Wait`), is to be tried again later
 (:class:`Retry`) or has an outcome only an operator can tell (:class:`Reconcile`). It never
 decides what that means for the task: a :class:`Level` does. The task's own graph makes a
-wait durable and releases its lease; a branch of a parallel or map step, which shares the
-task's lease with its sibling branches, waits inside the lease. :func:`run_graph` is the one
-loop both levels run.
+wait durable and releases its lease; a branch of a parallel or map step parks (its own row
+records the wait) and the task waits once every live branch does. :func:`run_graph` is the
+one loop both levels run.
 """
 
 from __future__ import annotations
@@ -150,6 +150,8 @@ class StepContext:
         scope: the expression scope at this step.
         spend: how its effects spend.
         kinds: every step kind (a parallel or map step runs its branches' steps with them).
+        address: in a branch, its name (signals addressed to it are its own); None at the
+            task's level.
     """
 
     cycle: Cycle
@@ -157,6 +159,7 @@ class StepContext:
     scope: dict[str, Any]
     spend: Spend
     kinds: Kinds
+    address: str | None = None
 
 
 class Level(Protocol):

@@ -2,8 +2,9 @@
 
 ``app`` serves ``file-ingest`` (hash, profile, aggregate a CSV file and write a JSON
 report), ``order-saga`` (reserve, review large orders, charge, ship), the composition
-examples (a model-call race, a batch map, a parent order with a child payment) and the saga,
-approval and polling examples. Run it with ``toolkit run --app toolkit.examples`` or
+examples (a model-call race, a batch map, a parent order with a child payment), the saga,
+approval and polling examples, and those whose branches wait (parallel approvals, a poll
+racing a deadline, file restores, a CI pipeline). Run it with ``toolkit run --app toolkit.examples`` or
 ``toolkit demo``. The order saga writes the application tables created by
 :func:`ensure_example_tables`.
 """
@@ -11,7 +12,7 @@ approval and polling examples. Run it with ``toolkit run --app toolkit.examples`
 from __future__ import annotations
 
 from toolkit.application import App
-from toolkit.examples import composition, ingest, orders, saga
+from toolkit.examples import composition, ingest, orders, saga, waiting
 from toolkit.examples.orders import ensure_example_tables
 
 __all__ = ["app", "ensure_example_tables"]
@@ -43,3 +44,6 @@ app.add("examples.notify", saga.notify_handler)
 app.add("examples.request_approval", saga.request_approval_handler)
 app.add("examples.check_status", saga.check_status_handler)
 app.limit("examples.status-api", rate="120/min", burst=10)
+
+app.add("examples.request_restore", waiting.request_restore_handler)
+app.add("examples.run_tests", waiting.run_tests_handler)

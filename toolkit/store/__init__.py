@@ -10,6 +10,7 @@ from __future__ import annotations
 from types import TracebackType
 
 from toolkit.errors import SchemaOutdated
+from toolkit.store.branches import BranchRows
 from toolkit.store.budgets import Budgets
 from toolkit.store.bulk import Bulk
 from toolkit.store.callbacks import Callbacks
@@ -43,6 +44,7 @@ class Store:
         children: child tasks started by ``workflow`` steps.
         bulk: bulk actions by filter: plans, and applying them.
         schedules: recurring schedules, and the firing of their ticks.
+        branches: the branch rows of parallel and map steps in progress.
     """
 
     def __init__(self, db: Database) -> None:
@@ -58,6 +60,7 @@ class Store:
         self.children = Children(db)
         self.bulk = Bulk(db)
         self.schedules = Schedules(db)
+        self.branches = BranchRows(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

@@ -362,7 +362,7 @@ def _action_params(plan: Plan, items: Sequence[Mapping[str, Any]]) -> dict[str, 
              "payload": payloads.get(item["digest"], arguments["payload"])}
             for item in items
         ]  # fmt: skip
-        return {"name": arguments["name"], "rows": Jsonb(rows)}
+        return {"name": arguments["name"], "rows": Jsonb(rows), "address": None}
     outcome = arguments["outcome"]
     rows = [
         {

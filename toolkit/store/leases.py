@@ -287,7 +287,11 @@ class Leases:
             for w in writes
             if w.state == TaskState.WAITING and w.wait_reason in _RACED
         ]
-        if not waits:  # the hot path: one statement
+        branching = [
+            w for w in writes
+            if w.state == TaskState.WAITING and w.wait_reason == WaitReason.BRANCHES
+        ]  # fmt: skip
+        if not waits and not branching:  # the hot path: one statement
             rows = await self._db.fetch_all("commit_fenced", params)
             return {row["id"]: TaskState(row["state"]) for row in rows}
         async with self._db.transaction() as conn:
@@ -297,10 +301,25 @@ class Leases:
             raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
             if raced:
                 await cursor.execute(query("wake_raced_waits"), {"task_ids": raced})
+            parking = [w for w in branching if applied.get(w.fence.task_id) == "waiting"]
+            if parking:
+                parked = [
+                    {"task_id": w.fence.task_id, "fanout": fanout, "name": name}
+                    for w in parking
+                    for fanout, name in w.parked
+                ]
+                await cursor.execute(
+                    query("wake_waiting_branches"),
+                    {"task_ids": [w.fence.task_id for w in parking], "parked": Jsonb(parked)},
+                )
         return applied
 
     async def next_signal(
-        self, task_id: int, names: Sequence[str], taken: Sequence[int] = ()
+        self,
+        task_id: int,
+        names: Sequence[str],
+        taken: Sequence[int] = (),
+        address: str | None = None,
     ) -> tuple[int, str, Any] | None:
         """The oldest unconsumed signal of the task named one of ``names``.
 
@@ -308,12 +327,15 @@ class Leases:
             task_id: the task.
             names: the signal names.
             taken: ids already taken by this cycle but not yet marked consumed.
+            address: for a wait inside a branch, the branch's name (signals addressed to
+                it count too); None at the task's own level (task-wide signals only).
 
         Returns:
             ``(signal id, name, payload)``, or None.
         """
         row = await self._db.fetch_one(
-            "next_signal", {"task_id": task_id, "names": list(names), "taken": list(taken)}
+            "next_signal",
+            {"task_id": task_id, "names": list(names), "taken": list(taken), "address": address},
         )
         return None if row is None else (row["id"], row["name"], row["payload"])
 

@@ -20,6 +20,7 @@ from toolkit.errors import (
     InputError,
     NotReconcilable,
     PayloadRefused,
+    SignalAmbiguous,
     SubmitConflict,
     TaskTerminal,
     UnknownSignal,
@@ -27,6 +28,7 @@ from toolkit.errors import (
 )
 from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
+from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.tags import check_tags, merged_tags
@@ -218,12 +220,21 @@ class Tasks(TaskReads):
         return int(row["id"]), bool(row["created"])
 
     async def signal(
-        self, task_id: int, name: str, payload: Any = None, *, force: bool = False
+        self,
+        task_id: int,
+        name: str,
+        payload: Any = None,
+        *,
+        force: bool = False,
+        address: str | None = None,
     ) -> int:
         """Send signal ``name`` to a task; it is kept until a ``wait: {signal: name}`` consumes it.
 
         Each signal is consumed exactly once, in the order sent. A task already waiting for
-        ``name`` is woken at once (NOTIFY).
+        ``name`` is woken at once (NOTIFY). Inside a parallel or map step (docs/composition.md,
+        addressing): a signal addressed to a branch is taken only by a wait of that branch;
+        one to the task as a whole goes to the one branch waiting for it, and is kept
+        task-wide when none waits yet (the first wait for the name takes it).
 
         Args:
             task_id: the task.
@@ -231,6 +242,8 @@ class Tasks(TaskReads):
                 unless ``force`` (docs/decisions.md, "A signal no step waits for").
             payload: any JSON value.
             force: store the signal even if no step waits for ``name``.
+            address: the branch (a parallel branch's name, a map item's index as text) it
+                is for; None: the task as a whole.
 
         Returns:
             The signal's id.
@@ -245,6 +258,8 @@ class Tasks(TaskReads):
                 signal name any wait step could wait for.
             UnknownSignal: no step of the task's definition waits for ``name`` (and not
                 ``force``); the message lists the names its steps wait for.
+            SignalAmbiguous: no ``address``, and several branches wait for ``name``; the
+                message lists them.
         """
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
@@ -253,10 +268,15 @@ class Tasks(TaskReads):
             raise UnknownSignal(task_id=task_id, name=name, waited=waited)
         if schema is not None:
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
+        if address is None:
+            waiters = await BranchRows(self._db).signal_waiters(task_id, name)
+            if len(waiters) > 1:
+                raise SignalAmbiguous(task_id, name, waiters)
+            address = waiters[0] if waiters else None
         row = await self._db.fetch_one(
             "send_signal",
             {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
-             "operator": None},
+             "operator": None, "address": address},
         )  # fmt: skip
         if row is None or row["state"] is None:
             raise UnknownTask(f"no task {task_id}")
@@ -435,7 +455,7 @@ def signal_waits(
     """
     waited: set[str] = set()
     found: list[tuple[bool, Mapping[str, Any] | None]] = []
-    for step in definition.steps.values():
+    for step in definition.all_steps():
         if not isinstance(step, WaitStep):
             continue
         waits = [(step.signal, step.schema), *((e.signal, e.schema) for e in step.any)]

@@ -44,6 +44,33 @@ class Event:
 
 
 @dataclasses.dataclass(frozen=True)
+class BranchRow:
+    """One branch of a parallel or map step, as a write stores it (``toolkit_branches``).
+
+    Attributes:
+        fanout: the step's occurrence (``"fan#1"``).
+        name: the branch's name, or a map item's index as text.
+        position: the branch's order among the step's branches.
+        status: where it stands (a ``BranchStatus`` value).
+        frame: its progress, JSON (``BranchFrame.to_json``).
+        run_at: when a waiting branch's wait ends at the latest (ISO-8601, database time);
+            None for none.
+        waits_for: what a waiting branch waits for (``signal:NAME``, ``callback:TOKEN``,
+            ``child:ID``).
+        seen: the branch's wakes handled so far (see migration 0012).
+    """
+
+    fanout: str
+    name: str
+    position: int
+    status: str
+    frame: Mapping[str, Any]
+    run_at: str | None = None
+    waits_for: Sequence[str] = ()
+    seen: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
 class FencedWrite:
     """Everything one fenced statement writes for one task.
 
@@ -74,6 +101,12 @@ class FencedWrite:
         clear_deadline: drop the task's workflow deadline (it was met by ``on_timeout``).
         tags: tags to set on the task (``ctx.tag`` of the handlers whose evidence this
             write carries). None: nothing.
+        branches: branch rows to store (each replaces the stored row of its branch).
+        branches_ended: occurrences of parallel or map steps that ended: their branch rows
+            are deleted (none of ``branches`` belongs to one).
+        parked: ``(fanout, name)`` of every branch that began to wait under this lease:
+            a write that makes the task wait for its branches (reason ``branches``) looks
+            whether what each waits for was sent while it parked.
 
     A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
     at once, in the transaction that commits it, when a signal it waits for is stored and not
@@ -96,6 +129,9 @@ class FencedWrite:
     budget_released: Mapping[str, float] | None = None
     clear_deadline: bool = False
     tags: Mapping[str, str] | None = None
+    branches: Sequence[BranchRow] = ()
+    branches_ended: Sequence[str] = ()
+    parked: Sequence[tuple[str, str]] = ()
 
 
 def write_json(write: FencedWrite) -> dict[str, Any]:
@@ -133,4 +169,13 @@ def write_json(write: FencedWrite) -> dict[str, Any]:
         "budget_released": write.budget_released,
         "clear_deadline": write.clear_deadline,
         "tags": write.tags,
+        "branches": [
+            {
+                "fanout": b.fanout, "name": b.name, "position": b.position, "status": b.status,
+                "frame": b.frame, "run_at": b.run_at, "waits_for": list(b.waits_for),
+                "seen": b.seen,
+            }
+            for b in write.branches
+        ],
+        "branches_ended": list(write.branches_ended),
     }

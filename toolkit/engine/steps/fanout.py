@@ -1,24 +1,31 @@
-"""``parallel`` and ``map``: branches run concurrently inside the task's lease.
+"""``parallel`` and ``map``: branches run concurrently inside the task's lease, and may wait.
 
-Each branch's progress is committed as it happens (its frame is in the checkpoint), so a
-crash resumes every branch where it was and never re-runs a finished one. A race winner is
-committed before anything else happens. Reservations are taken before any branch starts and
-released when the step ends. A branch runs its steps through the same loop as the task
-(:func:`~toolkit.engine.protocol.run_graph`); :class:`BranchLevel` says what their
-transitions mean inside a branch, which shares the task's lease with its siblings.
+Each branch has a row of its own (``toolkit_branches``): a branch's progress and its end
+write that branch alone, so a map's cost stays linear in its items, and the ends of many
+branches share one commit. A branch that has to wait (a timer, a signal, a callback, a
+child workflow) parks: its row records the wait and the branch stops; once every live
+branch waits, the task waits too (reason ``branches``), holding no lease, and a wake
+resumes only the branches whose wait may have ended — the parked others are neither read
+nor rewritten. A race winner or a failure is committed before anything else happens; a
+decided step cancels its waiting branches at once. Reservations are taken before any
+branch starts and released when the step ends. A branch runs its steps through the same
+loop as the task (:func:`~toolkit.engine.protocol.run_graph`); :class:`BranchLevel` says
+what their transitions mean inside a branch.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import Hashable, Mapping
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from toolkit.application import SpendLimits
-from toolkit.checkpoint import BranchFrame, BranchStatus, CallbackWait, FanOut
-from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, Step, catch_target
+from toolkit.checkpoint import BranchesWait, BranchFrame, BranchStatus, ChildWait, FanOut
+from toolkit.definition import Branch, MapStep, ParallelStep, Step, catch_target
 from toolkit.definition.wording import json_type
 from toolkit.engine.cycle import CycleOutcome
 from toolkit.engine.failures import Error
@@ -37,12 +44,12 @@ from toolkit.engine.protocol import (
     run_graph,
 )
 from toolkit.engine.reservations import release, reserve
-from toolkit.errors import ExpressionError
+from toolkit.errors import ExpressionError, TaskTerminal
 from toolkit.lifecycle import EventKind, WaitReason
-from toolkit.store.writes import Event
+from toolkit.store.writes import NEVER, Event
 
-#: Pause between two looks at a callback awaited inside a branch (which keeps its lease), s.
-CALLBACK_POLL = 0.5
+#: Waits that park a branch (the others keep it in the cycle).
+PARKING = frozenset({WaitReason.TIMER, WaitReason.SIGNAL, WaitReason.CALLBACK, WaitReason.CHILD})
 #: Longest pause of a branch whose effect waits for a downstream limit before it looks
 #: again, seconds (a branch keeps the task's lease, so no released slot can wake it).
 LIMIT_BRANCH_RECHECK = 1.0
@@ -76,6 +83,8 @@ async def run(ctx: StepContext, step: ParallelStep | MapStep) -> Transition:
         cycle.events.append(
             Event(EventKind.FANOUT_STARTED, {"step": step.id, "branches": len(names)})
         )
+    if isinstance(cp.wait, BranchesWait):
+        cp.wait = None  # woken: the branches whose wait may have ended are read back
     if step.reserve is not None and fan.reserved is None:
         refused = await reserve(cycle, step, fan, len(names))
         if refused is not None:
@@ -87,11 +96,16 @@ async def run(ctx: StepContext, step: ParallelStep | MapStep) -> Transition:
         await branches.run()
     finally:
         cycle.fanning_out = False
-    return branches.end()
+    return await branches.end()
 
 
 class Branches:
-    """The branches of one parallel or map step occurrence, run inside one cycle."""
+    """The branches of one parallel or map step occurrence, run inside one cycle.
+
+    Only the branches this cycle runs are in memory (``fan.branches``): those resumed
+    (running, blocked, or waiting with a wake or a passed timer) and those it begins. The
+    others are parked in their rows; ``fan.started`` and ``fan.ended`` count them all.
+    """
 
     def __init__(
         self,
@@ -107,12 +121,11 @@ class Branches:
         self.fan = fan
         self.names = names
         self.items = items
-        #: (branch, error) of the first branch that failed (mode ``all`` and map).
-        self.failure: tuple[str, Error] | None = None
+        self.positions = {name: index for index, name in enumerate(names)}
         self.scope = anyio.CancelScope()
-        #: Event-loop time each awaited callback began to be awaited, by token (one per
-        #: attempt, so each attempt waits its whole timeout).
-        self.callbacks_since: dict[str, float] = {}
+        #: Branches running now in this cycle, and an event set each time one stops.
+        self.running = 0
+        self.stopped = anyio.Event()
         reserve = step.reserve
         self.reserved: Mapping[str, float] = reserve.amounts if reserve is not None else {}
         self.per_branch = reserve is not None and reserve.per_branch
@@ -127,21 +140,50 @@ class Branches:
         """Whether the first branch to succeed decides (``mode: first_success``)."""
         return isinstance(self.step, ParallelStep) and self.step.mode == "first_success"
 
+    @property
+    def decided(self) -> bool:
+        """Whether the step's outcome is known: a race won, or a branch failed (mode all)."""
+        return self.fan.winner is not None if self.racing else self.fan.failure is not None
+
     def level(self, name: str, frame: BranchFrame) -> BranchLevel:
         """The level branch ``name`` runs at."""
         return BranchLevel(self, name, frame)
 
+    def _hold(self, name: str, frame: BranchFrame, **stored: Any) -> None:
+        self.fan.branches[name] = frame
+        self.cycle.hold_branch(self.fan.occurrence, name, self.positions[name], frame, **stored)
+
     async def resume(self) -> None:
-        """Bring stored branches back: apply a takeover's lost attempts, unblock resolved ones."""
-        cp = self.cycle.checkpoint
-        if cp.pending is not None and cp.pending.startswith(f"{self.fan.occurrence}/"):
+        """Read back the branches to run, and make them ready to run again.
+
+        A takeover's lost attempts count, resolved blocked branches run again, and waiting
+        ones with a wake or a passed timer look at their wait again.
+        """
+        cycle, fan = self.cycle, self.fan
+        cp = cycle.checkpoint
+        if cp.pending is not None and cp.pending.startswith(f"{fan.occurrence}/"):
             cp.pending = None  # the blocked branch keeps its own pending occurrence
-        for name, frame in self.fan.branches.items():
+        if fan.inline:
+            self._upgrade_inline()
+        elif fan.started:
+            store = cycle.services.store.branches
+            for row in await cycle.retrying(
+                functools.partial(store.resumable, cycle.task.id, fan.occurrence)
+            ):
+                frame = BranchFrame.from_json(row.frame)
+                frame.due = row.due
+                self._hold(row.name, frame, stored=row.frame, seen=row.wakes,
+                           stored_seen=row.seen)  # fmt: skip
+        for name, frame in fan.branches.items():
             if frame.status is BranchStatus.BLOCKED:
                 frame.status = BranchStatus.RUNNING  # its effect finds the resolution, or blocks
+                continue
+            if frame.status is BranchStatus.WAITING:
+                frame.status = BranchStatus.RUNNING  # its step looks at its wait again
+                continue
             if (
                 frame.status is not BranchStatus.RUNNING
-                or not self.cycle.task.recovered
+                or not cycle.task.recovered
                 or frame.cursor is None
             ):
                 continue
@@ -154,90 +196,155 @@ class Branches:
             if transition is not None:
                 await level.apply(inner, transition)
 
+    def _upgrade_inline(self) -> None:
+        """A format-1 checkpoint kept every branch inline: count them, store them as rows.
+
+        Ended branches are written once and dropped from memory; a map item missing below
+        the highest begun (never the case for maps that began their items in order) begins
+        again from its start.
+        """
+        fan = self.fan
+        inline = fan.branches
+        fan.branches = {}
+        fan.inline = False
+        begun = [name for name in self.names if name in inline]
+        if isinstance(self.step, MapStep):
+            fan.started = max((int(name) + 1 for name in begun), default=0)
+        else:
+            fan.started = len(self.names) if begun else 0
+        for name in self.names[: fan.started]:
+            frame = inline.get(name) or self._new_frame(name)
+            self._hold(name, frame)
+            if frame.ended:
+                fan.ended += 1
+                if frame.status is BranchStatus.FAILED and fan.failure is None:
+                    fan.failure = {"branch": name, "error": frame.error or {}}
+                self._release(name)
+
+    def _new_frame(self, name: str) -> BranchFrame:
+        return BranchFrame.start(self.branch(name).start, f"{self.fan.occurrence}/{name}/")
+
+    def _release(self, name: str) -> None:
+        """Drop an ended or parked branch from memory (its row keeps it)."""
+        self.fan.branches.pop(name, None)
+        self.cycle.release_branch(self.fan.occurrence, name)
+
     async def run(self) -> None:
-        """Run every branch not ended, at most ``max_concurrency`` of a map's at once."""
-        step = self.step
-        limit = step.max_concurrency if isinstance(step, MapStep) else None
-        slots = anyio.Semaphore(limit) if limit else None
-        for name, frame in self.fan.branches.items():
-            if frame.status is BranchStatus.FAILED and self.failure is None and not self.racing:
-                self.failure = (name, frame.error or {})
+        """Run the branches read back, and begin the others.
+
+        A map begins its items in item order, at most ``max_concurrency`` live at once (a
+        waiting item is live).
+        """
         try:
             with self.scope:
                 async with anyio.create_task_group() as group:
-                    for name in self.names:
-                        group.start_soon(self._run_one, name, slots)
+                    for name, frame in list(self.fan.branches.items()):
+                        if frame.status is BranchStatus.RUNNING:
+                            self._start(group, name, frame)
+                    await self._begin(group)
         except BaseExceptionGroup as group_error:
             raise first_error(group_error) from None
 
-    async def _run_one(self, name: str, slots: anyio.Semaphore | None) -> None:
-        if slots is None:
-            await self._run_branch(name)
-            return
-        async with slots:
-            await self._run_branch(name)
+    async def _begin(self, group: anyio.abc.TaskGroup) -> None:
+        """Begin branches not begun yet, while the bound allows; stop once decided."""
+        fan, step = self.fan, self.step
+        limit = step.max_concurrency if isinstance(step, MapStep) else None
+        while fan.started < len(self.names) and not (self.decided and not self.racing):
+            if limit is not None and fan.started - fan.ended >= limit:
+                if self.running == 0:
+                    return  # every live item waits: nothing frees a place in this cycle
+                await self.stopped.wait()
+                self.stopped = anyio.Event()
+                continue
+            name = self.names[fan.started]
+            fan.started += 1
+            frame = self._new_frame(name)
+            self._hold(name, frame)
+            self._start(group, name, frame)
 
-    async def _run_branch(self, name: str) -> None:
-        frame = self.fan.branches.get(name)
-        if frame is None:
-            if self.failure is not None:
-                return  # a map item not started once the step has failed: never started
-            frame = BranchFrame.start(self.branch(name).start, f"{self.fan.occurrence}/{name}/")
-            self.fan.branches[name] = frame
-        if frame.status is not BranchStatus.RUNNING:
-            return
-        await run_graph(self.level(name, frame))
-        await self.cycle.commit()  # the branch's end is durable as it happens
-        await self._ended(name, frame)
+    def _start(self, group: anyio.abc.TaskGroup, name: str, frame: BranchFrame) -> None:
+        self.running += 1
+        group.start_soon(self._run_branch, name, frame)
+
+    async def _run_branch(self, name: str, frame: BranchFrame) -> None:
+        try:
+            await run_graph(self.level(name, frame))
+            if frame.ended:
+                self.fan.ended += 1
+            if frame.status is not BranchStatus.BLOCKED:
+                self._release(name)
+            await self.cycle.commit()  # the branch's end (or its wait) is durable as it happens
+            await self._ended(name, frame)
+        finally:
+            self.running -= 1
+            self.stopped.set()
 
     async def _ended(self, name: str, frame: BranchFrame) -> None:
         """Decide what a branch's end means for the step."""
-        step = self.step
-        if self.racing and frame.status is BranchStatus.SUCCEEDED and self.fan.winner is None:
-            self.fan.winner = name
+        step, fan = self.step, self.fan
+        if self.racing and frame.status is BranchStatus.SUCCEEDED and fan.winner is None:
+            fan.winner = name
             self.cycle.events.append(Event(EventKind.RACE_WON, {"step": step.id, "branch": name}))
             await self.cycle.commit()  # the winner is durable before all else
             if step.cancel_losers:
                 self.scope.cancel()
-        elif not self.racing and frame.status is BranchStatus.FAILED and self.failure is None:
-            self.failure = (name, frame.error or {})
+        elif not self.racing and frame.status is BranchStatus.FAILED and fan.failure is None:
+            fan.failure = {"branch": name, "error": frame.error or {}}
             if step.cancel_losers:
                 self.scope.cancel()
 
-    def end(self) -> Transition:
-        """What the step came to once its branches stopped."""
+    async def end(self) -> Transition:
+        """What the step came to once no branch runs in this cycle.
+
+        Decided: the branches still waiting are cancelled, and the step ends. Undecided
+        with a branch blocked: reconcile first. Undecided with branches waiting: the task
+        waits for them (reason ``branches``). Else every branch ended: the step's output.
+        """
         cycle, step, fan = self.cycle, self.step, self.fan
-        branches = fan.branches
-        for name, frame in branches.items():
+        for name, frame in list(fan.branches.items()):
             if frame.status is BranchStatus.RUNNING:  # stopped by cancel_losers
                 frame.status = BranchStatus.CANCELLED
+                fan.ended += 1
                 cycle.events.append(
                     Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": name,
                                                        "pending": frame.pending})
                 )  # fmt: skip
+                self._release(name)
+        blocked = [frame for frame in fan.branches.values() if frame.status is BranchStatus.BLOCKED]
+        waiting = fan.started - fan.ended - len(blocked)
+        if not self.decided:
+            if blocked:  # undecided while an effect's outcome is unknown: reconcile first
+                pending = blocked[0].pending
+                assert pending is not None
+                return Reconcile(pending)
+            if waiting > 0 or fan.started < len(self.names):
+                event = Event(EventKind.WAITING, {"step": step.id, "branches": waiting})
+                return Wait(WaitReason.BRANCHES, BranchesWait(fan.occurrence), event,
+                            run_at=NEVER)  # fmt: skip
+        await cycle.commit()  # every branch's state is in its row before they are read
+        store = cycle.services.store.branches
+        if waiting > 0:
+            await self._cancel_waiting()
+        rows = await cycle.retrying(functools.partial(store.ended, cycle.task.id, fan.occurrence))
+        frames = {row.name: BranchFrame.from_json(row.frame) for row in rows}
         winner = fan.winner
-        blocked = [frame for frame in branches.values() if frame.status is BranchStatus.BLOCKED]
         output: Any = None
         error: Error | None = None
         if self.racing and winner is not None:
-            output = branches[winner].output
-        elif not self.racing and self.failure is not None:
-            name, branch_error = self.failure
-            error = {**branch_error, "branch": name}
-        elif blocked:  # undecided while an effect's outcome is unknown: reconcile first
-            pending = blocked[0].pending
-            assert pending is not None
-            return Reconcile(pending)
+            output = frames[winner].output
+        elif not self.racing and fan.failure is not None:
+            error = {**fan.failure["error"], "branch": fan.failure["branch"]}
         elif self.racing:
-            errors = {name: frame.error for name, frame in branches.items()}
+            errors = {name: frame.error for name, frame in frames.items()}
             error = {"name": "AllBranchesFailed", "errors": errors,
                      "message": f"every branch of step {step.id!r} failed"}  # fmt: skip
         else:
-            outputs = [branches[name].output for name in self.names]
+            outputs = [frames[name].output for name in self.names]
             mapped = isinstance(step, MapStep)
             output = outputs if mapped else dict(zip(self.names, outputs, strict=True))
         release(cycle, fan)
         cycle.checkpoint.fanout = None
+        cycle.end_branches(fan.occurrence)
         detail: dict[str, Any] = {"step": step.id, "outcome": "failed" if error else "succeeded"}
         if winner is not None:
             detail["winner"] = winner
@@ -246,6 +353,35 @@ class Branches:
             return Failed(error)
         cycle.check_result(output, step.id, "the branches")
         return Advance(output, step.next)
+
+    async def _cancel_waiting(self) -> None:
+        """Cancel the waiting branches of a decided step.
+
+        Nothing of theirs runs, so nothing is undone; a child one waits for is cancelled, a
+        callback's token expires.
+        """
+        cycle, step, fan = self.cycle, self.step, self.fan
+        store = cycle.services.store
+        rows = await cycle.retrying(
+            functools.partial(store.branches.waiting, cycle.task.id, fan.occurrence)
+        )
+        for row in rows:
+            frame = BranchFrame.from_json(row.frame)
+            cycle.events.append(
+                Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": row.name,
+                                                   "waiting": frame.waits_for()})
+            )  # fmt: skip
+            wait = frame.wait
+            if isinstance(wait, ChildWait):
+                try:
+                    await cycle.retrying(
+                        functools.partial(store.tasks.cancel, wait.child, "its branch cancelled")
+                    )
+                except TaskTerminal:
+                    pass  # it ended meanwhile
+            for occurrence in [o for o in cycle.checkpoint.callbacks if o.startswith(frame.prefix)]:
+                token = cycle.checkpoint.callbacks.pop(occurrence).token
+                await cycle.retrying(functools.partial(store.callbacks.expire, token))
 
     def context(self, name: str) -> dict[str, Any]:
         """What ``context`` adds in branch ``name``: its name (a map's item and index too)."""
@@ -283,9 +419,10 @@ class Branches:
 class BranchLevel:
     """One branch's graph: its steps' transitions applied inside the task's lease.
 
-    A branch cannot release the lease its siblings hold, so it waits inside it: a retry
-    sleeps, a callback is looked at again now and then, a full limit is tried again soon;
-    an effect whose outcome is unknown blocks the branch (the step then reconciles).
+    A wait for a timer, a signal, a callback or a child parks the branch (its row records
+    the wait and its deadline). A branch cannot release the lease its siblings hold for a
+    short pause: a retry sleeps, a full limit is tried again soon. An effect whose outcome
+    is unknown blocks the branch (the step then reconciles).
     """
 
     def __init__(self, branches: Branches, name: str, frame: BranchFrame) -> None:
@@ -316,7 +453,7 @@ class BranchLevel:
             functools.partial(branches.charge, frame),
         )
         scope = self._cycle.scope(frame, **branches.context(self._name))
-        return StepContext(self._cycle, frame, scope, spend, branches.kinds)
+        return StepContext(self._cycle, frame, scope, spend, branches.kinds, self._name)
 
     async def before(self, step: Step) -> CycleOutcome | None:
         """Fail the branch once the task has run its ``max_steps`` (branches count in it).
@@ -364,23 +501,31 @@ class BranchLevel:
         return None
 
     async def _wait(self, step: Step, wait: Wait) -> None:
-        """Wait inside the lease: for a callback (looking now and then), or a limit's room."""
+        """Park the branch until its wait ends; a full limit is tried again soon instead.
+
+        A branch that waits on for the same wait (woken for nothing) keeps the deadline it
+        had; a new wait's deadline is fixed now, in database time.
+        """
+        frame, cycle = self._frame, self._cycle
         if wait.reason is WaitReason.LIMIT:
             assert wait.delay_seconds is not None
             await anyio.sleep(min(wait.delay_seconds, LIMIT_BRANCH_RECHECK))
             return
-        if wait.reason is not WaitReason.CALLBACK or not isinstance(wait.wait, CallbackWait):
+        if wait.reason not in PARKING:
             raise AssertionError(f"a {wait.reason} wait cannot run in a branch: {step.id}")
-        assert isinstance(step, EffectStep) and step.callback is not None
-        token = wait.wait.callback
-        since = self._branches.callbacks_since.setdefault(token, anyio.current_time())
-        timeout = step.callback.timeout
-        if timeout is None or anyio.current_time() - since < timeout:
-            await anyio.sleep(CALLBACK_POLL)
-            return
-        # Past its timeout: the token expires; the step's next look fails it with Timeout.
-        callbacks = self._cycle.services.store.callbacks
-        await self._cycle.retrying(functools.partial(callbacks.expire, token))
+        frame.status = BranchStatus.WAITING
+        if frame.wait == wait.wait:
+            return  # waits on: its row is as it was
+        frame.wait = wait.wait
+        if wait.run_at is not None:
+            frame.run_at = None if wait.run_at == NEVER else wait.run_at
+        elif wait.delay_seconds is not None:
+            now = await cycle.retrying(cycle.services.store.leases.database_now)
+            frame.run_at = (now + datetime.timedelta(seconds=wait.delay_seconds)).isoformat()
+        else:
+            frame.run_at = None
+        detail = {**(wait.event.detail or {}), "branch": self._name}
+        cycle.events.append(Event(wait.event.kind, detail))
 
     def _failed(self, step: Step, error: Error) -> None:
         """A step failed for good: its catch (within the branch), else the branch fails."""
@@ -398,6 +543,7 @@ class BranchLevel:
 
     def _fail(self, error: Error) -> None:
         """The branch fails with ``error``."""
+        self._moved_on()
         frame = self._frame
         frame.status = BranchStatus.FAILED
         frame.error = error
@@ -408,10 +554,19 @@ class BranchLevel:
         )  # fmt: skip
 
     def _enter(self, target: str | None) -> None:
+        self._moved_on()
         self._frame.enter(target)
         self._cycle.checkpoint.steps_run += 1
 
+    def _moved_on(self) -> None:
+        """The branch's step ended: whatever it waited for is over."""
+        frame = self._frame
+        frame.wait = None
+        frame.run_at = None
+        frame.due = False
+
     def _succeed(self, output: Any) -> None:
+        self._moved_on()
         frame = self._frame
         frame.status = BranchStatus.SUCCEEDED
         frame.output = output

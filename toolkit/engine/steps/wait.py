@@ -12,7 +12,6 @@ from typing import Any
 
 from toolkit.checkpoint import AnyWait, SignalWait, TimerWait
 from toolkit.definition import WaitStep
-from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
 from toolkit.errors import ExpressionError
 from toolkit.lifecycle import EventKind, WaitReason
@@ -27,17 +26,19 @@ async def run(ctx: StepContext, step: WaitStep) -> Transition:
     """
     if step.any:
         return await _first_of(ctx, step)
-    cycle = ctx.cycle
-    cp = cycle.checkpoint
-    occurrence = ctx.frame.occurrence(step.id)
-    resumed = cp.wait is not None and cp.wait.occurrence == occurrence
+    frame = ctx.frame
+    occurrence = frame.occurrence(step.id)
+    # A task is claimed again once its wait's deadline passed (or what it waits for came);
+    # a branch read back waiting knows from its row whether its timer passed (``due``).
+    resumed = frame.wait is not None and frame.wait.occurrence == occurrence
+    passed = resumed and frame.due
     if step.signal is not None:
-        found = await take_signal(cycle, [step.signal], occurrence)
+        found = await take_signal(ctx, [step.signal], occurrence)
         if found is not None:
-            cp.wait = None
+            frame.wait = None
             return Advance(found[1], step.next)
-        if resumed:  # claimed with no signal stored: the wait's deadline passed
-            cp.wait = None
+        if passed:  # no signal stored: the wait's deadline passed
+            frame.wait = None
             message = f"no signal {step.signal!r} within {step.timeout:g} s"
             return Failed({"name": "Timeout", "message": message})
         event = Event(EventKind.WAITING, {"step": step.id, "signal": step.signal})
@@ -45,9 +46,12 @@ async def run(ctx: StepContext, step: WaitStep) -> Transition:
         if step.timeout is None:
             return Wait(WaitReason.SIGNAL, wait, event, run_at=NEVER)
         return Wait(WaitReason.SIGNAL, wait, event, delay_seconds=step.timeout)
-    if resumed:  # a timer wait is only claimed again once its run_at has passed
-        cp.wait = None
+    if passed:  # a timer wait is only resumed once its run_at has passed
+        frame.wait = None
         return Advance(None, step.next)
+    if frame.wait is not None and resumed:  # a branch woken for nothing: it waits on
+        event = Event(EventKind.WAITING, {"step": step.id, "timer": True})
+        return Wait(WaitReason.TIMER, frame.wait, event, run_at=NEVER)
     event = Event(EventKind.WAITING, {"step": step.id, "timer": True})
     if step.until is not None:
         until = timestamp(step.until.render(ctx.scope), step.id)
@@ -63,20 +67,21 @@ async def _first_of(ctx: StepContext, step: WaitStep) -> Transition:
     deadline passing.
     """
     cycle = ctx.cycle
-    cp = cycle.checkpoint
-    occurrence = ctx.frame.occurrence(step.id)
-    resumed = cp.wait is not None and cp.wait.occurrence == occurrence
+    frame = ctx.frame
+    occurrence = frame.occurrence(step.id)
+    resumed = frame.wait is not None and frame.wait.occurrence == occurrence
     names = [event.signal for event in step.any if event.signal is not None]
-    found = await take_signal(cycle, names, occurrence) if names else None
+    found = await take_signal(ctx, names, occurrence) if names else None
     if found is not None:
         name, payload = found
         target = next(event.next for event in step.any if event.signal == name)
-        cp.wait = None
+        frame.wait = None
         return Advance({"event": name, "payload": payload}, target)
     timers = [event for event in step.any if event.signal is None]
-    if resumed and timers:
-        index = cp.wait.timer if isinstance(cp.wait, AnyWait) and cp.wait.timer else 0
-        cp.wait = None
+    if resumed and frame.due and timers:
+        wait = frame.wait
+        index = wait.timer if isinstance(wait, AnyWait) and wait.timer else 0
+        frame.wait = None
         return Advance({"event": "timer"}, timers[index].next)
     run_at = NEVER
     earliest = None
@@ -99,19 +104,24 @@ async def _first_of(ctx: StepContext, step: WaitStep) -> Transition:
 
 
 async def take_signal(
-    cycle: Cycle, names: list[str], occurrence: str
+    ctx: StepContext, names: list[str], occurrence: str
 ) -> tuple[str, Any] | None:
     """Take the oldest stored signal of ``names`` for ``occurrence``: ``(name, payload)``.
 
+    In a branch, a signal addressed to the branch counts as well as one to the whole task.
     Only the signal taken is consumed, by the cycle's next fenced write.
     """
-    taken = [signal_id for signal_id, _ in cycle.signals]
-    found = await cycle.retrying(
-        functools.partial(cycle.services.store.leases.next_signal, cycle.task.id, names, taken)
-    )
-    if found is None:
-        return None
-    signal_id, name, payload = found
+    cycle = ctx.cycle
+    leases = cycle.services.store.leases
+    async with cycle.signal_lock:  # two branches never take the same signal
+        taken = list(cycle.signals_taken)
+        found = await cycle.retrying(
+            functools.partial(leases.next_signal, cycle.task.id, names, taken, ctx.address)
+        )
+        if found is None:
+            return None
+        signal_id, name, payload = found
+        cycle.signals_taken.append(signal_id)
     cycle.signals.append((signal_id, occurrence))
     return name, payload
 

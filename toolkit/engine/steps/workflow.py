@@ -22,7 +22,6 @@ async def run(ctx: StepContext, step: WorkflowStep) -> Transition:
     the step. A child that failed or was cancelled fails the step with its error.
     """
     cycle = ctx.cycle
-    cp = cycle.checkpoint
     store = cycle.services.store
     occurrence = ctx.frame.occurrence(step.id)
     child = await cycle.retrying(functools.partial(store.children.get, cycle.task.id, occurrence))
@@ -47,7 +46,7 @@ async def run(ctx: StepContext, step: WorkflowStep) -> Transition:
                                             "workflow": child.name, "version": child.version})
         )  # fmt: skip
     if child.ended:
-        cp.wait = None
+        ctx.frame.wait = None
         if child.state == "succeeded":
             return Advance(child.result, step.next)
         error = dict(child.error or {})

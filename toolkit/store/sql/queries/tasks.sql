@@ -215,25 +215,37 @@ SELECT (SELECT state FROM target) AS state,
 
 -- fragment: signal_targets
 -- Stores signal %(name)s for each live row of CTE target (id, state, wait_reason,
--- checkpoint, locked), with its payload from CTE r (task_id, payload), and makes those
--- already waiting for it due now (woken: their ids; idle workers are notified); a
+-- checkpoint, locked), with its payload from CTE r (task_id, payload), addressed to branch
+-- %(address)s (null: the task as a whole), and makes those already waiting for it (at the
+-- task's level, or in a waiting branch) due now (woken: their ids; idle workers are notified); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
 -- and its operator (null for one task).
 inserted AS (
-    INSERT INTO toolkit_signals (task_id, name, payload)
-    SELECT target.id, %(name)s, r.payload
+    INSERT INTO toolkit_signals (task_id, name, payload, address)
+    SELECT target.id, %(name)s, r.payload, %(address)s::text
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
     RETURNING id, task_id
+), branch_woken AS (
+    -- a branch waiting for it (the one addressed, when it is addressed) gets a wake
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM inserted i
+    WHERE b.task_id = i.task_id AND b.status = 'waiting'
+      AND b.waits_for @> ARRAY['signal:' || %(name)s]
+      AND (%(address)s::text IS NULL OR b.name = %(address)s::text)
+    RETURNING b.task_id
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM inserted i, target
     WHERE t.id = i.task_id AND target.id = i.task_id
       AND target.state = 'waiting'
-      AND target.wait_reason = 'signal'
-      AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
-           OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
+      AND ((target.wait_reason = 'signal'
+            AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
+                 OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false)))
+           OR (target.wait_reason = 'branches'
+               AND t.id IN (SELECT task_id FROM branch_woken)))
     RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
@@ -289,13 +301,21 @@ now_cancelled AS (
     -- A child cancelled here wakes its parent, as a child ending under a lease does.
     UPDATE toolkit_tasks p
     SET child_wake = true,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason = 'child'
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
                       THEN clock_timestamp() ELSE p.run_at END
     FROM toolkit_tasks c
     WHERE c.id IN (SELECT id FROM now_cancelled)
       AND p.id = c.parent_id
       AND p.state IN ('leased', 'waiting')
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+), woken_parent_branch AS (
+    -- and the parent's branch that waits for it, if one does
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM toolkit_tasks c
+    WHERE c.id IN (SELECT id FROM now_cancelled)
+      AND b.task_id = c.parent_id AND b.status = 'waiting'
+      AND b.waits_for @> ARRAY['child:' || c.id]
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
     SELECT id, 'cancelled', %(operator)s::text,

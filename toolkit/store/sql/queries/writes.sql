@@ -19,6 +19,10 @@
 -- wakes a task waiting for each (docs/limits.md).
 -- A write without a checkpoint keeps the stored one, its cursor cleared. A write's tags
 -- (set by handlers with ctx.tag) are added to the task's.
+-- A write's branches replace the stored rows of those branches of parallel or map steps
+-- (toolkit_branches: one row per branch, so a branch's end writes that branch alone), and
+-- its branches_ended (step occurrences that ended) delete theirs. A child that ends wakes a
+-- waiting branch of its parent that waits for it (wakes + 1).
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -27,7 +31,8 @@ WITH w AS (
         task_id bigint, tenant text, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
-        budget_released jsonb, clear_deadline boolean, tags jsonb)
+        budget_released jsonb, clear_deadline boolean, tags jsonb, branches jsonb,
+        branches_ended jsonb)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -55,7 +60,7 @@ WITH w AS (
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
         run_at = LEAST(CASE
-            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason = 'child'
+            WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason IN ('child', 'branches')
                  AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
                 THEN clock_timestamp()
             WHEN w.run_at IS NOT NULL THEN w.run_at
@@ -117,7 +122,7 @@ WITH w AS (
 ), woken_parents AS (
     UPDATE toolkit_tasks p
     SET child_wake = true,
-        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason = 'child'
+        run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
                       THEN clock_timestamp() ELSE p.run_at END
     FROM guard g
     WHERE p.id = g.parent_id
@@ -125,6 +130,38 @@ WITH w AS (
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+), woken_parent_branches AS (
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM guard g
+    WHERE b.task_id = g.parent_id
+      AND g.state IN ('succeeded', 'failed', 'cancelled')
+      AND b.status = 'waiting' AND b.waits_for @> ARRAY['child:' || g.id]
+      -- a row this statement writes too is not touched twice (wake_waiting_branches)
+      AND NOT EXISTS (
+          SELECT 1
+          FROM w AS pw
+          CROSS JOIN LATERAL jsonb_to_recordset(pw.branches) AS r(fanout text, name text)
+          WHERE pw.task_id = b.task_id AND r.fanout = b.fanout AND r.name = b.name)
+), branch_rows AS (
+    INSERT INTO toolkit_branches AS b
+        (task_id, fanout, name, position, status, frame, run_at, waits_for, seen)
+    SELECT g.id, r.fanout, r.name, r.position, r.status, r.frame, r.run_at,
+           ARRAY(SELECT jsonb_array_elements_text(r.waits_for)), r.seen
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.branches) AS r(
+        fanout text, name text, position integer, status text, frame jsonb,
+        run_at timestamptz, waits_for jsonb, seen integer)
+    ON CONFLICT (task_id, fanout, name) DO UPDATE
+    SET position = excluded.position, status = excluded.status, frame = excluded.frame,
+        run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
+), branches_dropped AS (
+    DELETE FROM toolkit_branches b
+    USING guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_array_elements_text(w.branches_ended) AS e(fanout)
+    WHERE b.task_id = g.id AND b.fanout = e.fanout
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail
@@ -179,11 +216,14 @@ SELECT id, state FROM replayed;
 
 -- name: next_signal
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
--- its consumption is written with the cycle's next fenced write).
+-- its consumption is written with the cycle's next fenced write), addressed to the task as
+-- a whole or, for a wait inside a branch, to that branch (%(address)s; null at the task's
+-- own level).
 SELECT id, name, payload
 FROM toolkit_signals
 WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS NULL
   AND NOT (id = ANY(%(taken)s::bigint[]))
+  AND (address IS NULL OR address = %(address)s)
 ORDER BY id
 LIMIT 1;
 
@@ -210,6 +250,56 @@ WHERE t.id = ANY(%(task_ids)s::bigint[])
           WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
       ELSE false END
 RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+
+-- name: wake_waiting_branches
+-- The second statement of a group commit whose batch has tasks going to wait for their
+-- branches (reason branches), in the same transaction (%(task_ids)s: those whose write
+-- applied; %(parked)s: [{task_id, fanout, name}] of the branches each parked in its lease).
+-- A parked branch whose signal, callback completion or child's end was stored while it
+-- parked (its sender found no waiting row) gets a wake (wakes + 1). Each task's run_at is
+-- then the earliest timer of its waiting branches, or now when one of them has a wake not
+-- handled yet.
+WITH parked AS (
+    SELECT p.task_id, p.fanout, p.name
+    FROM jsonb_to_recordset(%(parked)s::jsonb) AS p(task_id bigint, fanout text, name text)
+    WHERE p.task_id = ANY(%(task_ids)s::bigint[])
+), ready AS (
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM parked p
+    WHERE b.task_id = p.task_id AND b.fanout = p.fanout AND b.name = p.name
+      AND b.status = 'waiting' AND b.wakes <= b.seen
+      AND (EXISTS (
+               SELECT 1 FROM toolkit_signals s
+               WHERE s.task_id = b.task_id AND s.consumed_at IS NULL
+                 AND (s.address IS NULL OR s.address = b.name)
+                 AND 'signal:' || s.name = ANY(b.waits_for))
+           OR EXISTS (
+               SELECT 1 FROM toolkit_callbacks c
+               WHERE c.state = 'completed'
+                 AND c.token IN (SELECT substr(k, 10) FROM unnest(b.waits_for) AS k
+                                 WHERE k LIKE 'callback:%%'))
+           OR EXISTS (
+               SELECT 1 FROM toolkit_tasks c
+               WHERE c.state IN ('succeeded', 'failed', 'cancelled')
+                 AND c.id IN (SELECT substr(k, 7)::bigint FROM unnest(b.waits_for) AS k
+                              WHERE k LIKE 'child:%%')))
+    RETURNING b.task_id
+)
+UPDATE toolkit_tasks t
+SET run_at = LEAST(
+        t.run_at,
+        (SELECT min(b.run_at) FROM toolkit_branches b
+         WHERE b.task_id = t.id AND b.status = 'waiting'),
+        CASE WHEN t.id IN (SELECT task_id FROM ready)
+                  OR EXISTS (SELECT 1 FROM toolkit_branches b
+                             WHERE b.task_id = t.id AND b.status = 'waiting'
+                               AND b.wakes > b.seen)
+             THEN clock_timestamp() END)
+WHERE t.id = ANY(%(task_ids)s::bigint[])
+  AND t.state = 'waiting' AND t.wait_reason = 'branches'
+RETURNING t.id,
+          t.run_at <= clock_timestamp() AND pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 
 -- name: database_now
 -- The database's clock (time is always the database's, DESIGN §2).

@@ -1,0 +1,95 @@
+"""Branch rows: the state of each branch of a parallel or map step, one row per branch.
+
+A branch's progress is written by the task's fenced writes (``FencedWrite.branches``); this
+module reads it back: the branches a resumed cycle runs (not the parked ones), every branch
+once the step ends, and what ``toolkit show`` lists (docs/composition.md, migration 0012).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from typing import Any
+
+from toolkit.store.database import Database
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredBranch:
+    """One stored branch.
+
+    Attributes:
+        name: the branch's name, or a map item's index as text.
+        position: its order among the step's branches.
+        status: where it stands (``running``, ``waiting``, ``succeeded`` ...).
+        frame: its progress (``BranchFrame`` JSON).
+        wakes: wakes it has had (a signal, completion or child end for its wait).
+        seen: the wakes a resumed cycle recorded handled.
+        due: a waiting branch whose timer has passed.
+        fanout: the step occurrence it belongs to.
+        run_at: a waiting branch's timer (database time); None for none.
+        waits_for: what a waiting branch waits for (``signal:NAME`` ...).
+    """
+
+    name: str
+    position: int
+    status: str
+    frame: dict[str, Any]
+    wakes: int = 0
+    seen: int = 0
+    due: bool = False
+    fanout: str = ""
+    run_at: datetime.datetime | None = None
+    waits_for: tuple[str, ...] = ()
+
+
+class BranchRows:
+    """Reads of the branch rows of one store."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    async def resumable(self, task_id: int, fanout: str) -> list[StoredBranch]:
+        """The branches of ``fanout`` a resumed cycle runs: running, blocked, or woken/due.
+
+        Args:
+            task_id: the task.
+            fanout: the parallel or map step occurrence (``"fan#1"``).
+        """
+        params = {"task_id": task_id, "fanout": fanout}
+        rows = await self._db.fetch_all("resumable_branches", params)
+        return [
+            StoredBranch(
+                r["name"], r["position"], r["status"], r["frame"], r["wakes"], r["seen"], r["due"]
+            )
+            for r in rows
+        ]
+
+    async def ended(self, task_id: int, fanout: str) -> list[StoredBranch]:
+        """Every branch of ``fanout``, in position order (read when the step ends)."""
+        rows = await self._db.fetch_all("ended_branches", {"task_id": task_id, "fanout": fanout})
+        return [StoredBranch(r["name"], r["position"], r["status"], r["frame"]) for r in rows]
+
+    async def waiting(self, task_id: int, fanout: str) -> list[StoredBranch]:
+        """The waiting branches of ``fanout``, in position order."""
+        rows = await self._db.fetch_all("waiting_branches", {"task_id": task_id, "fanout": fanout})
+        return [
+            StoredBranch(r["name"], r["position"], "waiting", r["frame"], r["wakes"]) for r in rows
+        ]
+
+    async def of_task(self, task_id: int, limit: int = 200) -> list[StoredBranch]:
+        """A task's stored branches (at most ``limit``), by step occurrence and position."""
+        rows = await self._db.fetch_all("task_branches", {"task_id": task_id, "limit": limit})
+        branches = []
+        for r in rows:
+            branch = StoredBranch(
+                r["name"], r["position"], r["status"], r["frame"], fanout=r["fanout"],
+                run_at=r["run_at"], waits_for=tuple(r["waits_for"]),
+            )  # fmt: skip
+            branches.append(branch)
+        return branches
+
+    async def signal_waiters(self, task_id: int, name: str) -> list[str]:
+        """Names of the task's waiting branches that wait for signal ``name`` (up to 20)."""
+        rows = await self._db.fetch_all("signal_waiters", {"task_id": task_id, "name": name})
+        return [str(r["name"]) for r in rows]

@@ -1,0 +1,43 @@
+-- name: resumable_branches
+-- The branches of step occurrence %(fanout)s a resumed cycle runs: those running or blocked,
+-- and the waiting ones whose wait may have ended (a wake not handled yet, or their timer
+-- due), in position order. Parked branches are not read (toolkit_branches_live).
+SELECT name, position, status, frame, wakes, seen,
+       status = 'waiting' AND run_at <= clock_timestamp() AS due
+FROM toolkit_branches
+WHERE task_id = %(task_id)s AND fanout = %(fanout)s
+  AND (status IN ('running', 'blocked')
+       OR (status = 'waiting' AND (wakes > seen OR run_at <= clock_timestamp())))
+ORDER BY position;
+
+-- name: ended_branches
+-- Every branch of step occurrence %(fanout)s, in position order: read once, when it ends.
+SELECT name, position, status, frame
+FROM toolkit_branches
+WHERE task_id = %(task_id)s AND fanout = %(fanout)s
+ORDER BY position;
+
+-- name: waiting_branches
+-- The waiting branches of step occurrence %(fanout)s (a decided step cancels them).
+SELECT name, position, frame, wakes
+FROM toolkit_branches
+WHERE task_id = %(task_id)s AND fanout = %(fanout)s AND status = 'waiting'
+ORDER BY position;
+
+-- name: task_branches
+-- Every branch row of a task, for toolkit show and the notebook, in step and position order.
+SELECT fanout, name, position, status, frame, run_at, waits_for
+FROM toolkit_branches
+WHERE task_id = %(task_id)s
+ORDER BY fanout, position
+LIMIT %(limit)s;
+
+-- name: signal_waiters
+-- The waiting branches of a task that wait for signal %(name)s (at most a few are read: the
+-- sender refuses a task-wide signal when several wait).
+SELECT name, fanout
+FROM toolkit_branches
+WHERE task_id = %(task_id)s AND status = 'waiting'
+  AND waits_for @> ARRAY['signal:' || %(name)s::text]
+ORDER BY fanout, position
+LIMIT 20;
