@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolkit.definition.walk import Graph as Graph
-from toolkit.definition.walk import branches, edges, label_text, source
+from toolkit.definition.walk import branches, edges, error_label, label_text, source
 from toolkit.definition.walk import step_kind as step_kind
 from toolkit.durations import format_duration
 
@@ -108,7 +108,7 @@ class _Drawing:
         elif kind == "succeed":
             self.lines.append(f'{indent}{node}(["{title}<br/>succeed"]):::ok')
         elif kind == "fail":
-            error = _text(getattr(step, "error", "?"))
+            error = _text(error_label([getattr(step, "error", "?")]))
             self.lines.append(f'{indent}{node}(["{title}<br/>fail {error}"]):::bad')
         elif kind == "wait":
             self.lines.append(f'{indent}{node}{{{{"{title}<br/>{_wait_text(step)}"}}}}:::wait')

@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from toolkit.definition.paths import JsonPath
+from toolkit.definition.policies import error_name_problem
 from toolkit.definition.wording import json_type, short, suggest
 from toolkit.definition.yaml_source import Problem
 
@@ -24,6 +25,9 @@ _MISPLACED = {
     ),
 }
 """Messages for a known field in the wrong place, by the ``title`` of the object holding it."""
+
+_NAME_RULES = ("minLength", "maxLength", "not")
+"""The keywords of an error name's rule besides its type (``$defs/errorName``, ``errorMatch``)."""
 
 _CAN_FAIL = "effect, wait, parallel, map and workflow"
 """The step kinds that may have ``catch``, for messages."""
@@ -166,6 +170,11 @@ def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
         return [Problem(path, f"expected {wanted}, got {got}")]
     if "propertyNames" in error.relative_schema_path and isinstance(instance, str):
         path = (*path, instance)
+    named = subschema.get("title") if isinstance(subschema, dict) else None
+    if keyword in _NAME_RULES and named == "error name":
+        why = error_name_problem(instance)
+        if why is not None:
+            return [Problem(path, f"{short(instance)} is not a valid error name: {why}")]
     if keyword == "pattern" and isinstance(subschema, dict) and "title" in subschema:
         examples = subschema.get("examples")
         hint = f" (e.g. {', '.join(map(str, examples))})" if examples else ""

@@ -9,7 +9,9 @@ attributes only: a step kind they do not know is a plain node labelled with its 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from toolkit.durations import format_duration
@@ -92,6 +94,22 @@ def label_text(value: object, limit: int) -> str:
     return text
 
 
+_PLAIN_ERROR = re.compile(r"\*|[A-Za-z0-9_.-]+")
+
+
+def error_label(names: Iterable[object]) -> str:
+    """Error names as a drawing shows them, joined by ``, ``.
+
+    A name of letters, digits, ``_``, ``.`` and ``-`` (``OutOfStock``, ``missing-order-id``)
+    and ``*`` are shown as they are; any other is quoted as JSON (``"Job Failed"``), so that
+    a name holding a space or a comma still reads as one name.
+    """
+    return ", ".join(
+        name if _PLAIN_ERROR.fullmatch(name) else json.dumps(name, ensure_ascii=False)
+        for name in map(str, names)
+    )
+
+
 def branches(step: object) -> Mapping[str, Any]:
     """The branch graphs of a parallel or map step by name (a map's one is ``each item``).
 
@@ -142,4 +160,4 @@ def edges(step: Any) -> Iterator[Edge]:
             yield Edge(step.next, "", False)
     for rule in getattr(step, "catch", ()) or ():
         errors = getattr(rule, "errors", ()) or ("*",)
-        yield Edge(rule.next, "catch " + ", ".join(errors), True)
+        yield Edge(rule.next, "catch " + error_label(errors), True)
