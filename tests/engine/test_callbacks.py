@@ -136,8 +136,10 @@ async def test_a_callback_of_an_ended_task_is_refused(store: Store) -> None:
 
 
 async def test_a_callback_completion_names_its_error_as_catch_would(store: Store) -> None:
-    with pytest.raises(InputError, match="is not a dotted name"):
-        await store.tasks.complete("cb_whatever", error="not a name!")
+    with pytest.raises(InputError, match="is not a valid error name: it holds the control"):
+        await store.tasks.complete("cb_whatever", error="Job\tFailed")
+    with pytest.raises(InputError, match="it is empty"):
+        await store.tasks.complete("cb_whatever", error="")
 
 
 CALLBACK_IN_BRANCH = """

@@ -3,10 +3,11 @@
 A trigger (installed in the test's own database only, never by the toolkit) records the
 task row after every insert or update that changes its state or checkpoint, with the ids
 of the newest event and evidence row at that moment; another records every write of a
-branch row (the branches of a parallel or map step have rows of their own). A history is then, per task, the list
-of its commits: state, wait reason, checkpoint, and the events and evidence each commit
-appended. It is normalised for what legitimately varies between runs (times, callback
-tokens, retry jitter, claim delays, the scenario's working folder) and compared with
+branch row (the branches of a parallel or map step have rows of their own). A history is
+then, per task, the list of its commits: state, wait reason, checkpoint, where its
+branches stood, and the events and evidence each commit appended. It is normalised for
+what legitimately varies between runs (times, callback tokens, retry jitter, claim delays,
+the scenario's working folder) and compared with
 ``tests/corpus/golden/NAME.json``.
 
 A golden file changes only deliberately: run the tests with ``TOOLKIT_GOLDEN_UPDATE=1`` to

@@ -4,8 +4,8 @@
 report), ``order-saga`` (reserve, review large orders, charge, ship), the composition
 examples (a model-call race, a batch map, a parent order with a child payment), the saga,
 approval and polling examples, and those whose branches wait (parallel approvals, a poll
-racing a deadline, file restores, a CI pipeline). Run it with ``toolkit run --app toolkit.examples`` or
-``toolkit demo``. The order saga writes the application tables created by
+racing a deadline, file restores, a CI pipeline). Run it with ``toolkit run --app
+toolkit.examples`` or ``toolkit demo``. The order saga writes the application tables created by
 :func:`ensure_example_tables`.
 """
 

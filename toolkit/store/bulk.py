@@ -25,7 +25,7 @@ from toolkit.errors import InputError, PlanRefused, UnknownSignal
 from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.names import check_signal_name
-from toolkit.store.tasks import ERROR_NAME, Tasks, signal_waits
+from toolkit.store.tasks import Tasks, check_error_name, signal_waits
 
 #: Tasks acted on in one transaction: small enough that no worker's fenced commit waits long
 #: for a row lock a batch holds.
@@ -212,8 +212,8 @@ class Bulk:
         """
         if outcome not in ("completed", "failed", "retry"):
             raise InputError(f"outcome {outcome!r}: completed, failed or retry", path="outcome")
-        if error is not None and ERROR_NAME.fullmatch(error) is None:
-            raise InputError(f"error name {error!r} is not a dotted name", path="error")
+        if error is not None:
+            check_error_name(error)
         if outcome == "completed":
             self._tasks._checked(result, f"result of step {step!r}")
         arguments = {

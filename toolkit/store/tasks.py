@@ -7,14 +7,19 @@ Reading tasks (one, a filtered page, counts, a result) is the other half of
 from __future__ import annotations
 
 import datetime
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
 from toolkit.checkpoint import Checkpoint
-from toolkit.definition import WaitStep, WorkflowDefinition, definition_from_body, validate_payload
+from toolkit.definition import (
+    WaitStep,
+    WorkflowDefinition,
+    definition_from_body,
+    error_name_problem,
+    validate_payload,
+)
 from toolkit.durations import MAX_SECONDS
 from toolkit.errors import (
     InputError,
@@ -36,8 +41,17 @@ from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
 
+
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
-ERROR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+def check_error_name(error: str) -> None:
+    """Refuse an error name given from outside (a callback's, an operator's).
+
+    Raises:
+        InputError: it is not an error name a definition could write (``fail.error``).
+    """
+    problem = error_name_problem(error)
+    if problem is not None:
+        raise InputError(f"{error!r} is not a valid error name: {problem}", path="$.error")
 
 
 #: The largest budget amount a submit may give (and a tenant budget may have): past it,
@@ -323,16 +337,11 @@ class Tasks(TaskReads):
             CallbackRefused: no such token, it was completed or expired already, or its
                 task has ended.
             InputError: ``result`` is over the payload limits or not storable JSON, or
-                ``error`` is not an error name (Python-identifier parts joined by dots, as
-                ``catch`` and ``retry`` name errors).
+                ``error`` is not an error name (1 to 200 characters, no control character,
+                not ``*``: as a ``fail`` step names errors).
         """
         if error is not None:
-            if ERROR_NAME.fullmatch(error) is None:
-                raise InputError(
-                    f"error name {error!r} is not a dotted name (e.g. Rejected, "
-                    "payments.Declined)",
-                    path="$.error",
-                )
+            check_error_name(error)
             detail = {"name": error, "message": message or f"{error} reported by the callback"}
             return await Callbacks(self._db).complete(token, error=detail)
         result = self._checked(result, f"result of callback {token!r}")
