@@ -317,3 +317,26 @@ async def test_a_branch_waits_for_its_child_workflow(store: Store) -> None:
     assert task.result["child"]["value"] == "child"
     assert task.result["local"]["value"] == "local"
     assert "child_started" in await kinds(store, task_id)
+
+
+async def test_the_notebook_detail_lists_each_branch_and_what_it_waits_for(store: Store) -> None:
+    from toolkit.history.task_detail import TaskDetail
+
+    (task_id,) = await deploy_submit(store, APPROVALS, [{}])
+    await drain(store, APPROVALS)
+    await store.tasks.signal(task_id, "approval", {"approved": True}, address="legal")
+    await drain(store, APPROVALS)
+    detail = TaskDetail(
+        task=await store.tasks.get(task_id),
+        events=await store.tasks.events(task_id),
+        evidence=await store.tasks.evidence(task_id),
+        signals=await store.tasks.signals(task_id),
+        branches=await store.branches.of_task(task_id),
+    )
+    assert ("waits for", "its waiting branches (2 of ask#1)") in detail.fields()
+    (rows,) = [rows for title, _, rows in detail.tables() if title == "branches"]
+    assert [row[:4] for row in rows] == [
+        ["legal", "succeeded", "-", "-"],
+        ["finance", "waiting", "answer", "signal:approval"],
+        ["security", "waiting", "answer", "signal:approval"],
+    ], rows

@@ -88,7 +88,11 @@ async def test_demo_runs_every_task_to_success(store: Store, tmp_path: Path) -> 
     assert again.tasks_by_state == {"succeeded": 372}
     assert again.effects_run == summary.effects_run
     assert len(list((tmp_path / "reports").iterdir())) == 72
-    assert await store.tasks.counts_by_state() == {"succeeded": 744}
+    # and the patterns of branches that wait, each run: 7 tasks (a child among them), of
+    # which one request is refused
+    assert await store.tasks.counts_by_state() == {"succeeded": 744 + 2 * 6, "failed": 2}
+    assert again.patterns is not None
+    assert "branches that wait" in again.render()
 
 
 def test_the_demo_command_shows_its_story_without_tracebacks(dsn: str, tmp_path: Path) -> None:

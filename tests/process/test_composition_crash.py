@@ -93,10 +93,13 @@ def test_a_crash_mid_parallel_resumes_each_branch_where_it_was(dsn: str, tmp_pat
         wait_for(lambda: slow <= call_counts(dsn).keys(), timeout=20, what="both slow steps")
         # Branch b's end and the quick steps' evidence are committed before the slow calls.
         wait_for(
-            lambda: "b" in str(task_row(dsn, task_id)["checkpoint"]["fanout"]["branches"]),
+            lambda: bool(query(
+                dsn, "SELECT 1 FROM toolkit_branches WHERE task_id = %s AND name = 'b'"
+                " AND status = 'succeeded'", (task_id,),
+            )),
             timeout=10,
             what="branch b recorded",
-        )
+        )  # fmt: skip
     finally:
         _kill(first)
     backdate_leases(dsn, [task_id])
@@ -212,3 +215,82 @@ def test_a_race_winner_survives_a_crash(dsn: str, tmp_path: Path) -> None:
                       "AND occurrence = %s AND record = 'started'",
                  (task_id, "race#1/fast/win#1"))  # fmt: skip
     assert rows == [(1,)]
+
+
+APPROVALS = """
+name: crash-approvals
+version: 1
+start: ask
+steps:
+  ask:
+    parallel:
+      branches:
+        legal: &approver
+          start: request
+          steps:
+            request: {effect: scn.work, idempotent: false, next: answer}
+            answer: {wait: {signal: approval}, next: decide}
+            decide:
+              choice:
+                - when: "${ steps.answer.approved }"
+                  next: approved
+              default: rejected
+            approved: {effect: scn.work, idempotent: false}
+            rejected: {fail: {error: Rejected}}
+        finance: *approver
+        security: *approver
+    next: done
+  done: {succeed: {output: "${ steps.ask }"}}
+"""
+
+
+def _waiting_branches(dsn: str, task_id: int) -> list[str]:
+    rows = query(
+        dsn,
+        "SELECT name FROM toolkit_branches WHERE task_id = %s AND status = 'waiting'"
+        " ORDER BY name",
+        (task_id,),
+    )
+    return [str(name) for (name,) in rows]
+
+
+def test_parallel_approvals_arrive_one_by_one_across_worker_kills(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Three branches each wait for an approval; between approvals the worker is killed
+    (SIGKILL) and another starts. No effect runs twice; the task holds no lease while its
+    branches wait."""
+    (task_id,) = submit_tasks(dsn, APPROVALS, [{}])
+    order = ["security", "legal", "finance"]
+    for round_number, approver in enumerate([None, *order]):
+        worker = _worker(dsn, APPROVALS, tmp_path, f"w{round_number}")
+        try:
+            if approver is not None:
+                code = toolkit_process(
+                    dsn, "signal", str(task_id), "approval", "--branch", approver,
+                    "--payload", '{"approved": true}',
+                )  # fmt: skip
+                out, err = code.communicate(timeout=30)
+                assert code.returncode == 0, err
+            if approver == order[-1]:
+                wait_for(lambda: task_row(dsn, task_id)["state"] == "succeeded", timeout=30,
+                         what="the task succeeded")  # fmt: skip
+                break
+            left = sorted(set(order[round_number:]))
+            wait_for(
+                lambda: _waiting_branches(dsn, task_id) == left
+                and task_row(dsn, task_id)["wait_reason"] == "branches",
+                timeout=30,
+                what=f"branches {left} waiting",
+            )
+            row = task_row(dsn, task_id)
+            assert (row["lease_owner"], row["lease_expires_at"]) == (None, None), row
+        finally:
+            _kill(worker)
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", (row, task_events(dsn, task_id))
+    counts = call_counts(dsn)
+    for name in order:  # each branch's two non-idempotent calls ran exactly once
+        assert counts[f"{task_id}:ask#1/{name}/request#1"] == 1, counts
+        assert counts[f"{task_id}:ask#1/{name}/approved#1"] == 1, counts
+    _audit_clean(dsn, task_id)

@@ -271,6 +271,7 @@ class TaskBrowser(WidgetWork):
             evidence=await self.store.tasks.evidence(task_id),
             signals=await self.store.tasks.signals(task_id),
             definition=await self._definition(task),
+            branches=await self.store.branches.of_task(task_id),
         )
         self.detail = detail
         self.detail_pane.value = detail.html()

@@ -20,6 +20,7 @@ from toolkit.definition.svg import svg
 from toolkit.history.analytics import cell_text, render_table
 from toolkit.history.task_path import StepMark, task_path
 from toolkit.lifecycle import cursor_text, received_signal, received_text
+from toolkit.store.branches import StoredBranch
 from toolkit.store.tasks import TaskRecord
 
 
@@ -34,6 +35,7 @@ class TaskDetail:
         signals: the signals sent to it, oldest first.
         definition: the definition the task is pinned to, or None (not loaded, or no
             longer registered): the HTML then has no drawing.
+        branches: the branches of its parallel or map step in progress (their rows).
     """
 
     task: TaskRecord
@@ -41,6 +43,7 @@ class TaskDetail:
     evidence: list[dict[str, Any]]
     signals: list[dict[str, Any]]
     definition: WorkflowDefinition | None = None
+    branches: Sequence[StoredBranch] = ()
 
     @property
     def path(self) -> dict[str, StepMark] | None:
@@ -68,6 +71,9 @@ class TaskDetail:
             return f"signal {wait['signal']!r}"
         if "child" in wait:
             return f"child task {wait['child']}"
+        if "branches" in wait:
+            waiting = sum(branch.status == "waiting" for branch in self.branches)
+            return f"its waiting branches ({waiting} of {wait['occurrence']})"
         return str(self.task.wait_reason)
 
     @property
@@ -118,6 +124,13 @@ class TaskDetail:
         ]
         if signals:
             found.append(("signals", ["name", "status", "payload"], signals))
+        branches = [
+            [b.name, b.status, b.frame.get("cursor") or "-", ", ".join(b.waits_for) or "-",
+             b.run_at or "-"]
+            for b in self.branches
+        ]  # fmt: skip
+        if branches:
+            found.append(("branches", ["branch", "status", "at", "waits for", "until"], branches))
         columns = ["kind", "worker", "token", "detail"]  # of the timeline
         rows: list[list[Any]] = [
             [e["kind"], e["worker_id"] or "-", e["fencing_token"], _detail_text(e["detail"])]

@@ -13,7 +13,9 @@ crashes right after a payment call, before recording it; the in-process worker
 (:class:`~toolkit.runtime.supervisor.WorkflowSupervisor` over the example handlers of
 :mod:`toolkit.examples`) takes its tasks over once their leases expire, retries the bookings
 a busy carrier refused, and leaves the uncertain charge waiting for reconciliation instead of
-charging twice; the demo reconciles it from the payment outbox, and the queue drains.
+charging twice; the demo reconciles it from the payment outbox, and the queue drains. Last,
+the patterns of branches that wait run (:mod:`toolkit.ops.demo_patterns`): parallel
+approvals, a poll racing a deadline, file restores with callbacks, and a CI pipeline.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from toolkit.examples import app, ensure_example_tables
 from toolkit.examples.ingest import profile_table, read_table
 from toolkit.lifecycle import TERMINAL_STATES
 from toolkit.ops.demo_crash import Crash, Reconciliation, crash_a_worker, reconcile_charges
+from toolkit.ops.demo_patterns import PatternRun, run_patterns
 from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
@@ -68,6 +71,7 @@ class DemoSummary:
         recovered: tasks the next worker took over after their lease expired.
         retried: effect attempts that failed and were scheduled again.
         reconciled: the uncertain charges, and what reconciling them found.
+        patterns: how the patterns of branches that wait ended (None: not run).
     """
 
     submitted: dict[str, int]
@@ -79,6 +83,7 @@ class DemoSummary:
     recovered: int = 0
     retried: int = 0
     reconciled: tuple[Reconciliation, ...] = ()
+    patterns: PatternRun | None = None
 
     @property
     def total(self) -> int:
@@ -110,7 +115,10 @@ class DemoSummary:
             f"throughput      {self.tasks_per_second:.1f} tasks/s",
             f"reports         {self.report_dir}",
         ]
-        return "\n".join(lines + self._story())
+        story = self._story()
+        if self.patterns is not None:
+            story += self.patterns.lines()
+        return "\n".join(lines + story)
 
     def _story(self) -> list[str]:
         """What the crash, the retries and the reconciliation came to, in a few lines."""
@@ -281,6 +289,9 @@ async def run_demo(
         tg.cancel_scope.cancel()
     wall_time = time.monotonic() - started
     completed_after = (await store.tasks.evidence_counts()).get("completed", 0)
+    if progress is not None:
+        progress("demo: branches that wait: approvals, a poll racing a deadline, restores, CI")
+    patterns = await run_patterns(store, definitions, app)
 
     return DemoSummary(
         submitted={name: len(task_ids) for name, task_ids in ids.items()},
@@ -292,6 +303,7 @@ async def run_demo(
         recovered=first.report.recovered + second.report.recovered,
         retried=first.report.retried + second.report.retried,
         reconciled=tuple(reconciled),
+        patterns=patterns,
     )
 
 

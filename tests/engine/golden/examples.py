@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 from tests.helpers.golden import EXAMPLES, Run, scenario
+from tests.helpers.inprocess import sql
 from toolkit.examples import app as examples_app
 
 ITEMS = [{"sku": "A-1", "qty": 2, "price": 9.5}, {"sku": "B-2", "qty": 1, "price": 120.0}]
@@ -80,3 +81,62 @@ async def example_poll_loop(run: Run) -> None:
     while await run.state(task_id) == "waiting":
         await run.due(task_id)
         await run.drain()
+
+
+# --- branches that wait (issue 18): the outside world played step by step ------------------
+
+
+async def _branch_due(run: Run, task_id: int, name: str) -> None:
+    """Row surgery: the timer of waiting branch ``name`` passed; the task is due."""
+    await sql(
+        run.store,
+        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
+        " WHERE task_id = %s AND name = %s AND status = 'waiting'",
+        task_id,
+        name,
+    )
+    await run.due(task_id)
+
+
+@scenario(examples_app)
+async def example_parallel_approvals(run: Run) -> None:
+    (d,) = await run.deploy(EXAMPLES / "parallel-approvals.yaml")
+    (task_id,) = await run.submit(d, {"request_id": "REQ-7"})
+    await run.drain()
+    for approver in ("security", "legal", "finance"):
+        payload = {"approved": True, "by": f"{approver} lead"}
+        await run.store.tasks.signal(task_id, "approval", payload, address=approver)
+        await run.drain()
+
+
+@scenario(examples_app)
+async def example_poll_or_deadline(run: Run) -> None:
+    (d,) = await run.deploy(EXAMPLES / "poll-or-deadline.yaml")
+    (task_id,) = await run.submit(d, {"job_id": "job-2"})
+    await run.drain()  # the poll waits a second, the deadline three
+    await _branch_due(run, task_id, "poll")
+    await run.drain()  # the second check is done: the poll wins, the deadline is cancelled
+
+
+@scenario(examples_app)
+async def example_restore_files(run: Run) -> None:
+    (d,) = await run.deploy(EXAMPLES / "restore-files.yaml")
+    (task_id,) = await run.submit(d, {"files": ["a.tar", "b.tar", "c.tar"]})
+    await run.drain()
+    for branch in await run.store.branches.of_task(task_id):
+        if branch.name != "1":
+            token = branch.waits_for[0].split(":", 1)[1]
+            await run.store.tasks.complete(token, result={"file": branch.name, "restored": True})
+    await _branch_due(run, task_id, "1")  # b.tar's callback never comes
+    await run.drain()
+
+
+@scenario(examples_app)
+async def example_ci_pipeline(run: Run) -> None:
+    pipeline, _ = await run.deploy(EXAMPLES / "ci-pipeline.yaml", EXAMPLES / "ci-tests.yaml")
+    (task_id,) = await run.submit(pipeline, {"commit": "abc1234"})
+    await run.drain()  # the child runs its matrix; the approval branch waits
+    await run.store.tasks.signal(
+        task_id, "deploy-approved", {"by": "release manager"}, address="approval"
+    )
+    await run.drain()
