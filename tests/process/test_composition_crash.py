@@ -270,19 +270,19 @@ def test_parallel_approvals_arrive_one_by_one_across_worker_kills(
                     dsn, "signal", str(task_id), "approval", "--branch", approver,
                     "--payload", '{"approved": true}',
                 )  # fmt: skip
-                out, err = code.communicate(timeout=30)
+                _, err = code.communicate(timeout=30)
                 assert code.returncode == 0, err
             if approver == order[-1]:
                 wait_for(lambda: task_row(dsn, task_id)["state"] == "succeeded", timeout=30,
                          what="the task succeeded")  # fmt: skip
                 break
             left = sorted(set(order[round_number:]))
-            wait_for(
-                lambda: _waiting_branches(dsn, task_id) == left
-                and task_row(dsn, task_id)["wait_reason"] == "branches",
-                timeout=30,
-                what=f"branches {left} waiting",
-            )
+
+            def parked(left: list[str] = left) -> bool:
+                waiting = _waiting_branches(dsn, task_id) == left
+                return waiting and task_row(dsn, task_id)["wait_reason"] == "branches"
+
+            wait_for(parked, timeout=30, what=f"branches {left} waiting")
             row = task_row(dsn, task_id)
             assert (row["lease_owner"], row["lease_expires_at"]) == (None, None), row
         finally:
