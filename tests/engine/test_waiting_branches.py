@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from tests.apps import counting
-from tests.helpers.inprocess import calls, deploy_submit, drain, kinds, sql
+from tests.helpers.inprocess import (
+    branch_due,
+    calls,
+    deploy_submit,
+    drain,
+    kinds,
+    set_tenant_budget,
+    tenant_use,
+)
 from toolkit.errors import SignalAmbiguous
 from toolkit.store import Store
 
@@ -35,22 +43,6 @@ async def parked(store: Store, task_id: int) -> dict[str, Any]:
         "branches": {b.name: (b.status, b.waits_for, b.run_at is not None) for b in branches},
         "error": task.error,
     }
-
-
-async def branch_due(store: Store, task_id: int, name: str) -> None:
-    """Row surgery: the timer of waiting branch ``name`` has passed, and the task is due."""
-    await sql(
-        store,
-        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
-        " WHERE task_id = %s AND name = %s AND status = 'waiting'",
-        task_id,
-        name,
-    )
-    await sql(
-        store,
-        "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s AND state = 'waiting'",
-        task_id,
-    )
 
 
 # --- parallel approvals: each branch waits for its own signal ------------------------------
@@ -340,3 +332,41 @@ async def test_the_notebook_detail_lists_each_branch_and_what_it_waits_for(store
         ["finance", "waiting", "answer", "signal:approval"],
         ["security", "waiting", "answer", "signal:approval"],
     ], rows
+
+
+# --- a reservation is held while branches wait ---------------------------------------------
+
+RESERVING = """
+name: reserving-wait
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      reserve: {total: {tokens: 300}}
+      branches:
+        spend:
+          start: call
+          steps:
+            call: {effect: count.spend, idempotent: true, args: {tokens: 40}}
+        hold:
+          start: pause
+          steps:
+            pause: {wait: {duration: 1h}}
+"""
+
+
+async def test_a_reservation_is_held_while_branches_wait_and_returned_at_the_end(
+    store: Store,
+) -> None:
+    await set_tenant_budget(store, "acme", 1000)
+    (task_id,) = await deploy_submit(store, RESERVING, [{}], tenant="acme")
+    await drain(store, RESERVING)
+    state = await parked(store, task_id)
+    assert state["wait_reason"] == "branches", state
+    assert await tenant_use(store, "acme") == (300.0, 300.0)  # held, the spend inside it
+    await branch_due(store, task_id, "hold")
+    await drain(store, RESERVING)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", await parked(store, task_id)
+    assert await tenant_use(store, "acme") == (40.0, 0.0)  # the unspent part came back

@@ -54,6 +54,18 @@ async def make_due(store: Store, task_id: int) -> None:
     await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
 
 
+async def branch_due(store: Store, task_id: int, name: str) -> None:
+    """Row surgery: the timer of waiting branch ``name`` has passed, and the task is due."""
+    await sql(
+        store,
+        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
+        " WHERE task_id = %s AND name = %s AND status = 'waiting'",
+        task_id,
+        name,
+    )
+    await make_due(store, task_id)
+
+
 async def kinds(store: Store, task_id: int) -> list[str]:
     """The kinds of a task's events, oldest first."""
     return [event["kind"] for event in await store.tasks.events(task_id)]

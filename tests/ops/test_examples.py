@@ -345,6 +345,10 @@ def test_the_readme_runs_a_valid_task_of_every_example(
 
     states = {name: (shown(name)["state"], shown(name)["wait_reason"]) for name in ids}
     assert states.pop("approval-callback") == ("waiting", "callback")
+    for waits in ("parallel-approvals", "ci-pipeline"):  # for their branches' signals
+        assert states.pop(waits) == ("waiting", "branches"), waits
+    # the restores wait for callbacks that time out after 3 s: done, if the run took longer
+    assert states.pop("restore-files") in {("waiting", "branches"), ("succeeded", None)}
     assert set(states.values()) == {("succeeded", None)}, states
     # The README's last steps: the callback's completion, the person's signal, a worker.
     callbacks = shown("approval-callback")["checkpoint"]["callbacks"]

@@ -31,6 +31,8 @@ UNFENCED = {
     "claim_tasks_one_tenant": "takes the lease of tasks nobody holds (one tenant alone)",
     "wake_raced_waits": "a wake-up, in the transaction of the fenced write of its wait",
     "wake_waiting_branches": "a wake-up, in the transaction of the fenced write of its wait",
+    "wake_branches": "a sender's wake-up of waiting branches: run_at of waiting tasks only",
+    "wake_parent_branches": "a child's end wakes its parent's waiting branch: run_at only",
     "send_signal": "a sender's wake-up: it moves run_at of a waiting task only",
     "complete_callback": "a completion's wake-up: it moves run_at of a waiting task only",
     "request_cancel": "an operator's cancel: it ends tasks nobody holds, asks holders",

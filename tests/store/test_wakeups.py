@@ -197,3 +197,68 @@ async def test_a_callback_completion_racing_the_wait_commit_wakes_the_task(
     store: Store, dsn: str, sender_first: bool
 ) -> None:
     await race(store, dsn, CALLED_BACK, complete_callback, sender_first=sender_first)
+
+
+# --- a branch that parks (issue 18) -------------------------------------------------------
+
+BRANCH_SIGNALLED = """
+name: gated-branch-signal
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        only:
+          start: work
+          steps:
+            work: {effect: gate.hold, idempotent: true, next: wait}
+            wait: {wait: {signal: go}}
+"""
+
+BRANCH_CALLED_BACK = """
+name: gated-branch-callback
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        only:
+          start: work
+          steps:
+            work: {effect: gate.hold, idempotent: true, callback: {timeout: 1h}}
+"""
+
+
+async def signal_branches(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
+    """What ``store.tasks.signal`` sends: the signal, then the wake of a branch waiting for
+    it, in a statement of its own after the first locked the task's row."""
+    await send_signal(conn, task_id)
+    keys = [{"task_id": task_id, "key": "signal:go", "address": None}]
+    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys)})
+
+
+async def complete_branch_callback(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
+    await complete_callback(conn, task_id)
+    keys = [{"task_id": task_id, "key": f"callback:{TOKENS[0]}", "address": None}]
+    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys)})
+
+
+@SENDER_FIRST
+async def test_a_signal_racing_a_branch_parking_wakes_the_branch(
+    store: Store, dsn: str, sender_first: bool
+) -> None:
+    """Regression: the branch's wake was a CTE of the sender's one statement, whose snapshot
+    predated the branch's row being written waiting (worker-first): the branch stayed
+    parked with its signal stored."""
+    await race(store, dsn, BRANCH_SIGNALLED, signal_branches, sender_first=sender_first)
+
+
+@SENDER_FIRST
+async def test_a_completion_racing_a_branch_parking_wakes_the_branch(
+    store: Store, dsn: str, sender_first: bool
+) -> None:
+    await race(
+        store, dsn, BRANCH_CALLED_BACK, complete_branch_callback, sender_first=sender_first
+    )

@@ -24,11 +24,11 @@ import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import App, SpendLedger, SpendLimits
-from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint, Frame
+from toolkit.checkpoint import BranchFrame, Checkpoint, Frame
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.failures import Error
 from toolkit.errors import DatabaseUnavailable, PayloadRefused, ResultNotJson, ResultTooLarge
-from toolkit.lifecycle import EventKind, TaskState
+from toolkit.lifecycle import TERMINAL_STATES, EventKind, TaskState
 from toolkit.metrics import WorkerMetrics
 from toolkit.payload import check_payload
 from toolkit.store import Store
@@ -192,8 +192,7 @@ class Cycle:
         self._branches: dict[tuple[str, str], HeldBranch] = {}
         #: Steps whose branches ended: the next write deletes their rows.
         self._branches_ended: list[str] = []
-        #: (step occurrence, name) of every branch that began to wait under this lease.
-        self.parked: list[tuple[str, str]] = []
+
         #: The workflow deadline was met by going to ``on_timeout``: writes clear it.
         self.clear_deadline = False
         #: Event-loop times the run of pure steps in progress began (or last committed) and
@@ -274,8 +273,6 @@ class Cycle:
         held = self._branches.get((fanout, name))
         if held is not None:
             held.release = True
-        if held is not None and held.frame.status is BranchStatus.WAITING:
-            self.parked.append((fanout, name))
 
     def end_branches(self, fanout: str) -> None:
         """The step ``fanout`` ended: drop its branches; the next write deletes their rows."""
@@ -305,11 +302,11 @@ class Cycle:
         """A fenced write of the current checkpoint plus everything not yet written."""
         branches_ended = tuple(self._branches_ended)
         self._branches_ended.clear()
-        parked = tuple(self.parked) if fields.get("wait_reason") == "branches" else ()
+        ends = fields.get("state") in TERMINAL_STATES and self.task.child
         write = FencedWrite(
             branches=self._branch_rows(),
             branches_ended=branches_ended,
-            parked=parked,
+            ends_child=ends,
             fence=self.fence,
             checkpoint=self.checkpoint_json(),
             evidence=tuple(self.evidence),

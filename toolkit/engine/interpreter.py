@@ -139,6 +139,7 @@ class Interpreter:
             error=error,
             events=(Event(EventKind.FAILED, {"error": error}),),
             write_id=f"{task.token}:failed",
+            ends_child=task.child,
         )
         try:
             await retrying(control, functools.partial(self._services.apply, write))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
@@ -22,10 +23,11 @@ from psycopg.types.json import Jsonb
 from toolkit.counts import counted
 from toolkit.definition import definition_from_body, validate_payload
 from toolkit.errors import InputError, PlanRefused, UnknownSignal
+from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.names import check_signal_name
-from toolkit.store.tasks import Tasks, check_error_name, signal_waits
+from toolkit.store.tasks import Tasks, check_error_name, ended_children, signal_waits
 
 #: Tasks acted on in one transaction: small enough that no worker's fenced commit waits long
 #: for a row lock a batch holds.
@@ -339,7 +341,9 @@ class Bulk:
                 "operator": plan.operator,
                 **_action_params(plan, items),
             }
-            rows = await self._db.fetch_all(f"bulk_{plan.action}", params)
+            rows = await self._db.fetch_all_then(
+                f"bulk_{plan.action}", params, functools.partial(_wakes, plan)
+            )
             if plan.action == "cancel":
                 applied = [r["task_id"] for r in rows if r["outcome"] == "applied"]
                 if applied:
@@ -348,6 +352,21 @@ class Bulk:
                 progress(len(items))
         await self._db.execute("finish_bulk_plan", {"plan_id": plan_id})
         return await self.get(plan_id)
+
+
+def _wakes(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
+    """What a batch of the plan wakes in the same transaction.
+
+    The waiting branches its signals are for, or the branches waiting for the children it
+    cancelled.
+    """
+    applied = [row["task_id"] for row in rows if row["outcome"] == "applied"]
+    if plan.action == "signal":
+        key = f"signal:{plan.arguments['name']}"
+        return wake_branches_of([(task_id, key, None) for task_id in applied])
+    if plan.action == "cancel":
+        return ended_children(applied)
+    return None
 
 
 def _action_params(plan: Plan, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -51,6 +51,20 @@ def new_token() -> str:
     return "cb_" + secrets.token_urlsafe(18)
 
 
+def wake_branches_of(
+    keys: list[tuple[int, str, str | None]],
+) -> tuple[str, dict[str, Any]] | None:
+    """The ``wake_branches`` statement for ``(task id, key, address)`` triples, or None.
+
+    ``key``: what a waiting branch waits for (``signal:NAME``, ``callback:TOKEN``);
+    ``address``: the branch a signal is for, or None.
+    """
+    if not keys:
+        return None
+    rows = [{"task_id": task_id, "key": key, "address": address} for task_id, key, address in keys]
+    return "wake_branches", {"keys": Jsonb(rows)}
+
+
 class Callbacks:
     """Callback tokens of one store."""
 
@@ -104,16 +118,19 @@ class Callbacks:
             CallbackRefused: no such token, it was completed or expired already, or its
                 task has ended.
         """
-        row = await self._db.fetch_one(
+        rows = await self._db.fetch_all_then(
             "complete_callback",
             {
                 "callback_token": token,
                 "result": None if error is not None else Jsonb(result),
                 "error": None if error is None else Jsonb(error),
             },
+            lambda done: wake_branches_of(
+                [(row["task_id"], f"callback:{token}", None) for row in done]
+            ),
         )
-        if row is not None:
-            return int(row["task_id"])
+        if rows:
+            return int(rows[0]["task_id"])
         known = await self.get(token)
         if known is None:
             raise CallbackRefused(f"no callback token {token!r}")

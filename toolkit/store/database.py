@@ -368,6 +368,35 @@ class Database:
             await cursor.execute(query(name), params or {}, prepare=prepare)
             return await cursor.fetchall()
 
+    async def fetch_all_then(
+        self,
+        name: str,
+        params: Params,
+        then: Callable[[list[DictRow]], tuple[str, Params] | None],
+    ) -> list[DictRow]:
+        """Run a named query, then the statement ``then`` derives from its rows.
+
+        Both run in one transaction; the second sees what the first locked, in a snapshot
+        of its own.
+
+        Args:
+            name: the first query's block name.
+            params: its parameters.
+            then: from the first query's rows, the second statement's name and parameters,
+                or None for none.
+
+        Returns:
+            The first query's rows.
+        """
+        async with self.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(query(name), params)
+            rows = await cursor.fetchall()
+            second = then(rows)
+            if second is not None:
+                await cursor.execute(query(second[0]), second[1])
+        return rows
+
     async def fetch_one(
         self, name: str, params: Params | None = None, *, prepare: bool | None = None
     ) -> DictRow | None:

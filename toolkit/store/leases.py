@@ -66,6 +66,7 @@ class ClaimedTask:
         deadline_in: seconds left until the workflow deadline (≤ 0: passed), database time;
             None when the task has none.
         tags: the task's tags when claimed.
+        child: the task is a child (a ``workflow`` step started it).
     """
 
     id: int
@@ -80,6 +81,7 @@ class ClaimedTask:
     cancel_requested: Any = None
     deadline_in: float | None = None
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    child: bool = False
 
     def fence(self, worker_id: str) -> Fence:
         """The fence of this lease, held by ``worker_id``."""
@@ -171,6 +173,7 @@ class Leases:
                 cancel_requested=row["cancel_requested"],
                 deadline_in=row["deadline_in"],
                 tags=row["tags"],
+                child=row["child"],
             )
             for row in rows
         ]
@@ -287,11 +290,13 @@ class Leases:
             for w in writes
             if w.state == TaskState.WAITING and w.wait_reason in _RACED
         ]
-        branching = [
+        parking = [
             w for w in writes
-            if w.state == TaskState.WAITING and w.wait_reason == WaitReason.BRANCHES
+            if w.wait_reason == WaitReason.BRANCHES
+            or any(row.status == "waiting" for row in w.branches)
         ]  # fmt: skip
-        if not waits and not branching:  # the hot path: one statement
+        ending = [w.fence.task_id for w in writes if w.ends_child]
+        if not waits and not parking and not ending:  # the hot path: one statement
             rows = await self._db.fetch_all("commit_fenced", params)
             return {row["id"]: TaskState(row["state"]) for row in rows}
         async with self._db.transaction() as conn:
@@ -301,17 +306,21 @@ class Leases:
             raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
             if raced:
                 await cursor.execute(query("wake_raced_waits"), {"task_ids": raced})
-            parking = [w for w in branching if applied.get(w.fence.task_id) == "waiting"]
+            parking = [w for w in parking if w.fence.task_id in applied]
             if parking:
                 parked = [
-                    {"task_id": w.fence.task_id, "fanout": fanout, "name": name}
+                    {"task_id": w.fence.task_id, "fanout": row.fanout, "name": row.name}
                     for w in parking
-                    for fanout, name in w.parked
+                    for row in w.branches
+                    if row.status == "waiting"
                 ]
                 await cursor.execute(
                     query("wake_waiting_branches"),
                     {"task_ids": [w.fence.task_id for w in parking], "parked": Jsonb(parked)},
                 )
+            ended = [task_id for task_id in ending if task_id in applied]
+            if ended:
+                await cursor.execute(query("wake_parent_branches"), {"task_ids": ended})
         return applied
 
     async def next_signal(

@@ -34,7 +34,7 @@ from toolkit.errors import (
 from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
 from toolkit.store.branches import BranchRows
-from toolkit.store.callbacks import Callbacks
+from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.tags import check_tags, merged_tags
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
@@ -287,11 +287,15 @@ class Tasks(TaskReads):
             if len(waiters) > 1:
                 raise SignalAmbiguous(task_id, name, waiters)
             address = waiters[0] if waiters else None
-        row = await self._db.fetch_one(
+        rows = await self._db.fetch_all_then(
             "send_signal",
             {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
              "operator": None, "address": address},
+            lambda sent: wake_branches_of(
+                [(task_id, f"signal:{name}", address) for r in sent if r["signal_id"]]
+            ),
         )  # fmt: skip
+        row = rows[0] if rows else None
         if row is None or row["state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["signal_id"] is None:
@@ -361,7 +365,7 @@ class Tasks(TaskReads):
             UnknownTask: no such task.
             TaskTerminal: the task has already ended.
         """
-        row = await self._db.fetch_one("request_cancel", _cancel_params(task_id, reason))
+        row = await self._request_cancel(task_id, reason)
         if row is None or row["previous_state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["cancelled"] or row["requested"]:
@@ -381,9 +385,19 @@ class Tasks(TaskReads):
         """
         children = await self._db.fetch_all("live_children", {"task_ids": list(task_ids)})
         for child in children:
-            reason = f"parent task {child['root']} cancelled"
-            await self._db.fetch_one("request_cancel", _cancel_params(child["id"], reason))
+            await self._request_cancel(child["id"], f"parent task {child['root']} cancelled")
         return len(children)
+
+    async def _request_cancel(self, task_id: int, reason: str) -> dict[str, Any] | None:
+        """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""
+        rows = await self._db.fetch_all_then(
+            "request_cancel",
+            _cancel_params(task_id, reason),
+            lambda done: ended_children(
+                [task_id] if done and done[0]["cancelled"] else []
+            ),
+        )
+        return rows[0] if rows else None
 
     async def reconcile(
         self,
@@ -502,6 +516,13 @@ def _start(start_at: datetime.datetime | None, delay: float | None) -> dict[str,
             f"delay must be seconds from 0 to 100 years, not {delay!r}", path="$.delay"
         )
     return {"run_at": start_at, "delay": delay}
+
+
+def ended_children(task_ids: Sequence[int]) -> tuple[str, dict[str, Any]] | None:
+    """The ``wake_parent_branches`` statement for tasks that just ended, or None for none."""
+    if not task_ids:
+        return None
+    return "wake_parent_branches", {"task_ids": list(task_ids)}
 
 
 def _cancel_params(task_id: int, reason: str) -> dict[str, Any]:

@@ -104,9 +104,8 @@ class FencedWrite:
         branches: branch rows to store (each replaces the stored row of its branch).
         branches_ended: occurrences of parallel or map steps that ended: their branch rows
             are deleted (none of ``branches`` belongs to one).
-        parked: ``(fanout, name)`` of every branch that began to wait under this lease:
-            a write that makes the task wait for its branches (reason ``branches``) looks
-            whether what each waits for was sent while it parked.
+        ends_child: the write ends a child task (a ``workflow`` step's): a branch of its
+            parent waiting for it is woken in the same transaction.
 
     A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
     at once, in the transaction that commits it, when a signal it waits for is stored and not
@@ -131,7 +130,7 @@ class FencedWrite:
     tags: Mapping[str, str] | None = None
     branches: Sequence[BranchRow] = ()
     branches_ended: Sequence[str] = ()
-    parked: Sequence[tuple[str, str]] = ()
+    ends_child: bool = False
 
 
 def write_json(write: FencedWrite) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 from tests.helpers.golden import EXAMPLES, Run, scenario
-from tests.helpers.inprocess import sql
+from tests.helpers.inprocess import branch_due
 from toolkit.examples import app as examples_app
 
 ITEMS = [{"sku": "A-1", "qty": 2, "price": 9.5}, {"sku": "B-2", "qty": 1, "price": 120.0}]
@@ -86,18 +86,6 @@ async def example_poll_loop(run: Run) -> None:
 # --- branches that wait (issue 18): the outside world played step by step ------------------
 
 
-async def _branch_due(run: Run, task_id: int, name: str) -> None:
-    """Row surgery: the timer of waiting branch ``name`` passed; the task is due."""
-    await sql(
-        run.store,
-        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
-        " WHERE task_id = %s AND name = %s AND status = 'waiting'",
-        task_id,
-        name,
-    )
-    await run.due(task_id)
-
-
 @scenario(examples_app)
 async def example_parallel_approvals(run: Run) -> None:
     (d,) = await run.deploy(EXAMPLES / "parallel-approvals.yaml")
@@ -114,7 +102,7 @@ async def example_poll_or_deadline(run: Run) -> None:
     (d,) = await run.deploy(EXAMPLES / "poll-or-deadline.yaml")
     (task_id,) = await run.submit(d, {"job_id": "job-2"})
     await run.drain()  # the poll waits a second, the deadline three
-    await _branch_due(run, task_id, "poll")
+    await branch_due(run.store, task_id, "poll")
     await run.drain()  # the second check is done: the poll wins, the deadline is cancelled
 
 
@@ -127,7 +115,7 @@ async def example_restore_files(run: Run) -> None:
         if branch.name != "1":
             token = branch.waits_for[0].split(":", 1)[1]
             await run.store.tasks.complete(token, result={"file": branch.name, "restored": True})
-    await _branch_due(run, task_id, "1")  # b.tar's callback never comes
+    await branch_due(run.store, task_id, "1")  # b.tar's callback never comes
     await run.drain()
 
 

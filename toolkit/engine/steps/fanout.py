@@ -271,27 +271,29 @@ class Branches:
             await run_graph(self.level(name, frame))
             if frame.ended:
                 self.fan.ended += 1
+            decided = self._ended(name, frame)
             if frame.status is not BranchStatus.BLOCKED:
                 self._release(name)
-            await self.cycle.commit()  # the branch's end (or its wait) is durable as it happens
-            await self._ended(name, frame)
+            # The branch's end (or its wait) is durable as it happens, and with it what the
+            # end decided (a race's winner, the failure of the step), before all else.
+            await self.cycle.commit()
+            if decided and self.step.cancel_losers:
+                self.scope.cancel()
         finally:
             self.running -= 1
             self.stopped.set()
 
-    async def _ended(self, name: str, frame: BranchFrame) -> None:
-        """Decide what a branch's end means for the step."""
+    def _ended(self, name: str, frame: BranchFrame) -> bool:
+        """Record what a branch's end means for the step; whether it decided the step."""
         step, fan = self.step, self.fan
         if self.racing and frame.status is BranchStatus.SUCCEEDED and fan.winner is None:
             fan.winner = name
             self.cycle.events.append(Event(EventKind.RACE_WON, {"step": step.id, "branch": name}))
-            await self.cycle.commit()  # the winner is durable before all else
-            if step.cancel_losers:
-                self.scope.cancel()
-        elif not self.racing and frame.status is BranchStatus.FAILED and fan.failure is None:
+            return True
+        if not self.racing and frame.status is BranchStatus.FAILED and fan.failure is None:
             fan.failure = {"branch": name, "error": frame.error or {}}
-            if step.cancel_losers:
-                self.scope.cancel()
+            return True
+        return False
 
     async def end(self) -> Transition:
         """What the step came to once no branch runs in this cycle.
@@ -309,6 +311,7 @@ class Branches:
                     Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": name,
                                                        "pending": frame.pending})
                 )  # fmt: skip
+                await self._let_go(frame)
                 self._release(name)
         blocked = [frame for frame in fan.branches.values() if frame.status is BranchStatus.BLOCKED]
         waiting = fan.started - fan.ended - len(blocked)
@@ -371,17 +374,23 @@ class Branches:
                 Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": row.name,
                                                    "waiting": frame.waits_for()})
             )  # fmt: skip
-            wait = frame.wait
-            if isinstance(wait, ChildWait):
-                try:
-                    await cycle.retrying(
-                        functools.partial(store.tasks.cancel, wait.child, "its branch cancelled")
-                    )
-                except TaskTerminal:
-                    pass  # it ended meanwhile
-            for occurrence in [o for o in cycle.checkpoint.callbacks if o.startswith(frame.prefix)]:
-                token = cycle.checkpoint.callbacks.pop(occurrence).token
-                await cycle.retrying(functools.partial(store.callbacks.expire, token))
+            await self._let_go(frame)
+
+    async def _let_go(self, frame: BranchFrame) -> None:
+        """What a cancelled branch leaves: its child is cancelled, its callbacks expire."""
+        cycle = self.cycle
+        store = cycle.services.store
+        wait = frame.wait
+        if isinstance(wait, ChildWait):
+            try:
+                await cycle.retrying(
+                    functools.partial(store.tasks.cancel, wait.child, "its branch cancelled")
+                )
+            except TaskTerminal:
+                pass  # it ended meanwhile
+        for occurrence in [o for o in cycle.checkpoint.callbacks if o.startswith(frame.prefix)]:
+            token = cycle.checkpoint.callbacks.pop(occurrence).token
+            await cycle.retrying(functools.partial(store.callbacks.expire, token))
 
     def context(self, name: str) -> dict[str, Any]:
         """What ``context`` adds in branch ``name``: its name (a map's item and index too)."""
@@ -513,17 +522,19 @@ class BranchLevel:
             return
         if wait.reason not in PARKING:
             raise AssertionError(f"a {wait.reason} wait cannot run in a branch: {step.id}")
-        frame.status = BranchStatus.WAITING
         if frame.wait == wait.wait:
+            frame.status = BranchStatus.WAITING
             return  # waits on: its row is as it was
-        frame.wait = wait.wait
+        run_at = None
         if wait.run_at is not None:
-            frame.run_at = None if wait.run_at == NEVER else wait.run_at
+            run_at = None if wait.run_at == NEVER else wait.run_at
         elif wait.delay_seconds is not None:
             now = await cycle.retrying(cycle.services.store.leases.database_now)
-            frame.run_at = (now + datetime.timedelta(seconds=wait.delay_seconds)).isoformat()
-        else:
-            frame.run_at = None
+            run_at = (now + datetime.timedelta(seconds=wait.delay_seconds)).isoformat()
+        # no await from here on: a write never finds the wait without its deadline
+        frame.status = BranchStatus.WAITING
+        frame.wait = wait.wait
+        frame.run_at = run_at
         detail = {**(wait.event.detail or {}), "branch": self._name}
         cycle.events.append(Event(wait.event.kind, detail))
 

@@ -45,22 +45,12 @@ WITH target AS (
     WHERE token = %(callback_token)s AND toolkit_callbacks.state = 'open'
       AND target.state IN ('queued', 'leased', 'waiting')
     RETURNING toolkit_callbacks.task_id, occurrence
-), branch_woken AS (
-    -- a branch waiting for it gets a wake
-    UPDATE toolkit_branches b
-    SET wakes = b.wakes + 1
-    FROM completed c
-    WHERE b.task_id = c.task_id AND b.status = 'waiting'
-      AND b.waits_for @> ARRAY['callback:' || %(callback_token)s::text]
-    RETURNING b.task_id
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM completed c, target
     WHERE t.id = c.task_id AND target.id = c.task_id
-      AND target.state = 'waiting'
-      AND (target.wait_reason = 'callback'
-           OR (target.wait_reason = 'branches' AND t.id IN (SELECT task_id FROM branch_woken)))
+      AND target.state = 'waiting' AND target.wait_reason = 'callback'
     RETURNING t.id
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, detail)

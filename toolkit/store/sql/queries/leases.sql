@@ -46,7 +46,8 @@ claimed AS (
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, t.cancel_requested, t.tags, c.previous_state, c.previous_owner,
+              t.attempts, t.cancel_requested, t.tags, t.parent_id, c.previous_state,
+              c.previous_owner,
               extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
               extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
 ), events AS (
@@ -62,7 +63,8 @@ claimed AS (
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, tags, previous_state = 'leased' AS recovered, queue_delay, deadline_in,
+       cancel_requested, tags, parent_id IS NOT NULL AS child,
+       previous_state = 'leased' AS recovered, queue_delay, deadline_in,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
        (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants

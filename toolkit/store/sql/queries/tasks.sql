@@ -216,8 +216,9 @@ SELECT (SELECT state FROM target) AS state,
 -- fragment: signal_targets
 -- Stores signal %(name)s for each live row of CTE target (id, state, wait_reason,
 -- checkpoint, locked), with its payload from CTE r (task_id, payload), addressed to branch
--- %(address)s (null: the task as a whole), and makes those already waiting for it (at the
--- task's level, or in a waiting branch) due now (woken: their ids; idle workers are notified); a
+-- %(address)s (null: the task as a whole), and makes those already waiting for it at the
+-- task's level due now (a branch waiting for it is woken by wake_branches, the next
+-- statement of the same transaction) (woken: their ids; idle workers are notified); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
 -- and its operator (null for one task).
 inserted AS (
@@ -226,26 +227,15 @@ inserted AS (
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
     RETURNING id, task_id
-), branch_woken AS (
-    -- a branch waiting for it (the one addressed, when it is addressed) gets a wake
-    UPDATE toolkit_branches b
-    SET wakes = b.wakes + 1
-    FROM inserted i
-    WHERE b.task_id = i.task_id AND b.status = 'waiting'
-      AND b.waits_for @> ARRAY['signal:' || %(name)s]
-      AND (%(address)s::text IS NULL OR b.name = %(address)s::text)
-    RETURNING b.task_id
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
     FROM inserted i, target
     WHERE t.id = i.task_id AND target.id = i.task_id
       AND target.state = 'waiting'
-      AND ((target.wait_reason = 'signal'
-            AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
-                 OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false)))
-           OR (target.wait_reason = 'branches'
-               AND t.id IN (SELECT task_id FROM branch_woken)))
+      AND target.wait_reason = 'signal' AND %(address)s::text IS NULL
+      AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
+           OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
     RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
@@ -254,6 +244,53 @@ inserted AS (
                                                 'plan', %(plan_id)s::bigint))
     FROM inserted
 )
+
+-- name: wake_branches
+-- The second statement of a transaction that stored signals, completed a callback or ended
+-- tasks (%(keys)s: [{task_id, key}], key 'signal:NAME', 'callback:TOKEN' or 'child:ID';
+-- address: the branch a signal is for, or null). The first statement locked each task's
+-- row, so this one's snapshot has every branch that parked before: each waiting branch
+-- that waits for a key gets a wake (wakes + 1), and its task, if it waits for its
+-- branches, is due now. A branch that parks later finds what it waits for at its own
+-- commit (wake_waiting_branches).
+WITH k AS (
+    SELECT * FROM jsonb_to_recordset(%(keys)s::jsonb) AS k(task_id bigint, key text, address text)
+), woken AS (
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM k
+    WHERE b.task_id = k.task_id AND b.status = 'waiting' AND b.waits_for @> ARRAY[k.key]
+      AND (k.address IS NULL OR b.name = k.address)
+    RETURNING b.task_id
+)
+UPDATE toolkit_tasks t
+SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE t.id IN (SELECT task_id FROM woken)
+  AND t.state = 'waiting' AND t.wait_reason = 'branches'
+RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+
+-- name: wake_parent_branches
+-- The statement after one that ended tasks (%(task_ids)s), in its transaction: a waiting
+-- branch of a parent that waits for one of them gets a wake, and the parent, if it waits
+-- for its branches, is due now. The first statement locked each parent's row (it woke
+-- it), so this snapshot has every branch the parent parked before.
+WITH ended AS (
+    SELECT id, parent_id FROM toolkit_tasks
+    WHERE id = ANY(%(task_ids)s::bigint[]) AND parent_id IS NOT NULL
+      AND state IN ('succeeded', 'failed', 'cancelled')
+), woken AS (
+    UPDATE toolkit_branches b
+    SET wakes = b.wakes + 1
+    FROM ended e
+    WHERE b.task_id = e.parent_id AND b.status = 'waiting'
+      AND b.waits_for @> ARRAY['child:' || e.id]
+    RETURNING b.task_id
+)
+UPDATE toolkit_tasks t
+SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+WHERE t.id IN (SELECT task_id FROM woken)
+  AND t.state = 'waiting' AND t.wait_reason = 'branches'
+RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 
 -- name: task_signals
 SELECT id, name, payload, sent_at, consumed_at, consumed_by, consumed_token
@@ -308,14 +345,6 @@ now_cancelled AS (
       AND p.id = c.parent_id
       AND p.state IN ('leased', 'waiting')
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-), woken_parent_branch AS (
-    -- and the parent's branch that waits for it, if one does
-    UPDATE toolkit_branches b
-    SET wakes = b.wakes + 1
-    FROM toolkit_tasks c
-    WHERE c.id IN (SELECT id FROM now_cancelled)
-      AND b.task_id = c.parent_id AND b.status = 'waiting'
-      AND b.waits_for @> ARRAY['child:' || c.id]
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
     SELECT id, 'cancelled', %(operator)s::text,

@@ -21,8 +21,9 @@
 -- (set by handlers with ctx.tag) are added to the task's.
 -- A write's branches replace the stored rows of those branches of parallel or map steps
 -- (toolkit_branches: one row per branch, so a branch's end writes that branch alone), and
--- its branches_ended (step occurrences that ended) delete theirs. A child that ends wakes a
--- waiting branch of its parent that waits for it (wakes + 1).
+-- its branches_ended (step occurrences that ended) delete theirs. (A child that ends wakes
+-- a waiting branch of its parent that waits for it: wake_branches, in the same
+-- transaction, after this statement locked the parent's row.)
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
 WITH w AS (
     SELECT *,
@@ -130,19 +131,6 @@ WITH w AS (
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
-), woken_parent_branches AS (
-    UPDATE toolkit_branches b
-    SET wakes = b.wakes + 1
-    FROM guard g
-    WHERE b.task_id = g.parent_id
-      AND g.state IN ('succeeded', 'failed', 'cancelled')
-      AND b.status = 'waiting' AND b.waits_for @> ARRAY['child:' || g.id]
-      -- a row this statement writes too is not touched twice (wake_waiting_branches)
-      AND NOT EXISTS (
-          SELECT 1
-          FROM w AS pw
-          CROSS JOIN LATERAL jsonb_to_recordset(pw.branches) AS r(fanout text, name text)
-          WHERE pw.task_id = b.task_id AND r.fanout = b.fanout AND r.name = b.name)
 ), branch_rows AS (
     INSERT INTO toolkit_branches AS b
         (task_id, fanout, name, position, status, frame, run_at, waits_for, seen)
@@ -242,7 +230,7 @@ WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND CASE t.wait_reason
       WHEN 'signal' THEN EXISTS (
           SELECT 1 FROM toolkit_signals s
-          WHERE s.task_id = t.id AND s.consumed_at IS NULL
+          WHERE s.task_id = t.id AND s.consumed_at IS NULL AND s.address IS NULL
             AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
                  OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
       WHEN 'callback' THEN EXISTS (
@@ -252,13 +240,14 @@ WHERE t.id = ANY(%(task_ids)s::bigint[])
 RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 
 -- name: wake_waiting_branches
--- The second statement of a group commit whose batch has tasks going to wait for their
--- branches (reason branches), in the same transaction (%(task_ids)s: those whose write
--- applied; %(parked)s: [{task_id, fanout, name}] of the branches each parked in its lease).
--- A parked branch whose signal, callback completion or child's end was stored while it
--- parked (its sender found no waiting row) gets a wake (wakes + 1). Each task's run_at is
--- then the earliest timer of its waiting branches, or now when one of them has a wake not
--- handled yet.
+-- The second statement of a group commit whose batch parks branches or makes tasks wait
+-- for their branches (reason branches), in the same transaction (%(task_ids)s: the tasks
+-- whose write applied; %(parked)s: [{task_id, fanout, name}] of the branches their writes
+-- stored waiting). A parked branch whose signal, callback completion or child's end was
+-- stored before (its sender found no waiting row) gets a wake (wakes + 1): the first
+-- statement locked the task's row, which every sender locks too, so this snapshot has
+-- what was sent. Each task waiting for its branches then has as run_at the earliest timer
+-- of its waiting branches, or now when one of them has a wake not handled yet.
 WITH parked AS (
     SELECT p.task_id, p.fanout, p.name
     FROM jsonb_to_recordset(%(parked)s::jsonb) AS p(task_id bigint, fanout text, name text)
