@@ -20,6 +20,7 @@ from tests.helpers.inprocess import (
     calls,
     deploy_submit,
     drain,
+    due_in,
     kinds,
     set_tenant_budget,
     tenant_use,
@@ -370,3 +371,31 @@ async def test_a_reservation_is_held_while_branches_wait_and_returned_at_the_end
     task = await store.tasks.get(task_id)
     assert task.state == "succeeded", await parked(store, task_id)
     assert await tenant_use(store, "acme") == (40.0, 0.0)  # the unspent part came back
+
+
+ADDRESSED_THEN_TOP = """
+name: addressed-then-top
+version: 1
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        only:
+          start: call
+          steps:
+            call: {effect: count.work, idempotent: true}
+    next: top
+  top: {wait: {signal: go}}
+"""
+
+
+async def test_a_signal_for_a_branch_does_not_wake_a_wait_of_the_task(store: Store) -> None:
+    """Regression: a signal addressed to a branch, never taken, made every later task-level
+    wait for its name due at once; the wait could never take it, so the task spun."""
+    (task_id,) = await deploy_submit(store, ADDRESSED_THEN_TOP, [{}])
+    await store.tasks.signal(task_id, "go", None, address="ghost")
+    await drain(store, ADDRESSED_THEN_TOP)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason) == ("waiting", "signal"), task
+    assert await due_in(store, task_id) > 3600, task.run_at  # not due: nothing for it

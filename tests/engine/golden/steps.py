@@ -353,6 +353,43 @@ async def fanout_crash_mid_branch(run: Run) -> None:
     await run.drain()
 
 
+FAILURE_CRASH = """
+name: golden-failure-crash
+version: 1
+input: {type: object}
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      max_concurrency: 2
+      branch:
+        start: route
+        steps:
+          route:
+            choice: [{when: "${ context.item == `1` }", next: hangs}]
+            default: breaks
+          breaks:
+            effect: golden.flaky
+            idempotent: true
+            args: {fail_times: 9, error: Declined}
+            retry: {max_attempts: 1}
+          hangs: {effect: golden.hang_once, idempotent: true, args: {n: "${ context.item }"}}
+"""
+
+
+@scenario()
+async def fanout_failure_survives_a_crash(run: Run) -> None:
+    """Regression: a branch's failure was recorded after its end was committed, so a crash
+    while a sibling still ran forgot it, and the resumed step succeeded with a null item."""
+    (d,) = await run.deploy(FAILURE_CRASH)
+    (task_id,) = await run.submit(d, {"items": [0, 1]})
+    await run.crash_mid_call(task_id)  # item 0 has failed; item 1 hangs, the worker dies
+    await run.drain()
+    task = await run.store.tasks.get(task_id)
+    assert (task.state, task.error["name"], task.error["branch"]) == ("failed", "Declined", "0")
+
+
 # --- child workflows ----------------------------------------------------------------------
 
 PARENT = """
