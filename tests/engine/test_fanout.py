@@ -418,3 +418,47 @@ async def test_show_prints_branch_progress_reservations_and_spend(
     assert task.state == "succeeded", task.error
     assert task.result == {"spender": {"value": None, "tokens": 30}, "stuck": {"done": True}}
     assert task.checkpoint["budget"]["tokens"] == {"limit": 1000, "spent": 30, "reserved": 0}
+
+
+LOST_ITEM = """
+name: lost-item
+version: 1
+input: {type: object}
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      max_concurrency: 2
+      branch:
+        start: route
+        steps:
+          route:
+            choice: [{when: "${ context.item == `0` }", next: hangs}]
+            default: call
+          hangs:
+            effect: golden.hang_once
+            idempotent: true
+            retry: {max_attempts: 1}
+          call: {effect: golden.echo, idempotent: true}
+"""
+
+
+async def test_a_branch_failed_by_its_lost_attempt_on_takeover_fails_the_step(
+    store: Store,
+) -> None:
+    """Regression: a branch that its takeover failed (its only attempt lost with the lease)
+    was not counted as ended, so the step, its other branch done, waited for ever."""
+    from tests.apps import golden as golden_app
+    from tests.helpers.golden import Run
+
+    golden_app.HUNG.clear()
+    run = Run(store, golden_app.app)
+    (d,) = await run.deploy(LOST_ITEM)
+    (task_id,) = await run.submit(d, {"items": [0, 1]})
+    await run.crash_mid_call(task_id)  # item 0 hangs and its worker dies
+    await run.drain()
+    task = await store.tasks.get(task_id)
+    events = [(e["kind"], e["detail"]) for e in await store.tasks.events(task_id)]
+    assert task.state == "failed", (task.state, task.wait_reason, events)
+    assert (task.error["name"], task.error["branch"]) == ("AttemptsExhausted", "0"), task.error

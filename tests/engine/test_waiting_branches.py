@@ -126,6 +126,8 @@ async def test_a_rejection_fails_the_step_and_cancels_the_branches_still_waiting
 async def test_a_signal_sent_before_any_branch_waits_is_kept_for_the_first_wait(
     store: Store,
 ) -> None:
+    """And a branch takes the signal addressed to it before a task-wide one (regression:
+    finance took the older task-wide signal and left its own to nobody)."""
     (task_id,) = await deploy_submit(store, APPROVALS, [{}])
     await store.tasks.signal(task_id, "approval", {"approved": True})  # nobody waits yet
     await store.tasks.signal(task_id, "approval", {"approved": True}, address="finance")
@@ -135,9 +137,12 @@ async def test_a_signal_sent_before_any_branch_waits_is_kept_for_the_first_wait(
     assert len(done) == 2 and "finance" in done, state
     signals = await store.tasks.signals(task_id)
     assert all(s["consumed_at"] is not None for s in signals), signals
+    assert signals[1]["consumed_by"] == "ask#1/finance/answer#1", signals
 
 
 # --- a race of a polling loop against a deadline branch ------------------------------------
+# (the example definitions/poll-or-deadline.yaml waits 1 s and 3 s for real; here the timers
+# are long and made due by row surgery, so that a slow machine cannot reorder them)
 
 RACE = """
 name: poll-race
@@ -161,12 +166,12 @@ steps:
                 - when: "${ steps.check.ready }"
                   next: done
               default: pause
-            pause: {wait: {duration: 1s}, next: check}
+            pause: {wait: {duration: 1h}, next: check}
             done: {succeed: {output: {polled: "${ steps.check.polls }"}}}
         deadline:
           start: timer
           steps:
-            timer: {wait: {duration: 5s}, next: late}
+            timer: {wait: {duration: 2h}, next: late}
             late: {fail: {error: Timeout, message: the status never came}}
     next: finish
   finish: {succeed: {output: "${ steps.race }"}}

@@ -329,10 +329,16 @@ class Run:
         assert claimed.id == task_id, claimed
         await expire_lease(self.store, task_id)
 
-    async def crash_mid_call(self, task_id: int, worker_id: str = "golden-crashed") -> None:
+    async def crash_mid_call(
+        self,
+        task_id: int,
+        worker_id: str = "golden-crashed",
+        also: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
         """A worker runs the task into ``golden.hang_once`` and dies there (lease taken over).
 
-        The worker stops claiming once the call hangs, its lease is expired by row surgery,
+        The worker stops claiming once the call hangs (and ``also`` holds, when given: a
+        store condition the crash must come after), its lease is expired by row surgery,
         and its heartbeat then finds the lease gone: its cycle ends without a write. (Every
         write the cycle makes before a call is applied before the call: none is in flight.)
         """
@@ -347,6 +353,8 @@ class Run:
                 await eventually(
                     lambda: _hung_more_than(hung), timeout=15, what="a call to hang"
                 )
+                if also is not None:
+                    await eventually(also, timeout=15, what="the condition before the crash")
                 shutdown.cancel()  # claims nothing more; the hung cycle keeps its grace
                 await expire_lease(self.store, task_id)
         assert supervisor.report.lease_lost == 1, supervisor.report

@@ -99,7 +99,11 @@ async def example_parallel_approvals(run: Run) -> None:
 
 @scenario(examples_app)
 async def example_poll_or_deadline(run: Run) -> None:
-    (d,) = await run.deploy(EXAMPLES / "poll-or-deadline.yaml")
+    # the example's 1 s and 3 s, made long: only row surgery makes a branch due here
+    text = (EXAMPLES / "poll-or-deadline.yaml").read_text()
+    (d,) = await run.deploy(
+        text.replace("duration: 1s", "duration: 1h").replace("duration: 3s", "duration: 2h")
+    )
     (task_id,) = await run.submit(d, {"job_id": "job-2"})
     await run.drain()  # the poll waits a second, the deadline three
     await branch_due(run.store, task_id, "poll")
@@ -108,7 +112,8 @@ async def example_poll_or_deadline(run: Run) -> None:
 
 @scenario(examples_app)
 async def example_restore_files(run: Run) -> None:
-    (d,) = await run.deploy(EXAMPLES / "restore-files.yaml")
+    text = (EXAMPLES / "restore-files.yaml").read_text()  # its 3 s timeout, made long
+    (d,) = await run.deploy(text.replace("timeout: 3s", "timeout: 1h"))
     (task_id,) = await run.submit(d, {"files": ["a.tar", "b.tar", "c.tar"]})
     await run.drain()
     for branch in await run.store.branches.of_task(task_id):

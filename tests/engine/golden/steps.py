@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tests.apps import golden as golden_app
 from tests.helpers.golden import Run, scenario
+from tests.helpers.inprocess import sql
 
 # --- effects -------------------------------------------------------------------------------
 
@@ -384,10 +385,23 @@ async def fanout_failure_survives_a_crash(run: Run) -> None:
     while a sibling still ran forgot it, and the resumed step succeeded with a null item."""
     (d,) = await run.deploy(FAILURE_CRASH)
     (task_id,) = await run.submit(d, {"items": [0, 1]})
-    await run.crash_mid_call(task_id)  # item 0 has failed; item 1 hangs, the worker dies
+
+    async def item_0_failed() -> bool:
+        rows = await sql(
+            run.store,
+            "SELECT 1 FROM toolkit_branches WHERE task_id = %s AND name = '0'"
+            " AND status = 'failed'",
+            task_id,
+        )
+        return bool(rows)
+
+    # item 0's failure is committed; item 1 hangs, and the worker dies
+    await run.crash_mid_call(task_id, also=item_0_failed)
     await run.drain()
     task = await run.store.tasks.get(task_id)
-    assert (task.state, task.error["name"], task.error["branch"]) == ("failed", "Declined", "0")
+    events = [(e["kind"], e["detail"]) for e in await run.store.tasks.events(task_id)]
+    assert task.state == "failed", (task.state, task.error, task.result, events)
+    assert (task.error["name"], task.error["branch"]) == ("Declined", "0"), task.error
 
 
 # --- child workflows ----------------------------------------------------------------------

@@ -174,7 +174,7 @@ class Branches:
                 frame.due = row.due
                 self._hold(row.name, frame, stored=row.frame, seen=row.wakes,
                            stored_seen=row.seen)  # fmt: skip
-        for name, frame in fan.branches.items():
+        for name, frame in list(fan.branches.items()):
             if frame.status is BranchStatus.BLOCKED:
                 frame.status = BranchStatus.RUNNING  # its effect finds the resolution, or blocks
                 continue
@@ -195,6 +195,8 @@ class Branches:
             transition = taken_over(level.context(inner), inner)
             if transition is not None:
                 await level.apply(inner, transition)
+                if frame.ended:  # its lost attempts failed it: it ends here, and may decide
+                    self._settle(name, frame)
 
     def _upgrade_inline(self) -> None:
         """A format-1 checkpoint kept every branch inline: count them, store them as rows.
@@ -269,11 +271,7 @@ class Branches:
     async def _run_branch(self, name: str, frame: BranchFrame) -> None:
         try:
             await run_graph(self.level(name, frame))
-            if frame.ended:
-                self.fan.ended += 1
-            decided = self._ended(name, frame)
-            if frame.status is not BranchStatus.BLOCKED:
-                self._release(name)
+            decided = self._settle(name, frame)
             # The branch's end (or its wait) is durable as it happens, and with it what the
             # end decided (a race's winner, the failure of the step), before all else.
             await self.cycle.commit()
@@ -282,6 +280,18 @@ class Branches:
         finally:
             self.running -= 1
             self.stopped.set()
+
+    def _settle(self, name: str, frame: BranchFrame) -> bool:
+        """A branch stopped (ended, parked or blocked): count it and record what it decided.
+
+        It is dropped from memory unless blocked. Returns whether it decided the step.
+        """
+        if frame.ended:
+            self.fan.ended += 1
+        decided = self._ended(name, frame)
+        if frame.status is not BranchStatus.BLOCKED:
+            self._release(name)
+        return decided
 
     def _ended(self, name: str, frame: BranchFrame) -> bool:
         """Record what a branch's end means for the step; whether it decided the step."""

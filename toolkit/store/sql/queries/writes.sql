@@ -206,13 +206,14 @@ SELECT id, state FROM replayed;
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
 -- its consumption is written with the cycle's next fenced write), addressed to the task as
 -- a whole or, for a wait inside a branch, to that branch (%(address)s; null at the task's
--- own level).
+-- own level). A branch takes the signals addressed to it first, so that a task-wide one
+-- never leaves a branch's own signal for nobody.
 SELECT id, name, payload
 FROM toolkit_signals
 WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS NULL
   AND NOT (id = ANY(%(taken)s::bigint[]))
   AND (address IS NULL OR address = %(address)s)
-ORDER BY id
+ORDER BY address IS NULL, id
 LIMIT 1;
 
 -- name: wake_raced_waits
