@@ -57,7 +57,17 @@ def start_workers(dsn: str, folder: Path, n: int, *extra: str) -> list[subproces
         for i in range(n)
     ]
     live = "SELECT count(*) FROM toolkit_workers WHERE stopped_at IS NULL"
-    wait_for(lambda: query(dsn, live) == [(n,)], timeout=30, what=f"{n} workers")
+    try:
+        wait_for(lambda: query(dsn, live) == [(n,)], timeout=30, what=f"{n} workers")
+    except AssertionError as exc:  # say why: which exited, with what, and who registered
+        ended = []
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+            out, err = worker.communicate(timeout=10)
+            ended.append(f"exit {worker.returncode}: {err[-2000:]}")
+        rows = query(dsn, "SELECT worker_id, stopped_at FROM toolkit_workers")
+        raise AssertionError(f"{exc}; registered {rows}; workers: {ended}") from None
     return workers
 
 
