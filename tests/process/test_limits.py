@@ -64,7 +64,7 @@ def start_workers(dsn: str, folder: Path, n: int, *extra: str) -> list[subproces
         for worker in workers:
             if worker.poll() is None:
                 worker.kill()
-            out, err = worker.communicate(timeout=10)
+            _, err = worker.communicate(timeout=10)
             ended.append(f"exit {worker.returncode}: {err[-2000:]}")
         rows = query(dsn, "SELECT worker_id, stopped_at FROM toolkit_workers")
         raise AssertionError(f"{exc}; registered {rows}; workers: {ended}") from None
