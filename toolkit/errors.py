@@ -370,6 +370,25 @@ class NotReconcilable(ToolkitError):
     """The task is not waiting for reconciliation of that step; nothing was changed."""
 
 
+class NotRedrivable(ToolkitError):
+    """The task cannot be redriven as asked (state, step or version); nothing was changed."""
+
+
+class RedriveRefused(ToolkitError):
+    """The redrive is refused; nothing was changed.
+
+    It would call again effects that are not idempotent and were not named with
+    ``--rerun``, or compensations ran that a redrive would not undo.
+
+    Attributes:
+        plan: the refused plan (its preview says what was refused and why).
+    """
+
+    def __init__(self, message: str | None = None, plan: object = None) -> None:
+        super().__init__(message)
+        self.plan = plan
+
+
 class EffectCancelled(ToolkitError):
     """The effect call was cancelled (task cancelled, lease lost or worker stopping)."""
 

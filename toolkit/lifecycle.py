@@ -123,6 +123,8 @@ class EventKind(enum.StrEnum):
     CALLBACK_COMPLETED = "callback_completed"
     CANCEL_REQUESTED = "cancel_requested"
     RECONCILED = "reconciled"
+    #: an operator brought a failed, cancelled or timed-out task back (``toolkit redrive``)
+    REDRIVEN = "redriven"
     BUDGET_RESERVED = "budget_reserved"
     # written by the interpreter, with its fenced writes
     WAITING = "waiting"

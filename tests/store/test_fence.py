@@ -44,6 +44,8 @@ UNFENCED = {
     "bulk_cancel": "an operator's cancel of tasks whose token and state the plan recorded",
     "bulk_signal": "an operator's signals: it moves run_at of waiting tasks only",
     "bulk_reconcile": "an operator's record of outcomes, for tasks nobody holds",
+    "redrive_task": "an operator's redrive of an ended task (compare-and-set on its state and"
+    " token, which it raises as a claim does)",
 }
 
 _CHANGES_TASKS = re.compile(

@@ -63,8 +63,8 @@ __all__ = [
     "load_histories",
 ]
 
-#: Event kinds that issue a fencing token.
-CLAIM_KINDS = frozenset({"claimed", "recovered"})
+#: Event kinds that issue a fencing token (a redrive bumps it as a claim does).
+CLAIM_KINDS = frozenset({"claimed", "recovered", "redriven"})
 #: Task states (and the event kinds that write them) that end a task.
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 

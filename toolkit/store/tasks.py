@@ -36,6 +36,7 @@ from toolkit.payload import check_payload
 from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.names import check_signal_name, check_tenant
+from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
 from toolkit.store.tags import check_tags, merged_tags
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
@@ -57,6 +58,7 @@ def check_error_name(error: str) -> None:
 #: The largest budget amount a submit may give (and a tenant budget may have): past it,
 #: amounts lose their precision as floating point.
 MAX_AMOUNT = 1e15
+
 
 class Tasks(TaskReads):
     """Submit tasks, act on one, and read them (:class:`TaskReads`)."""
@@ -393,9 +395,7 @@ class Tasks(TaskReads):
         rows = await self._db.fetch_all_then(
             "request_cancel",
             _cancel_params(task_id, reason),
-            lambda done: ended_children(
-                [task_id] if done and done[0]["cancelled"] else []
-            ),
+            lambda done: ended_children([task_id] if done and done[0]["cancelled"] else []),
         )
         return rows[0] if rows else None
 
@@ -463,6 +463,54 @@ class Tasks(TaskReads):
         if row is None:
             raise NotReconcilable(f"task {task_id} changed while reconciling; look again")
 
+    async def redrive(
+        self,
+        task_id: int,
+        *,
+        from_step: str | None = None,
+        version: int | None = None,
+        rerun: Sequence[str] = (),
+        timeout: float | None = None,
+        reason: str | None = None,
+        operator: str = "operator",
+        dry_run: bool = False,
+    ) -> RedrivePlan:
+        """Bring a ``failed`` or ``cancelled`` task back (issue 19; docs/reliability.md).
+
+        By default it resumes at the step that failed (or where it was cancelled), with a
+        fresh attempt budget, keeping every completed step's recorded result; a parallel or
+        map step runs again only its branches that did not succeed; a failed child is
+        redriven with it. ``from_step`` resumes at an earlier step: the steps reachable from
+        it that the task ran are re-planned and run again, as new occurrences (new
+        idempotency keys); a completed effect that is not idempotent is refused unless its
+        step is in ``rerun``. An effect of unknown outcome is reconciled first.
+
+        Args:
+            task_id: the task.
+            from_step: resume at this step (one the task ran).
+            version: resume on this version of the task's definition (retired ones too);
+                what the task completed, and the resume step, must map onto it.
+            rerun: non-idempotent steps that may be called again.
+            timeout: a new workflow deadline, seconds from now: required for a task failed
+                by its deadline (or whose deadline has passed), refused otherwise.
+            reason: why, recorded in the ``redriven`` event.
+            operator: who, recorded likewise.
+            dry_run: only plan; nothing is written.
+
+        Returns:
+            The plan; ``plan.lines()`` is the preview.
+
+        Raises:
+            UnknownTask: no such task.
+            UnknownDefinition: ``version`` is not deployed.
+            NotRedrivable: not in a state to redrive, or not as asked (the message says why).
+            RedriveRefused: effects would run again that may not; ``exc.plan`` says which.
+        """
+        options = RedriveOptions(from_step, frozenset(rerun), timeout, version)
+        return await redrive(
+            self._db, task_id, options, reason=reason, operator=operator, dry_run=dry_run
+        )
+
 
 def signal_waits(
     definition: WorkflowDefinition, name: str, cursor: str | None = None
@@ -505,9 +553,7 @@ def _start(start_at: datetime.datetime | None, delay: float | None) -> dict[str,
     if start_at is not None and (
         not isinstance(start_at, datetime.datetime) or start_at.tzinfo is None
     ):
-        raise InputError(
-            f"start_at must be an aware datetime, not {start_at!r}", path="$.start_at"
-        )
+        raise InputError(f"start_at must be an aware datetime, not {start_at!r}", path="$.start_at")
     if delay is not None and (
         isinstance(delay, bool) or not isinstance(delay, int | float)
         or not 0 <= delay <= MAX_SECONDS

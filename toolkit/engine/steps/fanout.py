@@ -356,8 +356,11 @@ class Branches:
             mapped = isinstance(step, MapStep)
             output = outputs if mapped else dict(zip(self.names, outputs, strict=True))
         release(cycle, fan)
-        cycle.checkpoint.fanout = None
-        cycle.end_branches(fan.occurrence)
+        if error is None or catch_target(step.catch, error["name"]) is not None:
+            cycle.checkpoint.fanout = None
+            cycle.end_branches(fan.occurrence)
+        # else the failure fails the task: the step's state and rows stay with it, for
+        # ``toolkit show`` and so that a redrive runs again only what did not succeed
         detail: dict[str, Any] = {"step": step.id, "outcome": "failed" if error else "succeeded"}
         if winner is not None:
             detail["winner"] = winner

@@ -1,0 +1,60 @@
+"""`toolkit redrive` prints its plan before acting, and a refused plan before the refusal."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli.test_cli import invoke
+
+CHARGE = """
+name: charge
+version: 1
+start: hold
+steps:
+  hold: {wait: {signal: go}, next: charge}
+  charge: {effect: count.work, idempotent: false, args: {value: card}, next: route}
+  route:
+    choice:
+      - when: "${ steps.hold.fail }"
+        next: broken
+    default: done
+  done: {succeed: {output: {ok: true}}}
+  broken: {fail: {error: Refused, message: refused}}
+"""
+
+
+def test_redrive_previews_refuses_and_acts(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "charge.yaml"
+    path.write_text(CHARGE)
+    run = ["run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle"]
+    assert invoke("deploy", str(path), dsn=dsn)[0] == 0
+    code, out, err = invoke("submit", "charge", dsn=dsn)
+    task_id = int(out)
+    assert invoke(*run, dsn=dsn)[0] == 0
+    assert invoke("signal", str(task_id), "go", "--payload", json.dumps({"fail": True}),
+                  dsn=dsn)[0] == 0  # fmt: skip
+    assert invoke(*run, dsn=dsn)[0] == 0
+
+    code, out, err = invoke("redrive", str(task_id), "--dry-run", dsn=dsn)
+    assert code == 0, err
+    assert f"task {task_id} (charge v1, failed) resumes at step 'broken'" in out
+    assert "charge#1 (count.work)" in out and "dry run: nothing was changed" in out
+
+    code, out, err = invoke("redrive", str(task_id), "--from", "hold", dsn=dsn)
+    assert code == 1
+    assert "refused: not idempotent, would be called again: 1" in out
+    assert "name it with --rerun charge" in err
+
+    code, out, err = invoke(
+        "redrive", str(task_id), "--from", "hold", "--rerun", "charge", "--reason", "retry",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"task {task_id} redriven; it is queued" in out
+    assert invoke(*run, dsn=dsn)[0] == 0
+    code, out, _ = invoke("show", str(task_id), dsn=dsn)
+    assert "waiting" in out, out
+
+    code, out, err = invoke("redrive", str(task_id), dsn=dsn)
+    assert code == 1 and "only a failed or cancelled task can be redriven" in err

@@ -1,0 +1,59 @@
+-- name: task_children
+-- Every child task of %(task_id)s, by the parent occurrence that started it (a redrive
+-- redrives a failed one, or says which a re-planned step replaces).
+SELECT id, parent_occurrence, state, definition_name
+FROM toolkit_tasks
+WHERE parent_id = %(task_id)s
+ORDER BY id;
+
+-- name: redrive_clock
+-- Whether the task's workflow deadline has passed (database time).
+SELECT deadline_at IS NOT NULL AND deadline_at <= clock_timestamp() AS deadline_passed
+FROM toolkit_tasks
+WHERE id = %(task_id)s;
+
+-- name: redrive_task
+-- A redrive (issue 19, docs/reliability.md): applied only while the task is still in
+-- %(state)s under fencing token %(token)s (compare-and-set: no row means it changed since
+-- the plan was made). In one statement: the checkpoint it resumes from; queued at once;
+-- its result, error and cancel request cleared; its fencing token bumped, as a claim bumps
+-- it, so that a stale worker's late commit is refused; its definition digest and version
+-- moved when redriven onto another version; a new workflow deadline %(timeout)s seconds
+-- from now when given; the rows of its parallel or map step in progress rewritten
+-- (%(branches)s of step occurrence %(fanout)s) or dropped (%(dropped)s); a redriven event
+-- under the new token, by %(operator)s, with the reason and the plan (%(detail)s).
+WITH target AS (
+    SELECT id FROM toolkit_tasks
+    WHERE id = %(task_id)s AND state = %(state)s AND lease_token = %(token)s
+    FOR NO KEY UPDATE
+), updated AS (
+    UPDATE toolkit_tasks t
+    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
+        checkpoint = %(checkpoint)s::jsonb, lease_token = t.lease_token + 1,
+        lease_owner = NULL, lease_expires_at = NULL, result = NULL, error = NULL,
+        cancel_requested = NULL, finished_at = NULL, child_wake = false,
+        definition_digest = %(digest)s, definition_version = %(version)s,
+        deadline_at = CASE WHEN %(timeout)s::float8 IS NULL THEN t.deadline_at
+                           ELSE clock_timestamp() + make_interval(secs => %(timeout)s::float8)
+                      END,
+        updated_at = clock_timestamp()
+    FROM target
+    WHERE t.id = target.id
+    RETURNING t.id, t.lease_token, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+), rewritten AS (
+    UPDATE toolkit_branches b
+    SET status = r.status, frame = r.frame, run_at = NULL, waits_for = '{}', wakes = 0,
+        seen = 0
+    FROM updated u
+    CROSS JOIN jsonb_to_recordset(%(branches)s::jsonb) AS r(name text, status text, frame jsonb)
+    WHERE b.task_id = u.id AND b.fanout = %(fanout)s AND b.name = r.name
+), dropped AS (
+    DELETE FROM toolkit_branches b
+    USING updated u
+    WHERE b.task_id = u.id AND b.fanout = ANY(%(dropped)s::text[])
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
+    SELECT id, 'redriven', %(operator)s, lease_token, %(detail)s::jsonb
+    FROM updated
+)
+SELECT id, lease_token FROM updated;
