@@ -148,3 +148,67 @@ async def test_a_signal_look_up_is_tried_again_within_the_lease(
     control = CycleControl(lease_deadline=anyio.current_time() + 25)
     assert await interpreter.execute(task, d, control) is CycleOutcome.SUCCEEDED
     assert failures == 0 and (await store.tasks.get(task_id)).result == {"ok": 1}
+
+
+FANOUT = """
+name: two-branches
+version: 1
+input: {type: object}
+start: fan
+steps:
+  fan:
+    parallel:
+      branches:
+        a: {start: work, steps: {work: {effect: count.work, idempotent: true}}}
+        b: {start: work, steps: {work: {effect: count.work, idempotent: true}}}
+    next: done
+  done: {succeed: {output: "${ steps.fan }"}}
+"""
+
+
+class FirstFanOutWriteLost:
+    """A commit that fails the first write carrying ``fanout_started`` once every other task
+    of the cycle is blocked (the other branch waits for the write lock), then applies all
+    later writes: a write given up while another branch's commit is queued behind it."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self.failed: FencedWrite | None = None
+        self.applied: list[FencedWrite] = []
+
+    async def __call__(self, write: FencedWrite) -> TaskState:
+        if self.failed is None and any(e.kind == "fanout_started" for e in write.events):
+            self.failed = write
+            await anyio.wait_all_tasks_blocked()
+            raise DatabaseUnavailable("cannot reach PostgreSQL: connection lost")
+        self.applied.append(write)
+        return await self._store.leases.commit(write)
+
+
+async def test_a_write_given_up_is_sent_again_before_any_later_write_of_the_cycle(
+    store: Store,
+) -> None:
+    """Regression (chaos run, seed 1): branch a's write, which carried the fan-out's start
+    event and both branch rows, was given up; branch b's commit, queued behind it, then
+    applied a checkpoint counting both branches begun with neither row stored, and the task
+    waited for its branches for ever. A later write must first send the lost one again."""
+    d = definition(FANOUT)
+    (task_id,) = await submit(store, FANOUT, [{}])
+    (task,) = await store.leases.claim("worker", [d.digest], 1, 30.0)
+    commit = FirstFanOutWriteLost(store)
+    outcome = await Interpreter(store, app, "worker", commit=commit).execute(task, d)
+    assert commit.failed is not None
+    # Whatever the cycle wrote after the lost write, the lost write was applied first.
+    if commit.applied:
+        assert commit.applied[0] is commit.failed, (outcome, commit.applied)
+    # The task then finishes from what the store has, with both branches' rows.
+    await sql(
+        store.db.dsn,
+        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+        (task_id,),
+    )
+    report = await run_until_idle(Worker(store, app, [d]))
+    record = await store.tasks.get(task_id)
+    history = [e["kind"] for e in await store.tasks.events(task_id)]
+    assert record.state == "succeeded", (record, history, report)
+    assert history.count("fanout_started") == 1, history

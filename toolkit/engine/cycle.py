@@ -187,6 +187,11 @@ class Cycle:
         #: asked for while another is written joins the next write (see `commit`).
         self._commits_asked = 0
         self._commits_written = 0
+        #: A write built whose apply did not return (it raised or was cancelled): it may or
+        #: may not be in the store, and it carried evidence, events and branch rows no
+        #: later write repeats, so the next write of the cycle sends it again first (its
+        #: write id makes that safe) and is built only once it is known applied.
+        self._unapplied: FencedWrite | None = None
         #: Branches held in memory, by (step occurrence, name): each write carries those
         #: whose frame changed since it was last written (`hold_branch`).
         self._branches: dict[tuple[str, str], HeldBranch] = {}
@@ -343,12 +348,19 @@ class Cycle:
             self._commits_asked += 1
             asked = self._commits_asked
             async with self.lock:
+                if self._unapplied is not None:
+                    await self._send(self._unapplied)
                 if not fields and self._commits_written >= asked:
                     return  # a write built after this commit was asked for carried it
                 covered = self._commits_asked
-                write = self.write(**fields)
-                applied = await self.retrying(functools.partial(self.services.apply, write))
+                await self._send(self.write(**fields))
                 self._commits_written = covered
+
+    async def _send(self, write: FencedWrite) -> None:
+        """Apply ``write`` (again, when it is the unapplied one); see :meth:`commit`."""
+        self._unapplied = write
+        applied = await self.retrying(functools.partial(self.services.apply, write))
+        self._unapplied = None
         if applied != write.state:  # a cancel request found by the write itself
             self.cancelled_at_commit = True
         metrics = self.services.metrics
