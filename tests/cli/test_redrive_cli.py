@@ -58,3 +58,36 @@ def test_redrive_previews_refuses_and_acts(dsn: str, tmp_path: Path) -> None:
 
     code, out, err = invoke("redrive", str(task_id), dsn=dsn)
     assert code == 1 and "only a failed or cancelled task can be redriven" in err
+
+
+def test_bulk_redrive_previews_the_sums_then_applies_its_plan(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "charge.yaml"
+    path.write_text(CHARGE)
+    run = ["run", "--app", "tests.apps.counting", "--definitions", str(path), "--until-idle"]
+    assert invoke("deploy", str(path), dsn=dsn)[0] == 0
+    for _ in range(3):
+        assert invoke("submit", "charge", dsn=dsn)[0] == 0
+    assert invoke(*run, dsn=dsn)[0] == 0
+    code, out, err = invoke("bulk", "signal", "go", "--definition", "charge", "--payload",
+                            json.dumps({"fail": True}), "--yes", dsn=dsn)  # fmt: skip
+    assert code == 0, err
+    assert invoke(*run, dsn=dsn)[0] == 0
+
+    code, out, err = invoke("bulk", "redrive", "--definition", "charge", "--from", "hold",
+                            dsn=dsn)  # fmt: skip
+    assert code == 0, err
+    assert "redriven: 0 tasks" in out and "refused, left as they are: 3 tasks" in out, out
+    assert "3 tasks: step 'charge' (count.work, charge#1) is not idempotent" in out, out
+
+    code, out, err = invoke("bulk", "redrive", "--definition", "charge", "--state", "failed",
+                            "--reason", "fixed", dsn=dsn)  # fmt: skip
+    assert code == 0, err
+    assert "redriven: 3 tasks" in out and "effects called again: 0" in out, out
+    assert "effects not called again (recorded results kept): 3" in out, out
+    plan_id = int(out.split("plan ")[-1].split(" kept")[0])
+    code, out, err = invoke("bulk", "apply", str(plan_id), dsn=dsn)
+    assert code == 0, err
+    assert f"plan {plan_id} applied: 3 acted on" in out, out
+    code, out, err = invoke("tasks", "--definition", "charge", "--state", "queued", "--count",
+                            dsn=dsn)  # fmt: skip
+    assert out.strip().startswith("3"), out

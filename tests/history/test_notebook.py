@@ -14,6 +14,7 @@ from toolkit import history
 from toolkit.history.export import export_history
 from toolkit.history.notebook import TaskBrowser, plot_history
 from toolkit.store import Store
+from toolkit.store.filters import TaskFilter
 
 # --- the task browser -------------------------------------------------------------------------
 
@@ -138,6 +139,48 @@ async def test_the_browser_reconciles(store: Store) -> None:
     await run_until_idle(store, DEFINITIONS)
     assert (await store.tasks.get(uncertain)).state == "succeeded"
     assert (await store.tasks.get(task_id)).state == "succeeded"
+
+
+@pytest.mark.anyio
+async def test_the_browser_previews_a_redrive_then_applies_what_it_showed(store: Store) -> None:
+    await deploy(store)
+    await submit_and_run(store, flows=1, broken=2)
+    failed = [t.id for t in await store.tasks.list(TaskFilter(state="failed"))]
+    done = [t.id for t in await store.tasks.list(TaskFilter(state="succeeded"))]
+    assert len(failed) == 2 and len(done) == 1, (failed, done)
+    browser = TaskBrowser(store, operator="alice")
+    await browser.refresh()
+    panel = browser.redrive
+    await browser.open(done[0])
+    assert panel.preview_button.disabled and panel.apply_button.disabled  # nothing to redrive
+    await browser.open(failed[0])
+    assert not panel.preview_button.disabled and panel.apply_button.disabled
+    panel.preview_button.click()
+    await browser.settle()
+    assert f"task {failed[0]} (hist-broken v2, failed) resumes at step &#x27;only&#x27;" in (
+        panel.preview_pane.value
+    ), panel.preview_pane.value
+    assert "called again: 1" in panel.preview_pane.value
+    assert (await store.tasks.get(failed[0])).state == "failed"  # a preview writes nothing
+    panel.reason.value = "fixed the handler"
+    panel.apply_button.click()
+    await browser.settle()
+    assert browser.status == f"task {failed[0]} redriven at step 'only'; queued", browser.status
+    assert (await store.tasks.get(failed[0])).state == "queued"
+    (event,) = [e for e in await store.tasks.events(failed[0]) if e["kind"] == "redriven"]
+    assert event["worker_id"] == "alice" and event["detail"]["reason"] == "fixed the handler"
+    assert panel.apply_button.disabled and browser.detail is not None
+
+    # A task that changed after its preview is not redriven by that preview.
+    await browser.open(failed[1])
+    await panel.preview()
+    await store.tasks.redrive(failed[1])
+    await run_until_idle(store, DEFINITIONS)  # it fails again: failed, under another token
+    panel.apply_button.click()
+    await browser.settle()
+    assert "changed since its preview" in browser.status, browser.status
+    redriven = [e for e in await store.tasks.events(failed[1]) if e["kind"] == "redriven"]
+    assert len(redriven) == 1, redriven
 
 
 # --- the dashboard ----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 JupyterLab runs tutorial 3 to its end; the test then works the ``TaskBrowser`` as a user
 would — picks a task with the mouse, moves with the arrow keys, sends a signal with the
-widget's button — and saves screenshots. Tutorial 7's ``ScheduleBoard`` is worked the same
+widget's button, previews and applies the redrive of a cancelled task — and saves
+screenshots. Tutorial 7's ``ScheduleBoard`` is worked the same
 way: resume, trigger and pause a schedule with its buttons, then show its runs in the
 browser. The docs site, built to a folder and served on 127.0.0.1 with every other address
 blocked, must draw its diagrams (offline Mermaid).
@@ -161,9 +162,21 @@ def test_the_task_browser_works_in_jupyterlab(
         page.get_by_role("button", name="Send signal").click()
         page.get_by_text("sent to task 3").wait_for()
         page.screenshot(path=str(shots / "task-browser-signal.png"), full_page=False)
-        # Its cancel and reconcile buttons: a waiting task can be cancelled, not reconciled.
+        # Its cancel and reconcile buttons: a waiting task can be cancelled, not reconciled,
+        # nor redriven.
         assert page.get_by_role("button", name="Cancel task").is_enabled()
         assert page.get_by_role("button", name="Reconcile").is_disabled()
+        assert page.get_by_role("button", name="Preview redrive").is_disabled()
+
+        # Task 2 was cancelled: preview its redrive, then apply what the preview showed.
+        options.nth(1).click()
+        detail.get_by_text("task 2:").wait_for()
+        redrive = page.get_by_role("button", name="Redrive task")
+        assert redrive.is_disabled()
+        page.get_by_role("button", name="Preview redrive").click()
+        page.locator("pre", has_text="task 2 (approve-order v1, cancelled) resumes at").wait_for()
+        redrive.click()
+        page.get_by_text("task 2 redriven at step").wait_for()
         browser.close()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from toolkit.cli.filters import filter_fields, filter_options, task_filter
-from toolkit.cli.options import json_option
+from toolkit.cli.options import duration_option, json_option
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.cli.tasks import chosen_outcome, outcome_options
 from toolkit.counts import counted
@@ -190,6 +190,45 @@ def bulk_reconcile(
         yes,
         options,
     )
+
+
+@bulk.command("redrive")
+@_common()
+@click.option("--from", "from_step", metavar="STEP", help="Resume each task at this step.")
+@click.option("--version", type=int, help="Resume each task on this version of its definition.")
+@click.option("--rerun", multiple=True, metavar="STEP",
+              help="Allow this non-idempotent step to be called again (repeatable).")  # fmt: skip
+@click.option("--timeout", "timeout_text", metavar="DURATION",
+              help="A new workflow deadline from now (needed after a deadline).")  # fmt: skip
+@click.option("--reason", help="Why: recorded in each task's redriven event.")
+@click.pass_obj
+def bulk_redrive(
+    settings: Settings,
+    /,
+    yes: bool,
+    operator: str,
+    from_step: str | None,
+    version: int | None,
+    rerun: tuple[str, ...],
+    timeout_text: str | None,
+    reason: str | None,
+    **options: Any,
+) -> None:
+    """Redrive the failed and cancelled tasks the filters match (as `toolkit redrive` does one).
+
+    The preview plans every task's redrive and sums what would happen: the effects called
+    again, by step, and the tasks refused, with why. Applying redrives each task whose
+    redrive is not refused, only if its fencing token and state are still those planned.
+    """
+    timeout = duration_option(timeout_text, "--timeout") if timeout_text else None
+
+    def make(store: Store, where: TaskFilter) -> Awaitable[Plan]:
+        return store.bulk.plan_redrive(
+            where, from_step=from_step, version=version, rerun=rerun, timeout=timeout,
+            reason=reason, operator=operator,
+        )  # fmt: skip
+
+    _preview_or_apply(settings, make, yes, options)
 
 
 @bulk.command("apply")

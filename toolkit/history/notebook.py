@@ -25,6 +25,7 @@ from toolkit.errors import ConfigError, DefinitionError, UnknownDefinition
 from toolkit.history.analytics import History, render_table
 from toolkit.history.bulk_panel import BulkPanel
 from toolkit.history.filter_bar import FilterBar
+from toolkit.history.redrive_panel import RedrivePanel
 from toolkit.history.schedule_board import ScheduleBoard as ScheduleBoard
 from toolkit.history.schedule_view import ScheduleRow as ScheduleRow
 from toolkit.history.scratch import ScratchDatabase as ScratchDatabase  # its place in 0.x
@@ -53,7 +54,8 @@ class TaskBrowser(WidgetWork):
     checkpoint, effect evidence, waits, signals and reconciliation status, and its
     path through its definition's graph (an SVG, each step coloured by what happened to
     it); send it a signal, cancel it or reconcile it with the buttons, which call the same
-    store API as ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``.
+    store API as ``toolkit signal``, ``toolkit cancel`` and ``toolkit reconcile``; preview
+    and apply the redrive of a failed or cancelled one (``redrive``, as ``toolkit redrive``).
 
     Use it in a notebook cell::
 
@@ -72,6 +74,8 @@ class TaskBrowser(WidgetWork):
         total: how many tasks the filter matches, after the last refresh.
         filters: the filter widgets (:class:`~toolkit.history.filter_bar.FilterBar`).
         bulk: the bulk actions (:class:`~toolkit.history.bulk_panel.BulkPanel`).
+        redrive: the open task's redrive
+            (:class:`~toolkit.history.redrive_panel.RedrivePanel`).
         detail: the open task, or None.
         widget: the root widget.
         status: the status line's last text.
@@ -121,6 +125,7 @@ class TaskBrowser(WidgetWork):
         self.bulk = BulkPanel(
             store, lambda: self.filters.where, operator, self._reload, self._say
         )
+        self.redrive = RedrivePanel(store, self._open_id, operator, self._after_action)
         self.refresh_button.on_click(lambda _: self._schedule(self.refresh()))
         self.newer_button.on_click(lambda _: self._schedule(self.previous_page()))
         self.older_button.on_click(lambda _: self._schedule(self.next_page()))
@@ -131,6 +136,9 @@ class TaskBrowser(WidgetWork):
         self.signal_button.on_click(lambda _: self._schedule(self._signal_from_widgets()))
         self.cancel_button.on_click(lambda _: self._schedule(self._cancel_from_widgets()))
         self.reconcile_button.on_click(lambda _: self._schedule(self._reconcile_from_widgets()))
+        redrive = self.redrive
+        redrive.preview_button.on_click(lambda _: self._schedule(redrive.preview_from_widgets()))
+        redrive.apply_button.on_click(lambda _: self._schedule(redrive.apply_from_widgets()))
 
         actions = widgets.VBox(
             [
@@ -138,6 +146,7 @@ class TaskBrowser(WidgetWork):
                 widgets.HBox([self.cancel_reason, self.cancel_button]),
                 widgets.HBox([self.reconcile_step, self.reconcile_outcome]),
                 widgets.HBox([self.reconcile_result, self.reconcile_error, self.reconcile_button]),
+                self.redrive.widget,
             ]
         )
         self.widget = widgets.VBox(
@@ -280,6 +289,7 @@ class TaskBrowser(WidgetWork):
         ended = TaskState(detail.task.state).terminal
         self.signal_button.disabled = self.cancel_button.disabled = ended
         self.reconcile_button.disabled = detail.task.wait_reason != "reconciliation"
+        self.redrive.offer(detail.task.state in ("failed", "cancelled"))
         pending = detail.task.checkpoint.get("pending")
         if detail.task.wait_reason == "reconciliation" and pending:
             self.reconcile_step.value = str(pending).rsplit("/", 1)[-1].split("#", 1)[0]

@@ -23,17 +23,19 @@ from psycopg.types.json import Jsonb
 from toolkit.counts import counted
 from toolkit.definition import definition_from_body, validate_payload
 from toolkit.errors import InputError, PlanRefused, UnknownSignal
+from toolkit.store.bulk_redrive import RedrivePreview, apply_item, arguments_of, preview
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.names import check_signal_name
+from toolkit.store.redrive_plan import RedriveOptions
 from toolkit.store.tasks import Tasks, check_error_name, ended_children, signal_waits
 
 #: Tasks acted on in one transaction: small enough that no worker's fenced commit waits long
 #: for a row lock a batch holds.
 BATCH_SIZE = 1000
 
-Action = Literal["cancel", "signal", "reconcile"]
+Action = Literal["cancel", "signal", "reconcile", "redrive"]
 Outcome = Literal["completed", "failed", "retry"]
 
 #: The states each action applies to: a task matched in another is left alone.
@@ -41,6 +43,7 @@ _ACTIONABLE: Mapping[str, tuple[str, ...]] = {
     "cancel": ("queued", "leased", "waiting"),
     "signal": ("queued", "leased", "waiting"),
     "reconcile": ("waiting",),
+    "redrive": ("failed", "cancelled"),
 }
 
 
@@ -50,8 +53,9 @@ class Plan:
 
     Attributes:
         id: the plan's id (``toolkit bulk apply ID``).
-        action: ``cancel``, ``signal`` or ``reconcile``.
-        arguments: the action's arguments (reason; signal name and payload; step, outcome).
+        action: ``cancel``, ``signal``, ``reconcile`` or ``redrive``.
+        arguments: the action's arguments (reason; signal name and payload; step, outcome;
+            a redrive's options and its preview, see `toolkit.store.bulk_redrive`).
         filter: the filter it was made with, as JSON (durations resolved to times).
         operator: who made it.
         created_at: when.
@@ -114,6 +118,8 @@ class Plan:
                     f"get signal {name!r}, kept until a wait step consumes it: "
                     f"{counted(others, 'queued or leased task')}"
                 )
+        elif self.action == "redrive":
+            lines.extend(RedrivePreview.from_json(self.arguments["preview"]).lines())
         elif self.planned:
             lines.append(
                 f"recorded as {self.arguments['outcome']} and queued again: "
@@ -123,7 +129,10 @@ class Plan:
         planned = {(s, d, v) for s, d, v, _ in self.planned_counts}
         left_alone = sum(n for s, d, v, n in self.matched if (s, d, v) not in planned)
         if left_alone:
-            why = "not waiting for that reconciliation" if self.action == "reconcile" else "ended"
+            why = {
+                "reconcile": "not waiting for that reconciliation",
+                "redrive": "not failed or cancelled",
+            }.get(self.action, "ended")
             lines.append(f"left alone ({why}): {counted(left_alone, 'other matching task')}")
         return lines or ["nothing: no matching task is in a state this action applies to"]
 
@@ -227,6 +236,38 @@ class Bulk:
             } if outcome == "failed" else None,
         }  # fmt: skip
         return await self._plan("reconcile", where, arguments, operator)
+
+    async def plan_redrive(
+        self,
+        where: TaskFilter,
+        *,
+        from_step: str | None = None,
+        version: int | None = None,
+        rerun: Sequence[str] = (),
+        timeout: float | None = None,
+        reason: str | None = None,
+        operator: str = "operator",
+    ) -> Plan:
+        """Plan redriving the failed and cancelled tasks ``where`` matches.
+
+        Each is planned as :meth:`Tasks.redrive` plans one, with the same options, and the
+        plan's preview (``plan.effects()``) sums what the redrives would do: the effects
+        called again by step, those refused and why. Applying it redrives each task whose
+        redrive is not refused, in a transaction of its own (`toolkit.store.bulk_redrive`).
+        Planning reads every matched task's history: it takes time linear in them.
+
+        Raises:
+            InputError: a filter field is not valid.
+        """
+        options = RedriveOptions(from_step, frozenset(rerun), timeout, version)
+        arguments = arguments_of(options, reason)
+        plan = await self._plan("redrive", where, arguments, operator)
+        found = await preview(self._db, plan.id, options)
+        arguments["preview"] = found.to_json()
+        await self._db.execute(
+            "set_bulk_plan_arguments", {"plan_id": plan.id, "arguments": Jsonb(arguments)}
+        )
+        return dataclasses.replace(plan, arguments=arguments)
 
     async def _plan(
         self, action: Action, where: TaskFilter, arguments: dict[str, Any], operator: str
@@ -335,6 +376,14 @@ class Bulk:
         while items := await self._db.fetch_all(
             "bulk_open_items", {"plan_id": plan_id, "limit": batch_size}
         ):
+            if plan.action == "redrive":  # a task at a time: each reads its own history
+                for item in items:
+                    await apply_item(
+                        self._db, plan_id, item["task_id"], plan.arguments, plan.operator
+                    )
+                if progress is not None:
+                    progress(len(items))
+                continue
             params = {
                 "plan_id": plan_id,
                 "task_ids": [item["task_id"] for item in items],

@@ -71,6 +71,7 @@ async def redrive(
     operator: str = "operator",
     dry_run: bool = False,
     plan_id: int | None = None,
+    token: int | None = None,
 ) -> RedrivePlan:
     """Plan the redrive of ``task_id`` and, unless ``dry_run``, apply it.
 
@@ -82,6 +83,8 @@ async def redrive(
         operator: who (the event's writer).
         dry_run: only plan.
         plan_id: the bulk plan this redrive belongs to, recorded in the event.
+        token: apply only while the task's fencing token is still this one (the token a
+            preview showed); None: the token the plan reads.
 
     Returns:
         The plan (its preview: ``plan.lines()``).
@@ -95,12 +98,35 @@ async def redrive(
     found = await plan(db, task_id, options)
     if dry_run:
         return found
+    if token is not None and found.token != token:
+        raise NotRedrivable(
+            f"task {task_id} changed since its preview (fencing token {found.token}, not"
+            f" {token}); preview it again"
+        )
     if found.refused:
         raise RedriveRefused("\n".join(_refusals(found)), plan=found)
     async with db.transaction() as conn:
-        for each in _innermost_first(found):
-            await _apply(conn, each, reason, operator, plan_id)
+        await apply_plan(conn, found, reason, operator, plan_id)
     return found
+
+
+async def apply_plan(
+    conn: psycopg.AsyncConnection[Any],
+    found: RedrivePlan,
+    reason: str | None,
+    operator: str,
+    plan_id: int | None = None,
+) -> None:
+    """Apply ``found`` in the caller's transaction: the task and its redriven children.
+
+    Each task is one compare-and-set statement on the state and fencing token the plan
+    read, innermost child first.
+
+    Raises:
+        NotRedrivable: a task changed since the plan was made (roll the transaction back).
+    """
+    for each in _innermost_first(found):
+        await _apply(conn, each, reason, operator, plan_id)
 
 
 def _refusals(found: RedrivePlan) -> list[str]:
@@ -191,4 +217,4 @@ async def _pinned(db: Database, task_id: int) -> WorkflowDefinition | None:
     return definition_from_body(row["body"])
 
 
-__all__ = ["ChildRedrive", "RedriveOptions", "RedrivePlan", "plan", "redrive"]
+__all__ = ["ChildRedrive", "RedriveOptions", "RedrivePlan", "apply_plan", "plan", "redrive"]

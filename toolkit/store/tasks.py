@@ -474,6 +474,7 @@ class Tasks(TaskReads):
         reason: str | None = None,
         operator: str = "operator",
         dry_run: bool = False,
+        token: int | None = None,
     ) -> RedrivePlan:
         """Bring a ``failed`` or ``cancelled`` task back (issue 19; docs/reliability.md).
 
@@ -496,6 +497,8 @@ class Tasks(TaskReads):
             reason: why, recorded in the ``redriven`` event.
             operator: who, recorded likewise.
             dry_run: only plan; nothing is written.
+            token: apply only while the task's fencing token is still this one (the
+                ``plan.token`` of the dry run the operator read); None: any.
 
         Returns:
             The plan; ``plan.lines()`` is the preview.
@@ -503,13 +506,15 @@ class Tasks(TaskReads):
         Raises:
             UnknownTask: no such task.
             UnknownDefinition: ``version`` is not deployed.
-            NotRedrivable: not in a state to redrive, or not as asked (the message says why).
+            NotRedrivable: not in a state to redrive, not as asked, or its token is not
+                ``token`` (the message says why).
             RedriveRefused: effects would run again that may not; ``exc.plan`` says which.
         """
         options = RedriveOptions(from_step, frozenset(rerun), timeout, version)
         return await redrive(
-            self._db, task_id, options, reason=reason, operator=operator, dry_run=dry_run
-        )
+            self._db, task_id, options, reason=reason, operator=operator, dry_run=dry_run,
+            token=token,
+        )  # fmt: skip
 
 
 def signal_waits(

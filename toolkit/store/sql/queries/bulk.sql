@@ -179,3 +179,26 @@ DELETE FROM toolkit_bulk_plans WHERE id = %(plan_id)s AND finished_at IS NULL;
 
 -- name: set_bulk_plan_arguments
 UPDATE toolkit_bulk_plans SET arguments = %(arguments)s WHERE id = %(plan_id)s;
+
+-- name: bulk_lock_item
+-- One task's item of plan %(plan_id)s, locked while it is acted on alone (a redrive), if
+-- it is not acted on yet: a second apply running at once waits, then finds it done.
+SELECT i.task_id, i.lease_token, i.state
+FROM toolkit_bulk_plan_tasks i
+WHERE i.plan_id = %(plan_id)s AND i.task_id = %(task_id)s AND i.outcome IS NULL
+FOR UPDATE;
+
+-- name: bulk_mark_item
+-- The outcome of one task's item of plan %(plan_id)s acted on alone, with its detail.
+UPDATE toolkit_bulk_plan_tasks
+SET outcome = %(outcome)s, detail = %(detail)s, applied_at = clock_timestamp()
+WHERE plan_id = %(plan_id)s AND task_id = %(task_id)s AND outcome IS NULL;
+
+-- name: lock_task_state
+-- A task's state and fencing token, its row locked as a redrive locks it (so the compare
+-- with a plan item holds until the transaction ends).
+SELECT state, lease_token FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE;
+
+-- name: bulk_plan_task_ids
+-- Every task of plan %(plan_id)s, in id order (a redrive plan's preview plans each).
+SELECT task_id FROM toolkit_bulk_plan_tasks WHERE plan_id = %(plan_id)s ORDER BY task_id;
