@@ -38,11 +38,14 @@ from toolkit.definition.model import (
     Reservation,
     SetStep,
     Step,
+    Subscription,
     SucceedStep,
+    Trigger,
     WaitEvent,
     WaitStep,
     WorkflowDefinition,
     WorkflowStep,
+    event_signal,
 )
 from toolkit.definition.payloads import validate_payload
 from toolkit.definition.policies import CatchRule, RetryPolicy, catch_target, error_name_problem
@@ -50,8 +53,9 @@ from toolkit.definition.policies import CatchRule, RetryPolicy, catch_target, er
 __all__ = [
     "DEFAULT_MAX_STEPS", "TIMEOUT_ERROR", "Branch", "BranchStep", "Callback", "CatchRule",
     "ChoiceRule", "ChoiceStep", "Compensation", "EffectStep", "FailStep", "MapStep",
-    "ParallelStep", "Reservation", "RetryPolicy", "SetStep", "Step", "SucceedStep",
-    "WaitEvent", "WaitStep", "WorkflowDefinition", "WorkflowStep", "catch_target",
-    "definition_from_body", "error_name_problem", "load_definition", "load_definitions",
+    "ParallelStep", "Reservation", "RetryPolicy", "SetStep", "Step", "Subscription",
+    "SucceedStep", "Trigger", "WaitEvent", "WaitStep", "WorkflowDefinition", "WorkflowStep",
+    "catch_target", "definition_from_body", "error_name_problem", "event_signal",
+    "load_definition", "load_definitions",
     "parse_definition", "schema_path", "validate_payload",
 ]  # fmt: skip

@@ -31,6 +31,7 @@ from toolkit.definition.model import (
     SetStep,
     Step,
     SucceedStep,
+    Trigger,
     WaitEvent,
     WaitStep,
     WorkflowDefinition,
@@ -75,6 +76,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
             }
         ),
         schedules=build_schedules(doc),
+        triggers=_triggers(doc),
     )
 
 
@@ -142,6 +144,8 @@ def _build_step(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) 
             catch=_catch_rules(raw),
             any=events,
             schema=wait.get("schema"),
+            event=wait.get("event"),
+            match=_match(wait, f"{path}.wait"),
         )
     return _build_branch_step(where, raw, defaults)
 
@@ -154,6 +158,37 @@ def _wait_event(path: str, raw: Mapping[str, Any]) -> WaitEvent:
         until=_until(raw, path),
         next=raw["next"],
         schema=raw.get("schema"),
+        event=raw.get("event"),
+        match=_match(raw, path),
+    )
+
+
+def _match(raw: Mapping[str, Any], path: str) -> Mapping[str, Template] | None:
+    """The compiled ``match`` of an event wait at ``path``, or None."""
+    match = raw.get("match")
+    if match is None:
+        return None
+    compiled = {
+        field: compile_template(value, path=f"{path}.match.{field}")
+        for field, value in match.items()
+    }
+    return types.MappingProxyType(compiled)
+
+
+def _triggers(doc: Mapping[str, Any]) -> tuple[Trigger, ...]:
+    """The definition's ``triggers``, compiled."""
+
+    def template(raw: Mapping[str, Any], name: str, path: str) -> Template | None:
+        return compile_template(raw[name], path=f"{path}.{name}") if name in raw else None
+
+    return tuple(
+        Trigger(
+            event=raw["event"],
+            when=template(raw, "when", f"$.triggers[{i}]"),
+            input=template(raw, "input", f"$.triggers[{i}]"),
+            key=template(raw, "key", f"$.triggers[{i}]"),
+        )
+        for i, raw in enumerate(doc.get("triggers", ()))
     )
 
 

@@ -144,12 +144,13 @@ class _Drawing:
 
 
 def _wait_text(step: Any) -> str:
-    signal = getattr(step, "signal", None)
-    if signal:
-        timeout = getattr(step, "timeout", None)
-        return f"wait signal {_text(signal)}" + (
-            f", timeout {format_duration(timeout)}" if timeout else ""
-        )
+    for kind in ("signal", "event"):
+        name = getattr(step, kind, None)
+        if name:
+            timeout = getattr(step, "timeout", None)
+            return f"wait {kind} {_text(name)}" + (
+                f", timeout {format_duration(timeout)}" if timeout else ""
+            )
     duration = getattr(step, "duration", None)
     if duration:
         return f"wait {format_duration(duration)}"

@@ -165,7 +165,7 @@ class FailStep:
 
 @dataclass(frozen=True)
 class WaitStep:
-    """Waits durably; exactly one of ``duration``, ``until`` and ``signal`` is set.
+    """Waits durably; exactly one of ``duration``, ``until``, ``signal`` and ``event`` is set.
 
     Attributes:
         id: Step id.
@@ -173,7 +173,9 @@ class WaitStep:
         until: For a wait until a moment: renders to an ISO-8601 timestamp with a UTC offset
             (checked at load time when constant; the engine checks rendered values).
         signal: Name of the signal to wait for.
-        timeout: For a signal wait: seconds (> 0) after which the step fails with the error
+        event: Name of the event to wait for (docs/events.md), with ``match``: payload
+            field to the value it must equal, templates over the input.
+        timeout: For a signal or event wait: seconds (> 0) after which the step fails with the error
             ``Timeout`` (`TIMEOUT_ERROR`); None waits forever.
         next: The following step; None means the workflow succeeds with this step's output.
         catch: Where to go when the step fails: only a signal wait with a ``timeout`` can
@@ -189,13 +191,20 @@ class WaitStep:
     catch: tuple[CatchRule, ...] = ()
     any: tuple[WaitEvent, ...] = ()
     schema: Mapping[str, Any] | None = None
+    event: str | None = None
+    match: Mapping[str, Template] | None = None
+
+    @property
+    def awaited(self) -> str | None:
+        """The signal name the wait takes: its signal, or its event's (`event_signal`)."""
+        return event_signal(self.event) if self.event is not None else self.signal
 
 
 @dataclass(frozen=True)
 class WaitEvent:
-    """One event of ``wait: {any: [...]}``: a signal, a duration or a moment, and where to go.
+    """One event of ``wait: {any: [...]}``: a signal, an event, a duration or a moment.
 
-    Exactly one of ``signal``, ``duration`` and ``until`` is set.
+    Exactly one of ``signal``, ``event``, ``duration`` and ``until`` is set.
 
     Attributes:
         signal: Signal name.
@@ -203,6 +212,8 @@ class WaitEvent:
         until: Renders to an ISO-8601 timestamp with a UTC offset.
         next: The step to go to when this event comes first.
         schema: JSON Schema of the signal's payload (signal events only), or None.
+        event: Event name (docs/events.md), matched by ``match``.
+        match: Payload field to the value it must equal, templates over the input.
     """
 
     signal: str | None
@@ -210,6 +221,51 @@ class WaitEvent:
     until: Template | None
     next: str
     schema: Mapping[str, Any] | None = None
+    event: str | None = None
+    match: Mapping[str, Template] | None = None
+
+    @property
+    def awaited(self) -> str | None:
+        """The signal name this event takes: its signal, or its event's (`event_signal`)."""
+        return event_signal(self.event) if self.event is not None else self.signal
+
+
+def event_signal(event: str) -> str:
+    """The name under which event ``event`` is delivered to a task: a signal ``event:NAME``.
+
+    No signal a user sends can have it (a signal name has no colon), so the two never mix.
+    """
+    return f"event:{event}"
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """A correlated wait of a definition: event ``event`` whose payload matches ``match``.
+
+    Attributes:
+        event: the event's name.
+        match: payload field name to the value it must equal, a template over the input.
+    """
+
+    event: str
+    match: Mapping[str, Template]
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """An event that starts a task of the definition (``triggers:``, docs/events.md).
+
+    Attributes:
+        event: the event's name.
+        when: a template over ``event`` and ``context`` that must be truthy; None: always.
+        input: the task input, a template over ``event`` and ``context``; None: the payload.
+        key: the task's idempotency key, a template over ``event``; None: none.
+    """
+
+    event: str
+    when: Template | None
+    input: Template | None
+    key: Template | None
 
 
 @dataclass(frozen=True)
@@ -386,6 +442,7 @@ class WorkflowDefinition:
             :meth:`task_tags`). Empty when the definition declares none.
         schedules: The schedules it declares (``schedules:``), which deploying it as the
             newest version makes, changes or removes (docs/schedules.md).
+        triggers: The events that start a task of it (``triggers:``, docs/events.md).
     """
 
     name: str
@@ -407,6 +464,7 @@ class WorkflowDefinition:
         default_factory=lambda: types.MappingProxyType({})
     )
     schedules: tuple[ScheduleDeclaration, ...] = ()
+    triggers: tuple[Trigger, ...] = ()
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property
@@ -438,6 +496,23 @@ class WorkflowDefinition:
             elif isinstance(step, MapStep):
                 steps += step.branch.steps.values()
         return steps
+
+    def subscriptions(self) -> list[Subscription]:
+        """The correlated event waits of the definition, its branches' too, one per match.
+
+        A task subscribes to them when it starts (docs/events.md), so that no event matching
+        them emitted since is missed, whenever the task reaches the wait.
+        """
+        found: dict[tuple[str, tuple[tuple[str, str], ...]], Subscription] = {}
+        for step in self.all_steps():
+            if not isinstance(step, WaitStep):
+                continue
+            waits: list[WaitStep | WaitEvent] = [step, *step.any]
+            for wait in waits:
+                if wait.event is not None and wait.match is not None:
+                    shape = tuple(sorted((k, repr(v)) for k, v in wait.match.items()))
+                    found.setdefault((wait.event, shape), Subscription(wait.event, wait.match))
+        return list(found.values())
 
     def task_tags(self, value: Any) -> dict[str, str]:
         """The tags the definition's ``tags`` give a task of input ``value``.

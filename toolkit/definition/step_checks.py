@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+from toolkit.definition.events import match_problems
 from toolkit.definition.expressions import compile_template
 from toolkit.definition.graph import _wait_events
 from toolkit.definition.input_schema import input_schema_problems
@@ -54,17 +55,18 @@ def _step_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
         seen: dict[str, int] = {}
         for i, event in _wait_events(step):
             problems += _wait_problems((*path, "wait", "any", i), event)
-            signal = event.get("signal")
-            if isinstance(signal, str) and signal in seen:
-                problems.append(
-                    Problem(
-                        (*path, "wait", "any", i, "signal"),
-                        f"signal {signal!r} is already awaited by any[{seen[signal]}]: wait for"
-                        " each signal at most once",
+            for kind in ("signal", "event"):
+                name = event.get(kind)
+                if isinstance(name, str) and f"{kind}:{name}" in seen:
+                    problems.append(
+                        Problem(
+                            (*path, "wait", "any", i, kind),
+                            f"{kind} {name!r} is already awaited by "
+                            f"any[{seen[f'{kind}:{name}']}]: wait for each {kind} at most once",
+                        )
                     )
-                )
-            elif isinstance(signal, str):
-                seen[signal] = i
+                elif isinstance(name, str):
+                    seen[f"{kind}:{name}"] = i
     problems += _catch_problems(path, step)
     return problems
 
@@ -117,6 +119,8 @@ def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
                 problems.append(Problem((*path, key), f"{key} must be greater than zero"))
     if "schema" in wait:
         problems += input_schema_problems(wait["schema"], (*path, "schema"), "signal schema")
+    if isinstance(wait.get("match"), dict):
+        problems += match_problems((*path, "match"), wait["match"])
     until = wait.get("until")
     if isinstance(until, str):
         found = template_problems((*path, "until"), until)
@@ -160,17 +164,17 @@ def _catch_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
         return []
     wait = step.get("wait")
     if isinstance(wait, dict):
-        if "signal" not in wait or "timeout" not in wait:
+        if ("signal" not in wait and "event" not in wait) or "timeout" not in wait:
             if "any" in wait:
                 hint = ": a wait with 'any' never fails, each of its events goes to its own next"
-            elif "signal" in wait:
-                hint = ": add a timeout to the signal wait, or remove catch"
+            elif "signal" in wait or "event" in wait:
+                hint = ": add a timeout to the wait, or remove catch"
             else:
-                hint = ": only a signal wait with a timeout can fail"
+                hint = ": only a signal or event wait with a timeout can fail"
             return [
                 Problem(
                     (*path, "catch"),
-                    f"catch needs a wait that can fail (signal with timeout){hint}",
+                    f"catch needs a wait that can fail (signal or event with timeout){hint}",
                 )
             ]
     problems = []
@@ -185,7 +189,7 @@ def _catch_problems(path: JsonPath, step: dict[str, Any]) -> list[Problem]:
                     problems.append(
                         Problem(
                             (*path, "catch", i, "errors", j),
-                            f"a signal wait fails only with 'Timeout', never with {name!r}",
+                            f"a wait fails only with 'Timeout', never with {name!r}",
                         )
                     )
         if errors and ("*" in caught or caught.issuperset(errors)):

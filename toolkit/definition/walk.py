@@ -125,9 +125,11 @@ def branches(step: object) -> Mapping[str, Any]:
 
 
 def _event_label(event: Any) -> str:
-    """The label of a ``wait: {any}`` event's edge: its signal, duration or moment."""
+    """The label of a ``wait: {any}`` event's edge: its signal, event, duration or moment."""
     if getattr(event, "signal", None):
         return f"signal {event.signal}"
+    if getattr(event, "event", None):
+        return f"event {event.event}"
     if getattr(event, "duration", None):
         return f"after {format_duration(event.duration)}"
     return f"at {source(getattr(event, 'until', None))}"

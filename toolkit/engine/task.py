@@ -33,6 +33,7 @@ from toolkit.engine.protocol import (
     run_graph,
 )
 from toolkit.engine.reservations import release
+from toolkit.engine.subscriptions import subscribe
 from toolkit.errors import ExpressionError, HandlerNotFound, ResultNotJson, ResultTooLarge
 from toolkit.lifecycle import EventKind, TaskState, WaitReason
 from toolkit.store.writes import NEVER, Event
@@ -101,6 +102,7 @@ class TaskGraph:
         cp, task = cycle.checkpoint, cycle.task
         if cp.started_at is None:  # recorded once: context.started_at is the same on resume
             cp.started_at = datetime.datetime.now(datetime.UTC).isoformat()
+            await subscribe(cycle)
         if task.deadline_in is not None and task.deadline_in <= 0:
             error = await deadline_passed(cycle)
             if error is not None:

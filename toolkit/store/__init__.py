@@ -17,6 +17,7 @@ from toolkit.store.callbacks import Callbacks
 from toolkit.store.children import Children
 from toolkit.store.database import Database
 from toolkit.store.definitions import DefinitionCatalog
+from toolkit.store.events import Events
 from toolkit.store.leases import Leases
 from toolkit.store.limits import Limits
 from toolkit.store.migrations import migrate, schema_status
@@ -45,6 +46,7 @@ class Store:
         bulk: bulk actions by filter: plans, and applying them.
         schedules: recurring schedules, and the firing of their ticks.
         branches: the branch rows of parallel and map steps in progress.
+        events: events: emit, the tasks they start, the waits they reach (docs/events.md).
     """
 
     def __init__(self, db: Database) -> None:
@@ -61,6 +63,7 @@ class Store:
         self.bulk = Bulk(db)
         self.schedules = Schedules(db)
         self.branches = BranchRows(db)
+        self.events = Events(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

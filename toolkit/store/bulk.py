@@ -430,7 +430,7 @@ def _action_params(plan: Plan, items: Sequence[Mapping[str, Any]]) -> dict[str, 
              "payload": payloads.get(item["digest"], arguments["payload"])}
             for item in items
         ]  # fmt: skip
-        return {"name": arguments["name"], "rows": Jsonb(rows), "address": None}
+        return {"name": arguments["name"], "rows": Jsonb(rows), "address": None, "event_id": None}
     outcome = arguments["outcome"]
     rows = [
         {

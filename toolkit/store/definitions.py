@@ -20,6 +20,7 @@ from toolkit.errors import (
 )
 from toolkit.store.database import Database
 from toolkit.store.schedule_deploy import refuse_breaking, sync_declared
+from toolkit.store.trigger_deploy import sync_triggers
 
 DeployOutcome = Literal["registered", "unchanged"]
 
@@ -102,6 +103,7 @@ class DefinitionCatalog:
             if existing.digest != definition.digest:
                 raise DefinitionConflict(_conflict_message(existing, definition))
         await sync_declared(self._db, definition)
+        await sync_triggers(self._db, definition)
         return "registered" if inserted is not None else "unchanged"
 
     async def deploy_all(self, definitions: Sequence[WorkflowDefinition]) -> list[DeployOutcome]:

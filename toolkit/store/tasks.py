@@ -209,19 +209,10 @@ class Tasks(TaskReads):
                 the input schema (nothing written).
             SubmitConflict: the existing task runs another definition version or digest.
         """
-        value = self._checked_input(definition, value)
-        params = {
-            "tenant": check_tenant(tenant),
-            "name": definition.name,
-            "version": definition.version,
-            "digest": definition.digest,
-            "input": Jsonb(value),
-            "tags": Jsonb(_task_tags(definition, value, check_tags(tags or {}))),
-            "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
-            "key": key,
-            "timeout": _timeout(definition, timeout),
-            **_start(start_at, delay),
-        }
+        params = await self.keyed_params(
+            definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout,
+            tags=tags, start_at=start_at, delay=delay,
+        )  # fmt: skip
         row = await self._db.fetch_one("submit_keyed_task", params)
         if row is None:  # inserted by a concurrent submit after this statement's snapshot
             row = await self._db.fetch_one("submit_keyed_task", params)
@@ -234,6 +225,40 @@ class Tasks(TaskReads):
                 definition=(row["definition_name"], row["definition_version"]),
             )
         return int(row["id"]), bool(row["created"])
+
+    async def keyed_params(
+        self,
+        definition: WorkflowDefinition,
+        value: Any,
+        *,
+        key: str,
+        tenant: str = "default",
+        budget: Mapping[str, float] | None = None,
+        timeout: float | None = None,
+        tags: Mapping[str, str] | None = None,
+        start_at: datetime.datetime | None = None,
+        delay: float | None = None,
+    ) -> dict[str, Any]:
+        """The parameters of ``submit_keyed_task`` for one task (see :meth:`submit_keyed`).
+
+        For a caller that submits inside a transaction of its own (an event's triggers).
+
+        Raises:
+            InputError: the input, tenant, tags, budget or timeout are not valid.
+        """
+        value = self._checked_input(definition, value)
+        return {
+            "tenant": check_tenant(tenant),
+            "name": definition.name,
+            "version": definition.version,
+            "digest": definition.digest,
+            "input": Jsonb(value),
+            "tags": Jsonb(_task_tags(definition, value, check_tags(tags or {}))),
+            "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
+            "key": key,
+            "timeout": _timeout(definition, timeout),
+            **_start(start_at, delay),
+        }
 
     async def signal(
         self,
@@ -292,7 +317,7 @@ class Tasks(TaskReads):
         rows = await self._db.fetch_all_then(
             "send_signal",
             {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
-             "operator": None, "address": address},
+             "operator": None, "address": address, "event_id": None},
             lambda sent: wake_branches_of(
                 [(task_id, f"signal:{name}", address) for r in sent if r["signal_id"]]
             ),

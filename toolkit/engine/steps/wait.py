@@ -32,17 +32,20 @@ async def run(ctx: StepContext, step: WaitStep) -> Transition:
     # a branch read back waiting knows from its row whether its timer passed (``due``).
     resumed = frame.wait is not None and frame.wait.occurrence == occurrence
     passed = resumed and frame.due
-    if step.signal is not None:
-        found = await take_signal(ctx, [step.signal], occurrence)
+    awaited = step.awaited  # a signal's name, or an event's (delivered as a signal)
+    if awaited is not None:
+        found = await take_signal(ctx, [awaited], occurrence)
         if found is not None:
             frame.wait = None
             return Advance(found[1], step.next)
-        if passed:  # no signal stored: the wait's deadline passed
+        what = f"event {step.event!r}" if step.event is not None else f"signal {awaited!r}"
+        if passed:  # nothing stored: the wait's deadline passed
             frame.wait = None
-            message = f"no signal {step.signal!r} within {step.timeout:g} s"
+            message = f"no {what} within {step.timeout:g} s"
             return Failed({"name": "Timeout", "message": message})
-        event = Event(EventKind.WAITING, {"step": step.id, "signal": step.signal})
-        wait = SignalWait(occurrence, step.signal)
+        detail = {"event": step.event} if step.event is not None else {"signal": awaited}
+        event = Event(EventKind.WAITING, {"step": step.id, **detail})
+        wait = SignalWait(occurrence, awaited)
         if step.timeout is None:
             return Wait(WaitReason.SIGNAL, wait, event, run_at=NEVER)
         return Wait(WaitReason.SIGNAL, wait, event, delay_seconds=step.timeout)
@@ -60,24 +63,24 @@ async def run(ctx: StepContext, step: WaitStep) -> Transition:
 
 
 async def _first_of(ctx: StepContext, step: WaitStep) -> Transition:
-    """``wait: {any: [...]}``: the first of several signals and timers decides where to go.
+    """``wait: {any: [...]}``: the first of several signals, events and timers decides.
 
-    Only the winning signal is consumed. The timers' deadline is fixed when the wait starts
-    (database time) and kept in the checkpoint; a claim without a signal stored is that
-    deadline passing.
+    Only the winning signal (or event) is consumed. The timers' deadline is fixed when the
+    wait starts (database time) and kept in the checkpoint; a claim without a signal stored
+    is that deadline passing.
     """
     cycle = ctx.cycle
     frame = ctx.frame
     occurrence = frame.occurrence(step.id)
     resumed = frame.wait is not None and frame.wait.occurrence == occurrence
-    names = [event.signal for event in step.any if event.signal is not None]
+    names = [event.awaited for event in step.any if event.awaited is not None]
     found = await take_signal(ctx, names, occurrence) if names else None
     if found is not None:
         name, payload = found
-        target = next(event.next for event in step.any if event.signal == name)
+        came = next(event for event in step.any if event.awaited == name)
         frame.wait = None
-        return Advance({"event": name, "payload": payload}, target)
-    timers = [event for event in step.any if event.signal is None]
+        return Advance({"event": came.event or name, "payload": payload}, came.next)
+    timers = [event for event in step.any if event.awaited is None]
     if resumed and frame.due and timers:
         wait = frame.wait
         index = wait.timer if isinstance(wait, AnyWait) and wait.timer else 0

@@ -220,12 +220,14 @@ SELECT (SELECT state FROM target) AS state,
 -- task's level due now (a branch waiting for it is woken by wake_branches, the next
 -- statement of the same transaction) (woken: their ids; idle workers are notified); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
--- and its operator (null for one task).
+-- and its operator (null for one task). An event delivered as a signal (%(event_id)s, null
+-- for a signal) is stored once per task: a second delivery of it stores nothing.
 inserted AS (
-    INSERT INTO toolkit_signals (task_id, name, payload, address)
-    SELECT target.id, %(name)s, r.payload, %(address)s::text
+    INSERT INTO toolkit_signals (task_id, name, payload, address, event_id)
+    SELECT target.id, %(name)s, r.payload, %(address)s::text, %(event_id)s::bigint
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
+    ON CONFLICT (task_id, event_id) WHERE event_id IS NOT NULL DO NOTHING
     RETURNING id, task_id
 ), woken AS (
     UPDATE toolkit_tasks t
@@ -241,7 +243,8 @@ inserted AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
     SELECT task_id, 'signal_received', %(operator)s::text,
            jsonb_strip_nulls(jsonb_build_object('name', %(name)s, 'signal_id', id,
-                                                'plan', %(plan_id)s::bigint))
+                                                'plan', %(plan_id)s::bigint,
+                                                'event', %(event_id)s::bigint))
     FROM inserted
 )
 

@@ -1,0 +1,191 @@
+"""Events (issue 21): an emit is recorded once per key, starts the tasks its triggers start
+(once per start key), and reaches the correlated waits that match it, whether the task
+waits already, has not reached its wait yet, or has not run at all."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.apps.counting import app
+from tests.helpers.inprocess import deploy_submit, drain, sql
+from tests.helpers.workflows import definition
+from toolkit.application import EffectContext
+from toolkit.errors import InputError
+from toolkit.store import Store
+from toolkit.store.filters import TaskFilter
+from toolkit.store.queries import query
+
+pytestmark = pytest.mark.anyio
+
+ORDER = """
+name: order-flow
+version: 1
+input: {type: object, required: [order_id], properties: {order_id: {type: string}}}
+triggers:
+  - event: order.placed
+    when: "${ event.total > `0` }"
+    input: {order_id: "${ event.order_id }"}
+    key: "${ event.order_id }"
+start: pay
+steps:
+  pay:
+    wait: {event: payment.settled, match: {order_id: "${ input.order_id }"}, timeout: 2d}
+    next: done
+    catch: [{errors: [Timeout], next: expired}]
+  expired: {fail: {error: PaymentTimeout}}
+  done: {succeed: {output: "${ steps.pay }"}}
+"""
+
+
+async def states(store: Store) -> dict[int, str]:
+    return {task.id: task.state for task in await store.tasks.list(TaskFilter(), limit=1000)}
+
+
+async def test_emits_de_duplicate_by_key_and_triggers_start_one_task_per_start_key(
+    store: Store,
+) -> None:
+    await store.definitions.deploy(definition(ORDER))
+    firsts = []
+    for i in range(100):  # 10 of them repeat an earlier event key: 90 events
+        n = i if i < 90 else i - 90
+        done = await store.events.emit(
+            "order.placed", {"order_id": f"o-{n}", "total": 5}, key=f"placed-{n}"
+        )
+        assert done.duplicate == (i >= 90), (i, done)
+        if i < 90:
+            assert len(done.started) == 1, done
+            firsts.append(done.event_id)
+        else:
+            assert done.event_id == firsts[n] and done.started == (), done
+    found = await states(store)
+    assert len(found) == 90 and set(found.values()) == {"queued"}, found
+    # An event whose start key names a live task is delivered to it (signal-with-start).
+    again = await store.events.emit("order.placed", {"order_id": "o-3", "total": 7})
+    assert again.started == () and len(again.delivered) == 1, again
+    assert len(await states(store)) == 90
+    # `when` false: nothing starts; a refused input: nothing is recorded.
+    skipped = await store.events.emit("order.placed", {"order_id": "o-x", "total": 0})
+    assert skipped.started == () and skipped.delivered == (), skipped
+    with pytest.raises(InputError, match=r"definition order-flow v1, triggers\[0\]"):
+        await store.events.emit("order.placed", {"order_id": 42, "total": 1})
+    listed = await store.events.list(name="order.placed", limit=1000)
+    assert len(listed) == 92 and all(e.payload["order_id"] != 42 for e in listed)
+
+
+async def test_a_correlated_wait_takes_its_event_and_not_fifty_others(store: Store) -> None:
+    d = definition(ORDER)
+    await store.definitions.deploy(d)
+    (task_id,) = await store.tasks.submit(d, [{"order_id": "o-1"}])
+    await drain(store, ORDER)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason) == ("waiting", "signal"), task
+    for n in range(50):
+        done = await store.events.emit("payment.settled", {"order_id": f"other-{n}"})
+        assert done.delivered == (), done
+    await drain(store, ORDER)
+    assert (await store.tasks.get(task_id)).state == "waiting"
+    done = await store.events.emit("payment.settled", {"order_id": "o-1", "amount": 12})
+    assert done.delivered == (task_id,), done
+    await drain(store, ORDER)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task, await store.tasks.events(task_id))
+    assert task.result == {"order_id": "o-1", "amount": 12}
+    assert [e["how"] for e in await store.events.of_task(task_id)] == ["delivered"]
+
+
+async def test_an_event_emitted_before_the_task_ran_is_not_lost(store: Store) -> None:
+    d = definition(ORDER)
+    await store.definitions.deploy(d)
+    (task_id,) = await store.tasks.submit(d, [{"order_id": "o-7"}])
+    done = await store.events.emit("payment.settled", {"order_id": "o-7", "paid": True})
+    assert done.delivered == (), done  # nobody subscribed yet: the task has not run
+    await drain(store, ORDER)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task, await store.tasks.events(task_id))
+    assert task.result == {"order_id": "o-7", "paid": True}
+    # An event emitted before the task was submitted is not its event.
+    (late,) = await store.tasks.submit(d, [{"order_id": "o-7"}])
+    await drain(store, ORDER)
+    assert (await store.tasks.get(late)).state == "waiting"
+
+
+EMITTING = """
+name: emitting
+version: 1
+input: {type: object}
+start: work
+steps:
+  work: {effect: count.emit_settled, idempotent: true, args: {order: "${ input.order_id }"},
+         next: pay}
+  pay:
+    wait:
+      any:
+        - {event: payment.settled, match: {order_id: "${ input.order_id }"}, next: done}
+        - {duration: 1d, next: done}
+  done: {succeed: {output: "${ steps.pay }"}}
+"""
+
+
+#: The store ``count.emit_settled`` emits into (set by the test).
+STORE: dict[str, Store] = {}
+
+
+@app.effect("count.emit_settled")
+async def emit_settled(ctx: EffectContext, order: str) -> dict[str, Any]:
+    """Emits the event the task is about to wait for: between its start and its wait."""
+    store = STORE["store"]
+    await store.events.emit("payment.settled", {"order_id": order, "by": "handler"},
+                            key=f"settled-{order}")  # fmt: skip
+    return {}
+
+
+async def test_an_event_emitted_between_the_start_and_the_wait_is_taken_by_the_wait(
+    store: Store,
+) -> None:
+    STORE["store"] = store
+    (task_id,) = await deploy_submit(store, EMITTING, [{"order_id": "o-9"}])
+    await drain(store, EMITTING)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task, await store.tasks.events(task_id))
+    assert task.result == {"event": "payment.settled",
+                           "payload": {"order_id": "o-9", "by": "handler"}}  # fmt: skip
+
+
+async def test_matching_an_event_against_100k_subscriptions_reads_one_index_range(
+    store: Store,
+) -> None:
+    d = definition(ORDER)
+    await store.definitions.deploy(d)
+    await sql(
+        store,
+        "INSERT INTO toolkit_tasks (definition_name, definition_version, definition_digest,"
+        " input, checkpoint, state, wait_reason, run_at) SELECT 'order-flow', 1, %s,"
+        " jsonb_build_object('order_id', 'o-' || i), '{}', 'waiting', 'signal', 'infinity'"
+        " FROM generate_series(1, 100000) i",
+        d.digest,
+    )
+    await sql(
+        store,
+        "INSERT INTO toolkit_event_subscriptions (tenant, event, fields, match, task_id)"
+        " SELECT 'default', 'payment.settled', '[\"order_id\"]', '[\"' || (input ->> 'order_id')"
+        " || '\"]', id FROM toolkit_tasks",
+    )
+    shape = "INSERT INTO toolkit_event_shapes VALUES ('payment.settled', '[\"order_id\"]')"
+    await sql(store, shape)
+    await sql(store, "ANALYZE toolkit_event_subscriptions")
+    await sql(store, "ANALYZE toolkit_tasks")
+    params = {"tenant": "default", "name": "payment.settled", "fields": '["order_id"]',
+              "match": '["o-500"]'}  # fmt: skip
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "EXPLAIN (FORMAT JSON) " + query("event_subscribers"), params  # type: ignore[arg-type]
+        )
+        plan = await cursor.fetchone()
+    assert plan is not None
+    text = str(plan[0])
+    assert "Seq Scan" not in text, text
+    assert "toolkit_event_subscriptions_pkey" in text, text
+    done = await store.events.emit("payment.settled", {"order_id": "o-500"})
+    assert len(done.delivered) == 1, done

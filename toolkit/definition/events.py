@@ -1,0 +1,79 @@
+"""Checks of what a definition says about events (docs/events.md): triggers and matches.
+
+A correlated wait's ``match`` values are computed when the task starts (it subscribes then,
+so that no matching event emitted since is missed): they read the task's ``input`` and
+``context``, never a step's output. A trigger's expressions read the event (``event``: its
+payload) and ``context``; its ``key`` must read the event, or every event would name one
+task.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolkit.definition.expressions import scope_reads
+from toolkit.definition.paths import JsonPath
+from toolkit.definition.references import (
+    _single_expression_problems,
+    expression_strings,
+    template_problems,
+)
+from toolkit.definition.yaml_source import Problem
+
+#: What a match value may read, and what a trigger's expressions may read.
+MATCH_NAMES = ("input", "context")
+TRIGGER_NAMES = ("event", "context")
+_LITERALS = ("null", "true", "false")
+
+
+def match_problems(path: JsonPath, match: dict[str, Any]) -> list[Problem]:
+    """Problems of an event wait's ``match`` at ``path``: syntax, and what it reads."""
+    problems = template_problems(path, match)
+    if problems:
+        return problems
+    for where, text in expression_strings(match, path):
+        for expression, name, _ in scope_reads(text):
+            if name not in (*MATCH_NAMES, *_LITERALS):
+                problems.append(Problem(where, (
+                    f"expression {expression!r} reads {name!r}: a match is computed when the "
+                    "task starts, so it reads only input and context"
+                )))  # fmt: skip
+    return problems
+
+
+def trigger_problems(triggers: Any) -> list[Problem]:
+    """Problems of the definition's ``triggers``: syntax, and what their expressions read."""
+    if not isinstance(triggers, list):
+        return []
+    problems: list[Problem] = []
+    for i, trigger in enumerate(triggers):
+        if not isinstance(trigger, dict):
+            continue
+        path: JsonPath = ("triggers", i)
+        for field in ("when", "key"):
+            if isinstance(trigger.get(field), str):
+                problems += _single_expression_problems((*path, field), trigger[field])
+        if "input" in trigger:
+            problems += template_problems((*path, "input"), trigger["input"])
+        if problems:
+            continue
+        for field in ("when", "input", "key"):
+            if field not in trigger:
+                continue
+            reads = set()
+            for where, text in expression_strings(trigger[field], (*path, field)):
+                for expression, name, _ in scope_reads(text):
+                    reads.add(name)
+                    if name not in (*TRIGGER_NAMES, *_LITERALS):
+                        problems.append(Problem(where, (
+                            f"expression {expression!r} reads {name!r}: a trigger's "
+                            "expressions read the event (its payload) and context"
+                        )))  # fmt: skip
+            if field == "key" and "event" not in reads:
+                problems.append(Problem((*path, "key"), (
+                    f"key {trigger['key']!r} reads no field of the event: every event would "
+                    "name the same task; read the field that identifies it, e.g. "
+                    "${ event.order_id }"
+                )))  # fmt: skip
+    return problems
+

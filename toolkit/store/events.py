@@ -1,0 +1,332 @@
+"""Events: emitted once per key, starting tasks and reaching the waits that match them.
+
+An emit (:meth:`Events.emit`, ``toolkit emit``) is one transaction (docs/events.md): it
+records the event (a second emit of the same key is the first event), starts a task for each
+trigger of the newest version of each definition that declares one for it, with the
+trigger's key as the task's idempotency key (an event whose key names a live task is
+delivered to that task instead: signal-with-start), and delivers the event to every live
+task subscribed to its correlation. Delivered, an event is a signal of its own name
+(``event:NAME``, `toolkit.definition.event_signal`) that the task's wait takes, so a wait
+woken, a branch woken, and an event kept until the wait comes are all the signals' rules.
+
+A task subscribes to its correlated waits when its first cycle begins (:meth:`subscribe`),
+finding the matching events emitted since it was submitted; emits and subscriptions of one
+match take turns on an advisory lock, so that one of the two always sees the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from toolkit.definition import (
+    Subscription,
+    WorkflowDefinition,
+    definition_from_body,
+    event_signal,
+)
+from toolkit.definition.expressions import is_truthy
+from toolkit.errors import ExpressionError, InputError, PayloadRefused
+from toolkit.payload import check_payload
+from toolkit.store.callbacks import wake_branches_of
+from toolkit.store.database import Database
+from toolkit.store.names import check_signal_name, check_tenant
+from toolkit.store.queries import query
+from toolkit.store.tasks import Tasks
+
+#: The most events ``Events.list`` returns at once.
+MAX_LISTED = 1000
+
+
+@dataclasses.dataclass(frozen=True)
+class Emitted:
+    """What an emit did.
+
+    Attributes:
+        event_id: the event's id (the first one's, for a duplicate key).
+        duplicate: the key was emitted before: nothing was done again.
+        started: tasks the event started (its triggers).
+        delivered: live tasks it was delivered to: those subscribed to its correlation,
+            and those a trigger's key named (signal-with-start).
+        ended: tasks a trigger's key named that had ended: nothing started, nothing
+            delivered (as ``submit --key`` returns an ended task).
+    """
+
+    event_id: int
+    duplicate: bool
+    started: tuple[int, ...] = ()
+    delivered: tuple[int, ...] = ()
+    ended: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class EventRecord:
+    """A stored event (``toolkit events list``)."""
+
+    id: int
+    tenant: str
+    name: str
+    key: str | None
+    payload: Any
+    emitted_at: datetime.datetime
+    started: tuple[int, ...]
+    delivered: tuple[int, ...]
+
+
+def match_key(fields: Sequence[str], values: Sequence[Any]) -> tuple[str, str]:
+    """``(fields, match)`` as a subscription stores them: canonical JSON arrays."""
+    return (
+        json.dumps(list(fields), separators=(",", ":")),
+        json.dumps(list(values), sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+    )
+
+
+class Events:
+    """Emit events, subscribe tasks to them, and read them back."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._tasks = Tasks(db)
+        self._definitions: dict[str, WorkflowDefinition] = {}
+
+    async def emit(
+        self, name: str, payload: Any = None, *, key: str | None = None, tenant: str = "default"
+    ) -> Emitted:
+        """Record event ``name`` and act on it, in one transaction: durable when it returns.
+
+        Args:
+            name: the event's name (letters, digits, ``_ . -``).
+            payload: any JSON value; triggers and correlated waits read its fields.
+            key: de-duplicates emits: a second emit of ``(tenant, name, key)`` returns the
+                first event and does nothing (until retention removes it).
+            tenant: the event's tenant: its triggers start tasks of this tenant, and only
+                this tenant's tasks match it.
+
+        Returns:
+            What the emit did (:class:`Emitted`).
+
+        Raises:
+            InputError: a bad name, tenant or payload; or a trigger whose expression fails
+                on this event or whose input its definition refuses (the message names the
+                definition and the trigger; nothing was recorded).
+        """
+        check_signal_name(name, "$.name")
+        check_tenant(tenant)
+        payload = self._checked(payload)
+        params = {"tenant": tenant, "name": name, "key": key, "payload": Jsonb(payload)}
+        async with self._db.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(query("insert_event"), params)
+            row = await cursor.fetchone()
+            if row is None:
+                await cursor.execute(query("event_by_key"), params)
+                first = await cursor.fetchone()
+                assert first is not None, "an event that conflicts on its key exists"
+                return Emitted(int(first["id"]), True)
+            event_id = int(row["id"])
+            context = {"event": name, "event_id": event_id, "tenant": tenant, "key": key}
+            scope = {"event": payload, "context": context}
+            started, named, ended = await self._trigger(conn, name, scope, tenant, event_id)
+            subscribed = await self._subscribers(conn, name, payload, tenant)
+            delivered = sorted({*named, *subscribed})
+            if delivered:
+                delivered = await self._deliver(conn, name, payload, event_id, delivered)
+            await cursor.execute(
+                query("record_event_outcome"),
+                {"event_id": event_id, "started": started, "delivered": delivered},
+            )
+        return Emitted(event_id, False, tuple(started), tuple(delivered), tuple(ended))
+
+    async def subscribe(
+        self, task_id: int, tenant: str, subscriptions: Sequence[tuple[Subscription, Any]]
+    ) -> int:
+        """Subscribe a starting task to its correlated waits; deliver what came meanwhile.
+
+        Idempotent: a subscription or an event delivered before is not again.
+
+        Args:
+            task_id: the task (leased by the caller).
+            tenant: its tenant.
+            subscriptions: each correlated wait with its match values rendered (a mapping
+                of payload field to value).
+
+        Returns:
+            How many events emitted since the task was submitted were delivered now.
+        """
+        keys = []
+        for subscription, values in subscriptions:
+            fields = sorted(values)
+            keys.append((subscription.event, fields, [values[f] for f in fields]))
+        keys.sort(key=lambda k: (k[0], *match_key(k[1], k[2])))
+        count = 0
+        async with self._db.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            for event, fields, values in keys:
+                stored_fields, match = match_key(fields, values)
+                await cursor.execute(
+                    query("lock_event_match"), {"key": f"{tenant}|{event}|{stored_fields}|{match}"}
+                )
+            for event, fields, values in keys:
+                stored_fields, match = match_key(fields, values)
+                await cursor.execute(
+                    query("subscribe_event"),
+                    {"tenant": tenant, "name": event, "fields": stored_fields, "match": match,
+                     "task_id": task_id, "contains": Jsonb(dict(zip(fields, values, strict=True)))},
+                )  # fmt: skip
+                for row in await cursor.fetchall():
+                    sent = await self._deliver(conn, event, row["payload"], row["id"], [task_id])
+                    count += len(sent)
+        return count
+
+    async def of_task(self, task_id: int) -> list[dict[str, Any]]:
+        """The events that started task ``task_id`` or were delivered to it, oldest first.
+
+        Each: ``id``, ``name``, ``emitted_at`` and ``how`` (``started`` or ``delivered``).
+        """
+        return [dict(r) for r in await self._db.fetch_all("task_event_ids", {"task_id": task_id})]
+
+    # --- the parts of an emit --------------------------------------------------------------
+
+    def _checked(self, payload: Any) -> Any:
+        try:
+            check_payload(payload, self._db.payload_limits)
+        except PayloadRefused as exc:
+            raise InputError(f"invalid event payload: {exc}", path=exc.path) from exc
+        return payload
+
+    async def _trigger(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        name: str,
+        scope: Mapping[str, Any],
+        tenant: str,
+        event_id: int,
+    ) -> tuple[list[int], list[int], list[int]]:
+        """Start the tasks the event's triggers start: ``(started, live named, ended named)``."""
+        started: list[int] = []
+        named: list[int] = []
+        ended: list[int] = []
+        cursor = conn.cursor(row_factory=dict_row)
+        await cursor.execute(query("event_trigger_definitions"), {"name": name})
+        for row in await cursor.fetchall():
+            definition = self._definition(row["digest"], row["body"])
+            for i, trigger in enumerate(definition.triggers):
+                if trigger.event != name:
+                    continue
+                where = f"definition {definition.name} v{definition.version}, triggers[{i}]"
+                try:
+                    if trigger.when is not None and not is_truthy(trigger.when.render(scope)):
+                        continue
+                    value = trigger.input.render(scope) if trigger.input else scope["event"]
+                    key = trigger.key.render(scope) if trigger.key is not None else None
+                except ExpressionError as exc:
+                    raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
+                if key is None or key == "":
+                    key = f"event:{event_id}:{definition.name}:{i}"
+                elif not isinstance(key, str | int | float) or isinstance(key, bool):
+                    raise InputError(
+                        f"event {name!r} refused: {where}: its key is {json.dumps(key)}, not a "
+                        "string or number"
+                    )
+                try:
+                    params = await self._tasks.keyed_params(
+                        definition, value, key=str(key), tenant=tenant
+                    )
+                except InputError as exc:
+                    raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
+                await cursor.execute(query("submit_keyed_task"), params)
+                task = await cursor.fetchone()
+                assert task is not None, "a keyed submit returns the new or the existing task"
+                if task["created"]:
+                    started.append(int(task["id"]))
+                else:
+                    await cursor.execute(
+                        "SELECT state FROM toolkit_tasks WHERE id = %s", (task["id"],)
+                    )
+                    state = await cursor.fetchone()
+                    live = state is not None and state["state"] not in (
+                        "succeeded", "failed", "cancelled")  # fmt: skip
+                    (named if live else ended).append(int(task["id"]))
+        return started, named, ended
+
+    async def _subscribers(
+        self, conn: psycopg.AsyncConnection[Any], name: str, payload: Any, tenant: str
+    ) -> list[int]:
+        """The live tasks subscribed to the event's correlation, under the match locks."""
+        if not isinstance(payload, dict):
+            return []
+        cursor = conn.cursor(row_factory=dict_row)
+        await cursor.execute(query("event_shapes"), {"name": name})
+        matches = []
+        for row in await cursor.fetchall():
+            fields = json.loads(row["fields"])
+            if all(field in payload for field in fields):
+                matches.append(match_key(fields, [payload[field] for field in fields]))
+        matches.sort()
+        for fields_text, match in matches:
+            lock = f"{tenant}|{name}|{fields_text}|{match}"
+            await cursor.execute(query("lock_event_match"), {"key": lock})
+        found: set[int] = set()
+        for fields_text, match in matches:  # statements after the locks: fresh snapshots
+            await cursor.execute(
+                query("event_subscribers"),
+                {"tenant": tenant, "name": name, "fields": fields_text, "match": match},
+            )
+            found.update(int(row["task_id"]) for row in await cursor.fetchall())
+        return sorted(found)
+
+    async def _deliver(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        name: str,
+        payload: Any,
+        event_id: int,
+        task_ids: Sequence[int],
+    ) -> list[int]:
+        """Deliver the event to ``task_ids`` (each once); the tasks it was stored for now."""
+        signal = event_signal(name)
+        cursor = conn.cursor(row_factory=dict_row)
+        await cursor.execute(
+            query("deliver_event"),
+            {"task_ids": list(task_ids), "name": signal, "payload": Jsonb(payload),
+             "event_id": event_id, "address": None, "plan_id": None, "operator": None},
+        )  # fmt: skip
+        sent = [int(row["task_id"]) for row in await cursor.fetchall()]
+        wake = wake_branches_of([(task_id, f"signal:{signal}", None) for task_id in sent])
+        if wake is not None:
+            await cursor.execute(query(wake[0]), wake[1])
+        return sent
+
+    def _definition(self, digest: str, body: Mapping[str, Any]) -> WorkflowDefinition:
+        if digest not in self._definitions:  # a registered version never changes
+            self._definitions[digest] = definition_from_body(body)
+        return self._definitions[digest]
+
+    async def list(
+        self,
+        *,
+        name: str | None = None,
+        tenant: str | None = None,
+        since: datetime.datetime | None = None,
+        limit: int = 100,
+    ) -> list[EventRecord]:
+        """Stored events, newest first: of ``name`` and ``tenant``, since ``since``."""
+        rows = await self._db.fetch_all(
+            "list_events",
+            {"name": name, "tenant": tenant, "since": since, "limit": min(limit, MAX_LISTED)},
+        )
+        return [_record(row) for row in rows]
+
+
+def _record(row: Mapping[str, Any]) -> EventRecord:
+    return EventRecord(
+        int(row["id"]), row["tenant"], row["name"], row["key"], row["payload"],
+        row["emitted_at"], tuple(row["started"]), tuple(row["delivered"]),
+    )  # fmt: skip

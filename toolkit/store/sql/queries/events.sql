@@ -1,0 +1,124 @@
+-- Events (issue 21; docs/events.md): emit, triggers, and delivery to correlated waits.
+
+-- name: insert_event
+-- A new event, or nothing when (tenant, name, key) was emitted before (its key de-duplicates
+-- it); a concurrent emit of the same key waits for the first and then inserts nothing.
+INSERT INTO toolkit_events (tenant, name, key, payload)
+VALUES (%(tenant)s, %(name)s, %(key)s, %(payload)s)
+ON CONFLICT (tenant, name, key) WHERE key IS NOT NULL DO NOTHING
+RETURNING id, emitted_at;
+
+-- name: event_by_key
+SELECT id, tenant, name, key, payload, emitted_at, started, delivered
+FROM toolkit_events
+WHERE tenant = %(tenant)s AND name = %(name)s AND key = %(key)s;
+
+-- name: record_event_outcome
+-- What an emit did: the tasks it started and those it was delivered to.
+UPDATE toolkit_events SET started = %(started)s, delivered = %(delivered)s
+WHERE id = %(event_id)s;
+
+-- name: event_trigger_definitions
+-- The definitions whose newest registered version has a trigger for event %(name)s.
+SELECT d.name, d.version, d.digest, d.body
+FROM toolkit_event_triggers t
+JOIN toolkit_definitions d ON d.name = t.definition_name AND d.version = t.version
+WHERE t.event = %(name)s
+ORDER BY d.name;
+
+-- name: sync_event_triggers
+-- A deploy of definition %(name)s version %(version)s: when it is the newest registered
+-- version, the definition's trigger rows become the events it has triggers for (%(events)s);
+-- an older version changes nothing. Rows that are already so are not written again.
+WITH newest AS (
+    SELECT max(version) AS version FROM toolkit_definitions WHERE name = %(name)s
+), gone AS (
+    DELETE FROM toolkit_event_triggers t
+    USING newest
+    WHERE t.definition_name = %(name)s AND newest.version = %(version)s
+      AND NOT (t.event = ANY(%(events)s::text[]) AND t.version = %(version)s)
+)
+INSERT INTO toolkit_event_triggers (event, definition_name, version)
+SELECT e.event, %(name)s, %(version)s
+FROM newest, unnest(%(events)s::text[]) AS e(event)
+WHERE newest.version = %(version)s
+ON CONFLICT (event, definition_name) DO UPDATE SET version = excluded.version
+WHERE toolkit_event_triggers.version <> excluded.version;
+
+-- name: event_shapes
+-- The field lists the subscriptions of event %(name)s match on.
+SELECT fields FROM toolkit_event_shapes WHERE event = %(name)s ORDER BY fields;
+
+-- name: lock_event_match
+-- Emits and subscriptions of one (tenant, event, fields, match) take turns (transaction
+-- advisory lock, keyed by %(key)s): the one that comes second runs its next statement in a
+-- snapshot that has the first's event or subscription (docs/decisions.md, "Events").
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7243015772));
+
+-- name: event_subscribers
+-- The live tasks of tenant %(tenant)s subscribed to event %(name)s matching on %(fields)s
+-- with values %(match)s: one range of the subscriptions' primary key.
+SELECT s.task_id
+FROM toolkit_event_subscriptions s
+JOIN toolkit_tasks t ON t.id = s.task_id
+WHERE s.tenant = %(tenant)s AND s.event = %(name)s AND s.fields = %(fields)s
+  AND s.match = %(match)s
+  AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
+ORDER BY s.task_id;
+
+-- name: deliver_event
+-- Event %(event_id)s delivered to the live tasks %(task_ids)s as signal %(name)s with payload
+-- %(payload)s, once per task, waking those waiting for it (as send_signal does one signal).
+WITH target AS (
+    SELECT id, state, wait_reason, checkpoint
+    FROM toolkit_tasks
+    WHERE id = ANY(%(task_ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+), r AS (
+    SELECT id AS task_id, %(payload)s::jsonb AS payload FROM target
+),
+-- include: signal_targets
+SELECT task_id FROM inserted ORDER BY task_id;
+
+-- name: subscribe_event
+-- Task %(task_id)s subscribes to event %(name)s of tenant %(tenant)s matching on %(fields)s
+-- with values %(match)s (the subscription and its shape kept once), and reads the events
+-- of that match emitted since the task was submitted (%(contains)s: the match as an object,
+-- a containment answered by the payload index), oldest first.
+WITH subscription AS (
+    INSERT INTO toolkit_event_subscriptions (tenant, event, fields, match, task_id)
+    VALUES (%(tenant)s, %(name)s, %(fields)s, %(match)s, %(task_id)s)
+    ON CONFLICT DO NOTHING
+), shape AS (
+    INSERT INTO toolkit_event_shapes (event, fields)
+    VALUES (%(name)s, %(fields)s)
+    ON CONFLICT DO NOTHING
+)
+SELECT e.id, e.payload
+FROM toolkit_events e
+JOIN toolkit_tasks t ON t.id = %(task_id)s
+WHERE e.tenant = %(tenant)s AND e.name = %(name)s AND e.emitted_at >= t.created_at
+  AND e.payload @> %(contains)s::jsonb
+ORDER BY e.id;
+
+-- name: list_events
+-- Events, newest first, of a name and since a time when given, at most %(limit)s.
+SELECT id, tenant, name, key, payload, emitted_at, started, delivered
+FROM toolkit_events
+WHERE (%(name)s::text IS NULL OR name = %(name)s::text)
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
+  AND (%(since)s::timestamptz IS NULL OR emitted_at >= %(since)s::timestamptz)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: task_event_ids
+-- The events delivered to task %(task_id)s, and the one that started it.
+SELECT e.id, e.name, e.emitted_at, 'delivered' AS how
+FROM toolkit_signals s JOIN toolkit_events e ON e.id = s.event_id
+WHERE s.task_id = %(task_id)s
+UNION ALL
+SELECT e.id, e.name, e.emitted_at, 'started'
+FROM toolkit_events e
+WHERE e.started @> ARRAY[%(task_id)s::bigint]
+ORDER BY 1;
