@@ -34,6 +34,7 @@ UNFENCED = {
     "wake_branches": "a sender's wake-up of waiting branches: run_at of waiting tasks only",
     "wake_parent_branches": "a child's end wakes its parent's waiting branch: run_at only",
     "send_signal": "a sender's wake-up: it moves run_at of a waiting task only",
+    "deliver_event": "an event's delivery: as send_signal, it moves run_at of waiting tasks",
     "complete_callback": "a completion's wake-up: it moves run_at of a waiting task only",
     "request_cancel": "an operator's cancel: it ends tasks nobody holds, asks holders",
     "reconcile_effect": "an operator's record of an outcome, for a task nobody holds",

@@ -107,6 +107,10 @@ def _retry_rule_problems(path: JsonPath, rules: Any) -> list[Problem]:
 def _wait_problems(path: JsonPath, wait: dict[str, Any]) -> list[Problem]:
     """Check the durations, ``until`` and payload ``schema`` of a wait or a ``wait.any`` event."""
     problems = []
+    if "timeout" in wait and "signal" not in wait and "event" not in wait:
+        problems.append(
+            Problem((*path, "timeout"), "'timeout' is allowed only with 'signal' or 'event'")
+        )
     for key in ("duration", "timeout"):
         if key in wait:
             try:

@@ -39,7 +39,7 @@ from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.queries import query
-from toolkit.store.tasks import Tasks
+from toolkit.store.submission import keyed_params
 
 #: The most events ``Events.list`` returns at once.
 MAX_LISTED = 1000
@@ -93,7 +93,6 @@ class Events:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._tasks = Tasks(db)
         self._definitions: dict[str, WorkflowDefinition] = {}
 
     async def emit(
@@ -236,8 +235,8 @@ class Events:
                         "string or number"
                     )
                 try:
-                    params = await self._tasks.keyed_params(
-                        definition, value, key=str(key), tenant=tenant
+                    params = await keyed_params(
+                        self._db, definition, value, key=str(key), tenant=tenant
                     )
                 except InputError as exc:
                     raise InputError(f"event {name!r} refused: {where}: {exc}") from exc

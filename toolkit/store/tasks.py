@@ -12,7 +12,6 @@ from typing import Any, Literal
 
 from psycopg.types.json import Jsonb
 
-from toolkit.checkpoint import Checkpoint
 from toolkit.definition import (
     WaitStep,
     WorkflowDefinition,
@@ -20,7 +19,6 @@ from toolkit.definition import (
     error_name_problem,
     validate_payload,
 )
-from toolkit.durations import MAX_SECONDS
 from toolkit.errors import (
     InputError,
     NotReconcilable,
@@ -37,7 +35,15 @@ from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
-from toolkit.store.tags import check_tags, merged_tags
+from toolkit.store.submission import (
+    checked_input,
+    initial_checkpoint,
+    keyed_params,
+    start_params,
+    task_tags,
+    task_timeout,
+)
+from toolkit.store.tags import check_tags
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
@@ -55,52 +61,8 @@ def check_error_name(error: str) -> None:
         raise InputError(f"{error!r} is not a valid error name: {problem}", path="$.error")
 
 
-#: The largest budget amount a submit may give (and a tenant budget may have): past it,
-#: amounts lose their precision as floating point.
-MAX_AMOUNT = 1e15
-
-
 class Tasks(TaskReads):
     """Submit tasks, act on one, and read them (:class:`TaskReads`)."""
-
-    def _checked_input(self, definition: WorkflowDefinition, value: Any) -> Any:
-        """The input checked against the payload limits, then the input schema."""
-        try:
-            check_payload(value, self._db.payload_limits)
-        except PayloadRefused as exc:
-            raise InputError(
-                f"invalid input for {definition.name} v{definition.version}: {exc}",
-                path=exc.path,
-            ) from exc
-        return definition.validate_input(value)
-
-    async def _initial_checkpoint(
-        self, definition: WorkflowDefinition, tenant: str, budget: Mapping[str, float] | None
-    ) -> dict[str, Any]:
-        """The checkpoint of a new task, with its budget: the definition's, overridden."""
-        limits = {**definition.budget, **(budget or {})}
-        if budget:
-            for resource, amount in budget.items():
-                if (
-                    isinstance(amount, bool)
-                    or not isinstance(amount, int | float)
-                    or not 0 <= amount <= MAX_AMOUNT  # NaN fails this too
-                ):
-                    raise InputError(
-                        f"budget {resource!r} must be a number from 0 to {MAX_AMOUNT:g},"
-                        f" got {amount!r}",
-                        path=f"$.budget.{resource}",
-                    )
-            rows = await self._db.fetch_all("tenant_budget_amounts", {"tenant": tenant})
-            for row in rows:
-                wanted = budget.get(row["resource"])
-                if wanted is not None and wanted > row["amount"]:
-                    raise InputError(
-                        f"budget {row['resource']!r} of {wanted:g} is over the budget of "
-                        f"tenant {tenant!r}, {row['amount']:g}",
-                        path=f"$.budget.{row['resource']}",
-                    )
-        return Checkpoint.initial(definition.start, limits).to_json()
 
     def _checked(self, value: Any, what: str) -> Any:
         """A signal payload or reconciled result checked against the payload limits."""
@@ -153,12 +115,12 @@ class Tasks(TaskReads):
                 rules or limits.
         """
         check_tenant(tenant)
-        validated = [self._checked_input(definition, value) for value in inputs]
+        validated = [checked_input(self._db, definition, value) for value in inputs]
         if not validated:
             return []
         given = check_tags(tags or {})
-        task_tags = [_task_tags(definition, value, given) for value in validated]
-        initial = await self._initial_checkpoint(definition, tenant, budget)
+        task_tags = [task_tags(definition, value, given) for value in validated]
+        initial = await initial_checkpoint(self._db, definition, tenant, budget)
         rows = await self._db.fetch_all(
             "submit_tasks",
             {
@@ -169,8 +131,8 @@ class Tasks(TaskReads):
                 "inputs": Jsonb(validated),
                 "tags": Jsonb(task_tags),
                 "checkpoint": Jsonb(initial),
-                "timeout": _timeout(definition, timeout),
-                **_start(start_at, delay),
+                "timeout": task_timeout(definition, timeout),
+                **start_params(start_at, delay),
             },
         )
         return [row["id"] for row in rows]
@@ -209,8 +171,8 @@ class Tasks(TaskReads):
                 the input schema (nothing written).
             SubmitConflict: the existing task runs another definition version or digest.
         """
-        params = await self.keyed_params(
-            definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout,
+        params = await keyed_params(
+            self._db, definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout,
             tags=tags, start_at=start_at, delay=delay,
         )  # fmt: skip
         row = await self._db.fetch_one("submit_keyed_task", params)
@@ -225,40 +187,6 @@ class Tasks(TaskReads):
                 definition=(row["definition_name"], row["definition_version"]),
             )
         return int(row["id"]), bool(row["created"])
-
-    async def keyed_params(
-        self,
-        definition: WorkflowDefinition,
-        value: Any,
-        *,
-        key: str,
-        tenant: str = "default",
-        budget: Mapping[str, float] | None = None,
-        timeout: float | None = None,
-        tags: Mapping[str, str] | None = None,
-        start_at: datetime.datetime | None = None,
-        delay: float | None = None,
-    ) -> dict[str, Any]:
-        """The parameters of ``submit_keyed_task`` for one task (see :meth:`submit_keyed`).
-
-        For a caller that submits inside a transaction of its own (an event's triggers).
-
-        Raises:
-            InputError: the input, tenant, tags, budget or timeout are not valid.
-        """
-        value = self._checked_input(definition, value)
-        return {
-            "tenant": check_tenant(tenant),
-            "name": definition.name,
-            "version": definition.version,
-            "digest": definition.digest,
-            "input": Jsonb(value),
-            "tags": Jsonb(_task_tags(definition, value, check_tags(tags or {}))),
-            "checkpoint": Jsonb(await self._initial_checkpoint(definition, tenant, budget)),
-            "key": key,
-            "timeout": _timeout(definition, timeout),
-            **_start(start_at, delay),
-        }
 
     async def signal(
         self,
@@ -572,28 +500,6 @@ def signal_waits(
     return waited, next((schema for _, schema in found if schema is not None), None)
 
 
-def _start(start_at: datetime.datetime | None, delay: float | None) -> dict[str, Any]:
-    """The ``start_at`` parameters of a submit.
-
-    Raises:
-        InputError: both given, a naive time, or a delay that is not 0 to 100 years.
-    """
-    if start_at is not None and delay is not None:
-        raise InputError("give start_at or delay, not both", path="$.start_at")
-    if start_at is not None and (
-        not isinstance(start_at, datetime.datetime) or start_at.tzinfo is None
-    ):
-        raise InputError(f"start_at must be an aware datetime, not {start_at!r}", path="$.start_at")
-    if delay is not None and (
-        isinstance(delay, bool) or not isinstance(delay, int | float)
-        or not 0 <= delay <= MAX_SECONDS
-    ):  # fmt: skip
-        raise InputError(
-            f"delay must be seconds from 0 to 100 years, not {delay!r}", path="$.delay"
-        )
-    return {"run_at": start_at, "delay": delay}
-
-
 def ended_children(task_ids: Sequence[int]) -> tuple[str, dict[str, Any]] | None:
     """The ``wake_parent_branches`` statement for tasks that just ended, or None for none."""
     if not task_ids:
@@ -604,35 +510,3 @@ def ended_children(task_ids: Sequence[int]) -> tuple[str, dict[str, Any]] | None
 def _cancel_params(task_id: int, reason: str) -> dict[str, Any]:
     """The parameters of ``request_cancel`` for one task, outside any bulk plan."""
     return {"task_id": task_id, "reason": reason, "plan_id": None, "operator": None}
-
-
-def _task_tags(
-    definition: WorkflowDefinition, value: Any, given: Mapping[str, str]
-) -> dict[str, str]:
-    """A new task's tags: the definition's, from its input, then those the submit gives.
-
-    Raises:
-        InputError: a definition tag's expression fails or gives no string, or together
-            they are more than the limit.
-    """
-    return merged_tags(definition.task_tags(value), given)
-
-
-def _timeout(definition: WorkflowDefinition, override: float | None) -> float | None:
-    """The workflow timeout of a new task, seconds: the override, else the definition's.
-
-    Raises:
-        InputError: the override is not a number > 0.
-    """
-    if override is None:
-        return definition.timeout
-    if (
-        isinstance(override, bool)
-        or not isinstance(override, int | float)
-        or not 0 < override <= MAX_SECONDS  # NaN fails this too
-    ):
-        raise InputError(
-            f"timeout must be a number of seconds > 0 and at most 100 years, got {override!r}",
-            path="$",
-        )
-    return float(override)

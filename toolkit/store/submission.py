@@ -1,0 +1,156 @@
+"""What a new task is made of: its checked input, first checkpoint, tags, deadline and start.
+
+Shared by every way a task is submitted: ``Tasks.submit`` and ``submit_keyed``, and an
+event's triggers, which submit inside the emit's own transaction (docs/events.md).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WorkflowDefinition
+from toolkit.durations import MAX_SECONDS
+from toolkit.errors import InputError, PayloadRefused
+from toolkit.payload import check_payload
+from toolkit.store.database import Database
+from toolkit.store.names import check_tenant
+from toolkit.store.tags import check_tags, merged_tags
+
+#: The largest budget amount a submit may give (and a tenant budget may have): past it,
+#: amounts lose their precision as floating point.
+MAX_AMOUNT = 1e15
+
+
+def checked_input(db: Database, definition: WorkflowDefinition, value: Any) -> Any:
+    """The input checked against the payload limits, then the input schema."""
+    try:
+        check_payload(value, db.payload_limits)
+    except PayloadRefused as exc:
+        raise InputError(
+            f"invalid input for {definition.name} v{definition.version}: {exc}",
+            path=exc.path,
+        ) from exc
+    return definition.validate_input(value)
+
+
+async def initial_checkpoint(
+    db: Database, definition: WorkflowDefinition, tenant: str, budget: Mapping[str, float] | None
+) -> dict[str, Any]:
+    """The checkpoint of a new task, with its budget: the definition's, overridden."""
+    limits = {**definition.budget, **(budget or {})}
+    if budget:
+        for resource, amount in budget.items():
+            if (
+                isinstance(amount, bool)
+                or not isinstance(amount, int | float)
+                or not 0 <= amount <= MAX_AMOUNT  # NaN fails this too
+            ):
+                raise InputError(
+                    f"budget {resource!r} must be a number from 0 to {MAX_AMOUNT:g},"
+                    f" got {amount!r}",
+                    path=f"$.budget.{resource}",
+                )
+        rows = await db.fetch_all("tenant_budget_amounts", {"tenant": tenant})
+        for row in rows:
+            wanted = budget.get(row["resource"])
+            if wanted is not None and wanted > row["amount"]:
+                raise InputError(
+                    f"budget {row['resource']!r} of {wanted:g} is over the budget of "
+                    f"tenant {tenant!r}, {row['amount']:g}",
+                    path=f"$.budget.{row['resource']}",
+                )
+    return Checkpoint.initial(definition.start, limits).to_json()
+
+
+async def keyed_params(
+    db: Database,
+    definition: WorkflowDefinition,
+    value: Any,
+    *,
+    key: str,
+    tenant: str = "default",
+    budget: Mapping[str, float] | None = None,
+    timeout: float | None = None,
+    tags: Mapping[str, str] | None = None,
+    start_at: datetime.datetime | None = None,
+    delay: float | None = None,
+) -> dict[str, Any]:
+    """The parameters of ``submit_keyed_task`` for one task (see ``Tasks.submit_keyed``).
+
+    For a caller that submits inside a transaction of its own (an event's triggers).
+
+    Raises:
+        InputError: the input, tenant, tags, budget or timeout are not valid.
+    """
+    value = checked_input(db, definition, value)
+    return {
+        "tenant": check_tenant(tenant),
+        "name": definition.name,
+        "version": definition.version,
+        "digest": definition.digest,
+        "input": Jsonb(value),
+        "tags": Jsonb(task_tags(definition, value, check_tags(tags or {}))),
+        "checkpoint": Jsonb(await initial_checkpoint(db, definition, tenant, budget)),
+        "key": key,
+        "timeout": task_timeout(definition, timeout),
+        **start_params(start_at, delay),
+    }
+
+
+def start_params(start_at: datetime.datetime | None, delay: float | None) -> dict[str, Any]:
+    """The ``start_at`` parameters of a submit.
+
+    Raises:
+        InputError: both given, a naive time, or a delay that is not 0 to 100 years.
+    """
+    if start_at is not None and delay is not None:
+        raise InputError("give start_at or delay, not both", path="$.start_at")
+    if start_at is not None and (
+        not isinstance(start_at, datetime.datetime) or start_at.tzinfo is None
+    ):
+        raise InputError(f"start_at must be an aware datetime, not {start_at!r}", path="$.start_at")
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int | float)
+        or not 0 <= delay <= MAX_SECONDS
+    ):  # fmt: skip
+        raise InputError(
+            f"delay must be seconds from 0 to 100 years, not {delay!r}", path="$.delay"
+        )
+    return {"run_at": start_at, "delay": delay}
+
+
+def task_tags(
+    definition: WorkflowDefinition, value: Any, given: Mapping[str, str]
+) -> dict[str, str]:
+    """A new task's tags: the definition's, from its input, then those the submit gives.
+
+    Raises:
+        InputError: a definition tag's expression fails or gives no string, or together
+            they are more than the limit.
+    """
+    return merged_tags(definition.task_tags(value), given)
+
+
+def task_timeout(definition: WorkflowDefinition, override: float | None) -> float | None:
+    """The workflow timeout of a new task, seconds: the override, else the definition's.
+
+    Raises:
+        InputError: the override is not a number > 0.
+    """
+    if override is None:
+        return definition.timeout
+    if (
+        isinstance(override, bool)
+        or not isinstance(override, int | float)
+        or not 0 < override <= MAX_SECONDS  # NaN fails this too
+    ):
+        raise InputError(
+            f"timeout must be a number of seconds > 0 and at most 100 years, got {override!r}",
+            path="$",
+        )
+    return float(override)
