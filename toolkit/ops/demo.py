@@ -42,6 +42,7 @@ from toolkit.examples import app, ensure_example_tables
 from toolkit.examples.ingest import profile_table, read_table
 from toolkit.lifecycle import TERMINAL_STATES
 from toolkit.ops.demo_crash import Crash, Reconciliation, crash_a_worker, reconcile_charges
+from toolkit.ops.demo_events import EventRun, run_events
 from toolkit.ops.demo_patterns import PatternRun, run_patterns
 from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
@@ -72,6 +73,7 @@ class DemoSummary:
         retried: effect attempts that failed and were scheduled again.
         reconciled: the uncertain charges, and what reconciling them found.
         patterns: how the patterns of branches that wait ended (None: not run).
+        events: what the shop's events started and reached (None: not run).
     """
 
     submitted: dict[str, int]
@@ -84,6 +86,7 @@ class DemoSummary:
     retried: int = 0
     reconciled: tuple[Reconciliation, ...] = ()
     patterns: PatternRun | None = None
+    events: EventRun | None = None
 
     @property
     def total(self) -> int:
@@ -118,6 +121,8 @@ class DemoSummary:
         story = self._story()
         if self.patterns is not None:
             story += self.patterns.lines()
+        if self.events is not None:
+            story += self.events.lines()
         return "\n".join(lines + story)
 
     def _story(self) -> list[str]:
@@ -292,6 +297,9 @@ async def run_demo(
     if progress is not None:
         progress("demo: branches that wait: approvals, a poll racing a deadline, restores, CI")
     patterns = await run_patterns(store, definitions, app)
+    if progress is not None:
+        progress("demo: events: orders started by order.placed, each waiting for its payment")
+    events = await run_events(store, definitions, app)
 
     return DemoSummary(
         submitted={name: len(task_ids) for name, task_ids in ids.items()},
@@ -304,6 +312,7 @@ async def run_demo(
         retried=first.report.retried + second.report.retried,
         reconciled=tuple(reconciled),
         patterns=patterns,
+        events=events,
     )
 
 

@@ -119,7 +119,7 @@ class Tasks(TaskReads):
         if not validated:
             return []
         given = check_tags(tags or {})
-        task_tags = [task_tags(definition, value, given) for value in validated]
+        tags_of = [task_tags(definition, value, given) for value in validated]
         initial = await initial_checkpoint(self._db, definition, tenant, budget)
         rows = await self._db.fetch_all(
             "submit_tasks",
@@ -129,7 +129,7 @@ class Tasks(TaskReads):
                 "version": definition.version,
                 "digest": definition.digest,
                 "inputs": Jsonb(validated),
-                "tags": Jsonb(task_tags),
+                "tags": Jsonb(tags_of),
                 "checkpoint": Jsonb(initial),
                 "timeout": task_timeout(definition, timeout),
                 **start_params(start_at, delay),
