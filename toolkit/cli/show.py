@@ -31,6 +31,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             "evidence": await store.tasks.evidence(task_id),
             "signals": await store.tasks.signals(task_id),
             "events": await store.tasks.events(task_id),
+            "emitted": await store.events.of_task(task_id),
             "branches": [
                 dataclasses.asdict(branch) for branch in await store.branches.of_task(task_id)
             ],
@@ -99,6 +100,12 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"attempt {ev['attempt']} token {ev['fencing_token']} "
             f"{'' if outcome is None else clip(outcome, 160)}"
         )
+    for emitted in data["emitted"]:
+        how = "started by" if emitted["how"] == "started" else "delivered: "
+        click.echo(
+            f"  {how:<11} event {emitted['id']} ({emitted['name']}, "
+            f"{emitted['emitted_at']:%Y-%m-%d %H:%M:%S})"
+        )
     if data["signals"]:
         click.echo("  signals:")
     for sig in data["signals"]:
@@ -120,10 +127,17 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         )
 
 
+def _awaited(name: str) -> str:
+    """A signal name as a wait takes it: an event's (``event:NAME``) shown as the event."""
+    if name.startswith("event:"):
+        return f"event {name.split(':', 1)[1]!r}"
+    return f"signal {name!r}"
+
+
 def _wait_text(wait: dict[str, Any]) -> str:
     """What a waiting task waits for, from its checkpoint's ``wait``."""
     if "signal" in wait:
-        return f"signal {wait['signal']!r}"
+        return _awaited(str(wait["signal"]))
     if "child" in wait:
         return f"child task {wait['child']}"
     if "budget" in wait:
@@ -134,7 +148,7 @@ def _wait_text(wait: dict[str, Any]) -> str:
     if "callback" in wait:
         return "a callback"
     if "signals" in wait:
-        return "the first of signals " + ", ".join(map(repr, wait["signals"]))
+        return "the first of " + ", ".join(_awaited(str(name)) for name in wait["signals"])
     if "branches" in wait:
         return "its waiting branches (below)"
     return "timer"
