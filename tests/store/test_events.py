@@ -189,3 +189,58 @@ async def test_matching_an_event_against_100k_subscriptions_reads_one_index_rang
     assert "toolkit_event_subscriptions_pkey" in text, text
     done = await store.events.emit("payment.settled", {"order_id": "o-500"})
     assert len(done.delivered) == 1, done
+
+
+CANCELLABLE = """
+name: cancellable
+version: 1
+input: {type: object, required: [order_id]}
+cancel_on:
+  - {event: order.cancelled, match: {order_id: "${ input.order_id }"}}
+start: work
+steps:
+  work: {effect: count.emit_cancelled, idempotent: true,
+         args: {order: "${ input.order_id }", emit: "${ input.cancel_while_running }"},
+         next: pay}
+  pay:
+    wait: {event: payment.settled, match: {order_id: "${ input.order_id }"}}
+"""
+
+
+@app.effect("count.emit_cancelled")
+async def emit_cancelled(ctx: EffectContext, order: str, emit: Any = None) -> dict[str, Any]:
+    """Emits the task's own cancel event while it runs (leased), when asked to."""
+    if emit:
+        await STORE["store"].events.emit("order.cancelled", {"order_id": order})
+    return {}
+
+
+async def test_cancel_on_cancels_a_waiting_a_running_and_a_not_yet_started_task(
+    store: Store,
+) -> None:
+    STORE["store"] = store
+    ids = await deploy_submit(
+        store, CANCELLABLE,
+        [{"order_id": "waits"}, {"order_id": "other"},
+         {"order_id": "runs", "cancel_while_running": True}],
+    )  # fmt: skip
+    waits, other, runs = ids
+    await drain(store, CANCELLABLE)
+    found = await states(store)
+    assert (found[waits], found[other]) == ("waiting", "waiting"), found
+    # The running one emitted its own cancel event while it held its lease: asked to stop,
+    # it stopped at its next durable point.
+    assert found[runs] == "cancelled", (found, await store.tasks.events(runs))
+    done = await store.events.emit("order.cancelled", {"order_id": "waits"})
+    assert done.cancelled == (waits,) and done.delivered == (), done
+    task = await store.tasks.get(waits)
+    assert task.state == "cancelled" and task.error is not None
+    assert task.error["message"] == f"event {done.event_id} (order.cancelled)", task.error
+    assert (await store.tasks.get(other)).state == "waiting"
+    assert [e["how"] for e in await store.events.of_task(waits)] == ["cancelled"]
+    # An event emitted before a task ran cancels it as it starts: no step runs.
+    (early,) = await store.tasks.submit(definition(CANCELLABLE), [{"order_id": "early"}])
+    await store.events.emit("order.cancelled", {"order_id": "early"})
+    await drain(store, CANCELLABLE)
+    assert (await store.tasks.get(early)).state == "cancelled"
+    assert await store.tasks.evidence(early) == []

@@ -35,9 +35,11 @@ def emit(settings: Settings, name: str, payload: str | None, key: str | None, te
         click.echo(f"  started: {', '.join(f'task {i}' for i in done.started)}")
     if done.delivered:
         click.echo(f"  delivered to: {', '.join(f'task {i}' for i in done.delivered)}")
+    if done.cancelled:
+        click.echo(f"  cancelled: {', '.join(f'task {i}' for i in done.cancelled)}")
     for task_id in done.ended:
         click.echo(f"  task {task_id} has the trigger's key and has ended: nothing started")
-    if not (done.started or done.delivered or done.ended):
+    if not (done.started or done.delivered or done.ended or done.cancelled):
         click.echo("  no trigger started a task, and no waiting task matched it")
 
 
@@ -74,13 +76,15 @@ def list_events(
                 "id": event.id, "tenant": event.tenant, "name": event.name, "key": event.key,
                 "payload": event.payload, "emitted_at": event.emitted_at.isoformat(),
                 "started": list(event.started), "delivered": list(event.delivered),
+                "cancelled": list(event.cancelled),
             }))  # fmt: skip
             continue
         key = f" key={event.key}" if event.key else ""
+        cancelled = f"  cancelled {list(event.cancelled)}" if event.cancelled else ""
         click.echo(
             f"{event.id:>7}  {event.emitted_at:%Y-%m-%d %H:%M:%S}  {event.tenant}  "
             f"{event.name}{key}  started {list(event.started)}  delivered "
-            f"{list(event.delivered)}"
+            f"{list(event.delivered)}{cancelled}"
         )
     if not found and not as_json:
         click.echo("no event")

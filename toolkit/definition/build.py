@@ -30,6 +30,7 @@ from toolkit.definition.model import (
     Reservation,
     SetStep,
     Step,
+    Subscription,
     SucceedStep,
     Trigger,
     WaitEvent,
@@ -77,6 +78,10 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         ),
         schedules=build_schedules(doc),
         triggers=_triggers(doc),
+        cancel_on=tuple(
+            Subscription(raw["event"], _match(raw, f"$.cancel_on[{i}]") or {}, cancels=True)
+            for i, raw in enumerate(doc.get("cancel_on", ()))
+        ),
     )
 
 

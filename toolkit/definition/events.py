@@ -41,6 +41,18 @@ def match_problems(path: JsonPath, match: dict[str, Any]) -> list[Problem]:
     return problems
 
 
+def cancel_on_problems(cancel_on: Any) -> list[Problem]:
+    """Problems of the definition's ``cancel_on``: its matches, as a wait's."""
+    if not isinstance(cancel_on, list):
+        return []
+    return [
+        problem
+        for i, entry in enumerate(cancel_on)
+        if isinstance(entry, dict) and isinstance(entry.get("match"), dict)
+        for problem in match_problems(("cancel_on", i, "match"), entry["match"])
+    ]
+
+
 def trigger_problems(triggers: Any) -> list[Problem]:
     """Problems of the definition's ``triggers``: syntax, and what their expressions read."""
     if not isinstance(triggers, list):

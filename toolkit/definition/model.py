@@ -245,10 +245,12 @@ class Subscription:
     Attributes:
         event: the event's name.
         match: payload field name to the value it must equal, a template over the input.
+        cancels: the event cancels the task (``cancel_on``) rather than reaching a wait.
     """
 
     event: str
     match: Mapping[str, Template]
+    cancels: bool = False
 
 
 @dataclass(frozen=True)
@@ -443,6 +445,7 @@ class WorkflowDefinition:
         schedules: The schedules it declares (``schedules:``), which deploying it as the
             newest version makes, changes or removes (docs/schedules.md).
         triggers: The events that start a task of it (``triggers:``, docs/events.md).
+        cancel_on: The events that cancel a task of it (``cancel_on:``).
     """
 
     name: str
@@ -465,6 +468,7 @@ class WorkflowDefinition:
     )
     schedules: tuple[ScheduleDeclaration, ...] = ()
     triggers: tuple[Trigger, ...] = ()
+    cancel_on: tuple[Subscription, ...] = ()
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property
@@ -498,7 +502,7 @@ class WorkflowDefinition:
         return steps
 
     def subscriptions(self) -> list[Subscription]:
-        """The correlated event waits of the definition, its branches' too, one per match.
+        """The correlated event waits of the definition (its branches' too) and ``cancel_on``.
 
         A task subscribes to them when it starts (docs/events.md), so that no event matching
         them emitted since is missed, whenever the task reaches the wait.
@@ -512,7 +516,7 @@ class WorkflowDefinition:
                 if wait.event is not None and wait.match is not None:
                     shape = tuple(sorted((k, repr(v)) for k, v in wait.match.items()))
                     found.setdefault((wait.event, shape), Subscription(wait.event, wait.match))
-        return list(found.values())
+        return [*found.values(), *self.cancel_on]
 
     def task_tags(self, value: Any) -> dict[str, str]:
         """The tags the definition's ``tags`` give a task of input ``value``.

@@ -102,7 +102,9 @@ class TaskGraph:
         cp, task = cycle.checkpoint, cycle.task
         if cp.started_at is None:  # recorded once: context.started_at is the same on resume
             cp.started_at = datetime.datetime.now(datetime.UTC).isoformat()
-            await subscribe(cycle)
+            cancelled_by = await subscribe(cycle)
+            if cancelled_by is not None:  # its cancel_on event came before it started
+                return await self.cancel({"reason": cancelled_by})
         if task.deadline_in is not None and task.deadline_in <= 0:
             error = await deadline_passed(cycle)
             if error is not None:

@@ -40,6 +40,7 @@ from toolkit.store.database import Database
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.queries import query
 from toolkit.store.submission import keyed_params
+from toolkit.store.tasks import Tasks, cancel_params, ended_children
 
 #: The most events ``Events.list`` returns at once.
 MAX_LISTED = 1000
@@ -55,6 +56,8 @@ class Emitted:
         started: tasks the event started (its triggers).
         delivered: live tasks it was delivered to: those subscribed to its correlation,
             and those a trigger's key named (signal-with-start).
+        cancelled: live tasks its match cancelled (their ``cancel_on``): cancelled at once,
+            or asked to stop when leased.
         ended: tasks a trigger's key named that had ended: nothing started, nothing
             delivered (as ``submit --key`` returns an ended task).
     """
@@ -64,6 +67,7 @@ class Emitted:
     started: tuple[int, ...] = ()
     delivered: tuple[int, ...] = ()
     ended: tuple[int, ...] = ()
+    cancelled: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +82,7 @@ class EventRecord:
     emitted_at: datetime.datetime
     started: tuple[int, ...]
     delivered: tuple[int, ...]
+    cancelled: tuple[int, ...] = ()
 
 
 def match_key(fields: Sequence[str], values: Sequence[Any]) -> tuple[str, str]:
@@ -93,6 +98,7 @@ class Events:
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._tasks = Tasks(db)
         self._definitions: dict[str, WorkflowDefinition] = {}
 
     async def emit(
@@ -133,19 +139,25 @@ class Events:
             context = {"event": name, "event_id": event_id, "tenant": tenant, "key": key}
             scope = {"event": payload, "context": context}
             started, named, ended = await self._trigger(conn, name, scope, tenant, event_id)
-            subscribed = await self._subscribers(conn, name, payload, tenant)
-            delivered = sorted({*named, *subscribed})
+            waiting, cancelling = await self._subscribers(conn, name, payload, tenant)
+            delivered = sorted({*named, *waiting})
             if delivered:
                 delivered = await self._deliver(conn, name, payload, event_id, delivered)
+            cancelled = await self._cancel(conn, name, event_id, cancelling)
             await cursor.execute(
                 query("record_event_outcome"),
-                {"event_id": event_id, "started": started, "delivered": delivered},
-            )
-        return Emitted(event_id, False, tuple(started), tuple(delivered), tuple(ended))
+                {"event_id": event_id, "started": started, "delivered": delivered,
+                 "cancelled": cancelled},
+            )  # fmt: skip
+        if cancelled:
+            await self._tasks.cancel_descendants(cancelled)
+        return Emitted(
+            event_id, False, tuple(started), tuple(delivered), tuple(ended), tuple(cancelled)
+        )
 
     async def subscribe(
         self, task_id: int, tenant: str, subscriptions: Sequence[tuple[Subscription, Any]]
-    ) -> int:
+    ) -> str | None:
         """Subscribe a starting task to its correlated waits; deliver what came meanwhile.
 
         Idempotent: a subscription or an event delivered before is not again.
@@ -157,32 +169,39 @@ class Events:
                 of payload field to value).
 
         Returns:
-            How many events emitted since the task was submitted were delivered now.
+            The reason to cancel the task now when an event its ``cancel_on`` matches was
+            emitted since it was submitted (``"event 12 (order.cancelled)"``), else None.
+            Events of its waits emitted meanwhile are delivered now.
         """
         keys = []
         for subscription, values in subscriptions:
             fields = sorted(values)
-            keys.append((subscription.event, fields, [values[f] for f in fields]))
-        keys.sort(key=lambda k: (k[0], *match_key(k[1], k[2])))
-        count = 0
+            keys.append(
+                (subscription.event, fields, [values[f] for f in fields], subscription.cancels)
+            )
+        keys.sort(key=lambda k: (k[0], *match_key(k[1], k[2]), k[3]))
+        cancel: str | None = None
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
-            for event, fields, values in keys:
+            for event, fields, values, _ in keys:
                 stored_fields, match = match_key(fields, values)
                 await cursor.execute(
                     query("lock_event_match"), {"key": f"{tenant}|{event}|{stored_fields}|{match}"}
                 )
-            for event, fields, values in keys:
+            for event, fields, values, cancels in keys:
                 stored_fields, match = match_key(fields, values)
                 await cursor.execute(
                     query("subscribe_event"),
                     {"tenant": tenant, "name": event, "fields": stored_fields, "match": match,
-                     "task_id": task_id, "contains": Jsonb(dict(zip(fields, values, strict=True)))},
+                     "task_id": task_id, "cancels": cancels,
+                     "contains": Jsonb(dict(zip(fields, values, strict=True)))},
                 )  # fmt: skip
                 for row in await cursor.fetchall():
-                    sent = await self._deliver(conn, event, row["payload"], row["id"], [task_id])
-                    count += len(sent)
-        return count
+                    if cancels:
+                        cancel = cancel or f"event {row['id']} ({event})"
+                    else:
+                        await self._deliver(conn, event, row["payload"], row["id"], [task_id])
+        return cancel
 
     async def of_task(self, task_id: int) -> list[dict[str, Any]]:
         """The events that started task ``task_id`` or were delivered to it, oldest first.
@@ -257,10 +276,14 @@ class Events:
 
     async def _subscribers(
         self, conn: psycopg.AsyncConnection[Any], name: str, payload: Any, tenant: str
-    ) -> list[int]:
-        """The live tasks subscribed to the event's correlation, under the match locks."""
+    ) -> tuple[list[int], list[int]]:
+        """The live tasks subscribed to the event's correlation, under the match locks.
+
+        Returns:
+            ``(waiting, cancelling)``: those whose waits match it, those it cancels.
+        """
         if not isinstance(payload, dict):
-            return []
+            return [], []
         cursor = conn.cursor(row_factory=dict_row)
         await cursor.execute(query("event_shapes"), {"name": name})
         matches = []
@@ -272,14 +295,38 @@ class Events:
         for fields_text, match in matches:
             lock = f"{tenant}|{name}|{fields_text}|{match}"
             await cursor.execute(query("lock_event_match"), {"key": lock})
-        found: set[int] = set()
+        waiting: set[int] = set()
+        cancelling: set[int] = set()
         for fields_text, match in matches:  # statements after the locks: fresh snapshots
             await cursor.execute(
                 query("event_subscribers"),
                 {"tenant": tenant, "name": name, "fields": fields_text, "match": match},
             )
-            found.update(int(row["task_id"]) for row in await cursor.fetchall())
-        return sorted(found)
+            for row in await cursor.fetchall():
+                (cancelling if row["cancels"] else waiting).add(int(row["task_id"]))
+        return sorted(waiting - cancelling), sorted(cancelling)
+
+    async def _cancel(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        name: str,
+        event_id: int,
+        task_ids: Sequence[int],
+    ) -> list[int]:
+        """Cancel ``task_ids`` as ``toolkit cancel`` does; those cancelled or asked to stop."""
+        done = []
+        cursor = conn.cursor(row_factory=dict_row)
+        for task_id in task_ids:
+            params = cancel_params(task_id, f"event {event_id} ({name})")
+            await cursor.execute(query("request_cancel"), params)
+            row = await cursor.fetchone()
+            if row is not None and (row["cancelled"] or row["requested"]):
+                done.append(task_id)
+                if row["cancelled"]:
+                    wake = ended_children([task_id])
+                    assert wake is not None
+                    await cursor.execute(query(wake[0]), wake[1])
+        return done
 
     async def _deliver(
         self,
@@ -328,4 +375,5 @@ def _record(row: Mapping[str, Any]) -> EventRecord:
     return EventRecord(
         int(row["id"]), row["tenant"], row["name"], row["key"], row["payload"],
         row["emitted_at"], tuple(row["started"]), tuple(row["delivered"]),
+        tuple(row["cancelled"]),
     )  # fmt: skip

@@ -347,7 +347,7 @@ class Tasks(TaskReads):
         """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""
         rows = await self._db.fetch_all_then(
             "request_cancel",
-            _cancel_params(task_id, reason),
+            cancel_params(task_id, reason),
             lambda done: ended_children([task_id] if done and done[0]["cancelled"] else []),
         )
         return rows[0] if rows else None
@@ -507,6 +507,6 @@ def ended_children(task_ids: Sequence[int]) -> tuple[str, dict[str, Any]] | None
     return "wake_parent_branches", {"task_ids": list(task_ids)}
 
 
-def _cancel_params(task_id: int, reason: str) -> dict[str, Any]:
+def cancel_params(task_id: int, reason: str) -> dict[str, Any]:
     """The parameters of ``request_cancel`` for one task, outside any bulk plan."""
     return {"task_id": task_id, "reason": reason, "plan_id": None, "operator": None}

@@ -4,7 +4,8 @@
 
 -- An event of a tenant. `key` de-duplicates emits: a second emit of (tenant, name, key) is
 -- the first event, until retention prunes it. `started` and `delivered` record what the emit
--- did (task ids), for `toolkit events list` and `toolkit show`.
+-- did (task ids: started, delivered to, cancelled), for `toolkit events list` and `toolkit
+-- show`.
 CREATE TABLE toolkit_events (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     tenant      text        NOT NULL,
@@ -13,7 +14,8 @@ CREATE TABLE toolkit_events (
     payload     jsonb,
     emitted_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
     started     bigint[]    NOT NULL DEFAULT '{}',
-    delivered   bigint[]    NOT NULL DEFAULT '{}'
+    delivered   bigint[]    NOT NULL DEFAULT '{}',
+    cancelled   bigint[]    NOT NULL DEFAULT '{}'
 );
 CREATE UNIQUE INDEX toolkit_events_key ON toolkit_events (tenant, name, key)
     WHERE key IS NOT NULL;
@@ -21,21 +23,24 @@ CREATE INDEX toolkit_events_name_time ON toolkit_events (tenant, name, emitted_a
 CREATE INDEX toolkit_events_time ON toolkit_events (emitted_at);
 -- `toolkit show` finds the event that started a task.
 CREATE INDEX toolkit_events_started ON toolkit_events USING gin (started);
+CREATE INDEX toolkit_events_cancelled ON toolkit_events USING gin (cancelled);
 -- A task subscribing finds the events of its match emitted since it started: a containment
 -- of the match values in the payload, answered by this index.
 CREATE INDEX toolkit_events_payload ON toolkit_events USING gin (payload jsonb_path_ops);
 
--- A task's correlated waits: event `event` of its tenant whose payload fields `fields` (a
--- sorted JSON array of names) equal `match` (a JSON array of the values, in that order).
--- An emit looks its subscribers up by (tenant, event, fields, match): an index lookup,
--- never a scan of the waiting tasks.
+-- A task's correlated waits, and its cancel_on: event `event` of its tenant whose payload
+-- fields `fields` (a sorted JSON array of names) equal `match` (a JSON array of the values,
+-- in that order); `cancels`: the event cancels the task rather than reaching a wait. An
+-- emit looks its subscribers up by (tenant, event, fields, match): an index lookup, never a
+-- scan of the waiting tasks.
 CREATE TABLE toolkit_event_subscriptions (
-    tenant   text   NOT NULL,
-    event    text   NOT NULL,
-    fields   text   NOT NULL,
-    match    text   NOT NULL,
-    task_id  bigint NOT NULL REFERENCES toolkit_tasks (id) ON DELETE CASCADE,
-    PRIMARY KEY (tenant, event, fields, match, task_id)
+    tenant   text    NOT NULL,
+    event    text    NOT NULL,
+    fields   text    NOT NULL,
+    match    text    NOT NULL,
+    task_id  bigint  NOT NULL REFERENCES toolkit_tasks (id) ON DELETE CASCADE,
+    cancels  boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (tenant, event, fields, match, task_id, cancels)
 );
 CREATE INDEX toolkit_event_subscriptions_task ON toolkit_event_subscriptions (task_id);
 

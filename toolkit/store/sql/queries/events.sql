@@ -9,13 +9,14 @@ ON CONFLICT (tenant, name, key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id, emitted_at;
 
 -- name: event_by_key
-SELECT id, tenant, name, key, payload, emitted_at, started, delivered
+SELECT id, tenant, name, key, payload, emitted_at, started, delivered, cancelled
 FROM toolkit_events
 WHERE tenant = %(tenant)s AND name = %(name)s AND key = %(key)s;
 
 -- name: record_event_outcome
--- What an emit did: the tasks it started and those it was delivered to.
-UPDATE toolkit_events SET started = %(started)s, delivered = %(delivered)s
+-- What an emit did: the tasks it started, those it was delivered to, those it cancelled.
+UPDATE toolkit_events
+SET started = %(started)s, delivered = %(delivered)s, cancelled = %(cancelled)s
 WHERE id = %(event_id)s;
 
 -- name: event_trigger_definitions
@@ -57,8 +58,9 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7243015772));
 
 -- name: event_subscribers
 -- The live tasks of tenant %(tenant)s subscribed to event %(name)s matching on %(fields)s
--- with values %(match)s: one range of the subscriptions' primary key.
-SELECT s.task_id
+-- with values %(match)s (cancels: by their cancel_on): one range of the subscriptions'
+-- primary key.
+SELECT s.task_id, s.cancels
 FROM toolkit_event_subscriptions s
 JOIN toolkit_tasks t ON t.id = s.task_id
 WHERE s.tenant = %(tenant)s AND s.event = %(name)s AND s.fields = %(fields)s
@@ -87,8 +89,8 @@ SELECT task_id FROM inserted ORDER BY task_id;
 -- of that match emitted since the task was submitted (%(contains)s: the match as an object,
 -- a containment answered by the payload index), oldest first.
 WITH subscription AS (
-    INSERT INTO toolkit_event_subscriptions (tenant, event, fields, match, task_id)
-    VALUES (%(tenant)s, %(name)s, %(fields)s, %(match)s, %(task_id)s)
+    INSERT INTO toolkit_event_subscriptions (tenant, event, fields, match, task_id, cancels)
+    VALUES (%(tenant)s, %(name)s, %(fields)s, %(match)s, %(task_id)s, %(cancels)s)
     ON CONFLICT DO NOTHING
 ), shape AS (
     INSERT INTO toolkit_event_shapes (event, fields)
@@ -104,7 +106,7 @@ ORDER BY e.id;
 
 -- name: list_events
 -- Events, newest first, of a name and since a time when given, at most %(limit)s.
-SELECT id, tenant, name, key, payload, emitted_at, started, delivered
+SELECT id, tenant, name, key, payload, emitted_at, started, delivered, cancelled
 FROM toolkit_events
 WHERE (%(name)s::text IS NULL OR name = %(name)s::text)
   AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s::text)
@@ -113,7 +115,7 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: task_event_ids
--- The events delivered to task %(task_id)s, and the one that started it.
+-- The events delivered to task %(task_id)s, the one that started it, the one that cancelled it.
 SELECT e.id, e.name, e.emitted_at, 'delivered' AS how
 FROM toolkit_signals s JOIN toolkit_events e ON e.id = s.event_id
 WHERE s.task_id = %(task_id)s
@@ -121,4 +123,8 @@ UNION ALL
 SELECT e.id, e.name, e.emitted_at, 'started'
 FROM toolkit_events e
 WHERE e.started @> ARRAY[%(task_id)s::bigint]
+UNION ALL
+SELECT e.id, e.name, e.emitted_at, 'cancelled'
+FROM toolkit_events e
+WHERE e.cancelled @> ARRAY[%(task_id)s::bigint]
 ORDER BY 1;
