@@ -8,11 +8,16 @@ from pathlib import Path
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+from tests.helpers.golden import EXAMPLES
 from tests.helpers.history import deploy, run_until_idle, submit_and_run
 from tests.helpers.workflows import DEFINITIONS, FLOW, WAITER
 from toolkit import history
+from toolkit.application import App
+from toolkit.definition import load_definition
 from toolkit.history.export import export_history
 from toolkit.history.notebook import TaskBrowser, plot_history
+from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
+from toolkit.runtime.worker import Worker
 from toolkit.store import Store
 from toolkit.store.filters import TaskFilter
 
@@ -250,3 +255,23 @@ async def test_the_browser_filters_by_tag_pages_and_acts_in_bulk(store: Store) -
     assert browser.status == f"plan {plan.id} applied: 2 acted on"
     assert {t.state for t in browser.tasks} == {"cancelled"}
     assert await store.tasks.count(state="queued") == 7
+
+
+@pytest.mark.anyio
+async def test_the_browser_shows_the_events_that_started_and_reached_a_task(
+    store: Store,
+) -> None:
+    definition = load_definition(EXAMPLES / "order-events.yaml")
+    await store.definitions.deploy(definition)
+    placed = await store.events.emit("order.placed", {"order_id": "o-1", "total": 3})
+    settled = await store.events.emit("payment.settled", {"order_id": "o-1", "amount": 3})
+    worker = Worker(store, App("no-handlers"), [definition])  # order-events calls none
+    await WorkflowSupervisor(worker, SupervisorConfig(until_idle=True)).run()
+    browser = TaskBrowser(store)
+    await browser.refresh()
+    detail = await browser.open(placed.started[0])
+    assert detail.task.state == "succeeded", detail.text()
+    assert "events emitted" in detail.text(), detail.text()
+    assert [(e["id"], e["how"]) for e in detail.emitted] == [
+        (placed.event_id, "started"), (settled.event_id, "delivered"),
+    ]  # fmt: skip

@@ -281,6 +281,7 @@ class TaskBrowser(WidgetWork):
             signals=await self.store.tasks.signals(task_id),
             definition=await self._definition(task),
             branches=await self.store.branches.of_task(task_id),
+            emitted=await self.store.events.of_task(task_id),
         )
         self.detail = detail
         self.detail_pane.value = detail.html()

@@ -36,6 +36,8 @@ class TaskDetail:
         definition: the definition the task is pinned to, or None (not loaded, or no
             longer registered): the HTML then has no drawing.
         branches: the branches of its parallel or map step in progress (their rows).
+        emitted: the events that started it, were delivered to it or cancelled it
+            (``store.events.of_task``: ``id``, ``name``, ``emitted_at``, ``how``).
     """
 
     task: TaskRecord
@@ -44,6 +46,7 @@ class TaskDetail:
     signals: list[dict[str, Any]]
     definition: WorkflowDefinition | None = None
     branches: Sequence[StoredBranch] = ()
+    emitted: Sequence[dict[str, Any]] = ()
 
     @property
     def path(self) -> dict[str, StepMark] | None:
@@ -124,6 +127,9 @@ class TaskDetail:
         ]
         if signals:
             found.append(("signals", ["name", "status", "payload"], signals))
+        if self.emitted:
+            emitted = [[e["id"], e["name"], e["how"]] for e in self.emitted]
+            found.append(("events emitted", ["event", "name", "how"], emitted))
         branches = [
             [b.name, b.status, b.frame.get("cursor") or "-", ", ".join(b.waits_for) or "-",
              b.run_at or "-"]
