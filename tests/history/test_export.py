@@ -14,7 +14,7 @@ from tests.helpers.history import deploy, run_until_idle, submit_and_run, with_s
 from tests.helpers.workflows import DEFINITIONS, FLOW, WAITER
 from toolkit import history
 from toolkit.cli import cli
-from toolkit.definition import parse_definition
+from toolkit.definition import load_definition, parse_definition
 from toolkit.errors import HistoryError
 from toolkit.history.export import (
     EXPORT_COLUMNS,
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.anyio
 def test_the_export_schema_is_pinned() -> None:
     """Changing a column is a new export schema version: update this test, the docs and
     EXPORT_SCHEMA_VERSION together."""
-    assert EXPORT_SCHEMA_VERSION == 2
+    assert EXPORT_SCHEMA_VERSION == 3
     assert {table: [name for name, _ in cols] for table, cols in EXPORT_COLUMNS.items()} == {
         "tasks": [
             "id", "tenant", "definition_name", "definition_version", "definition_digest",
@@ -55,6 +55,10 @@ def test_the_export_schema_is_pinned() -> None:
             "name", "definition_name", "owner", "tenant", "cadence", "overlap", "catchup",
             "paused", "fired", "skipped", "missed", "caught_up", "next_tick", "last_tick",
             "created_at", "exported_at",
+        ],
+        "emitted": [
+            "id", "tenant", "name", "key", "payload", "emitted_at", "started", "delivered",
+            "cancelled",
         ],
     }  # fmt: skip
     page = (Path(__file__).parent.parent.parent / "docs" / "history.md").read_text()
@@ -108,7 +112,7 @@ async def test_a_second_export_adds_only_newer_rows(store: Store, tmp_path: Path
     again = await export_history(store.db, out)  # nothing happened since
     assert again.since == first.until
     assert again.rows == {
-        "tasks": 0, "events": 0, "effects": 0, "checkpoints": 0, "schedules": 0,
+        "tasks": 0, "events": 0, "effects": 0, "checkpoints": 0, "schedules": 0, "emitted": 0,
     }  # fmt: skip
 
     await submit_and_run(store, flows=1, broken=0)
@@ -317,3 +321,18 @@ def test_cli_export_and_stats(dsn: str, tmp_path: Path) -> None:
     assert result.output.startswith("error: ") and "Traceback" not in result.output
     result = runner.invoke(cli, ["--dsn", dsn, "export", str(out), "--since", "yesterday"])
     assert result.exit_code != 0 and "Traceback" not in result.output
+
+
+async def test_the_events_emitted_are_exported_with_what_they_did(
+    store: Store, tmp_path: Path
+) -> None:
+    definition = load_definition(Path(__file__).parents[2] / "definitions" / "order-events.yaml")
+    await store.definitions.deploy(definition)
+    placed = await store.events.emit("order.placed", {"order_id": "o-1", "total": 5}, key="k")
+    await store.events.emit("payment.settled", {"order_id": "elsewhere"})
+    await export_history(store.db, tmp_path / "hist")
+    with history.open(tmp_path / "hist") as h:
+        rows = h.table("emitted").order("id").fetchall()
+    assert [(r[2], r[3], json.loads(r[6])) for r in rows] == [
+        ("order.placed", "k", list(placed.started)), ("payment.settled", None, []),
+    ]  # fmt: skip

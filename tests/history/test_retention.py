@@ -96,3 +96,24 @@ def test_cli_prune(dsn: str, tmp_path: Path) -> None:
     assert "pruned 4 tasks" in result.output
     result = runner.invoke(cli, ["--dsn", dsn, "prune", "--older-than", "soon", "--force"])
     assert result.exit_code != 0 and "Traceback" not in result.output
+
+
+async def test_prune_deletes_exported_events_past_their_retention(
+    store: Store, tmp_path: Path
+) -> None:
+    for n in range(3):
+        await store.events.emit("order.placed", {"order_id": f"o-{n}"}, key=f"k-{n}")
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_events SET emitted_at = emitted_at - interval '8 days'"
+            " WHERE key <> 'k-2'"
+        )
+    kept = await prune(store.db, older_than=3600)  # no export, not forced: events stay
+    assert kept.emitted == 0 and len(await store.events.list()) == 3
+    await export_history(store.db, tmp_path)
+    report = await prune(store.db, older_than=3600, exported_to=tmp_path, batch_size=1)
+    assert report.emitted == 2 and report.batches == 2, report
+    assert [e.key for e in await store.events.list()] == ["k-2"]
+    # Its key is free again: a new emit of it is a new event.
+    again = await store.events.emit("order.placed", {"order_id": "o-0"}, key="k-0")
+    assert not again.duplicate

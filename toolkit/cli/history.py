@@ -76,6 +76,8 @@ def stats(out_dir: Path, bucket: str) -> None:
 )
 @click.option("--force", is_flag=True, help="Delete old terminal tasks even if not exported.")
 @click.option("--batch-size", default=500, show_default=True, help="Tasks per delete statement.")
+@click.option("--event-retention", default="7d", show_default=True, metavar="DURATION",
+              help="Age past which the events emitted are deleted (once exported).")  # fmt: skip
 @click.pass_obj
 def prune(
     settings: Settings,
@@ -83,6 +85,7 @@ def prune(
     exported_to: Path | None,
     force: bool,
     batch_size: int,
+    event_retention: str,
 ) -> None:
     """Delete terminal tasks and their history once exported, in small batches.
 
@@ -92,6 +95,7 @@ def prune(
     from toolkit.history.retention import prune as prune_tasks
 
     seconds = duration_option(older_than, "--older-than")
+    retention = duration_option(event_retention, "--event-retention")
     report = run_in_store(
         settings,
         lambda store: prune_tasks(
@@ -100,10 +104,12 @@ def prune(
             exported_to=exported_to,
             force=force,
             batch_size=batch_size,
+            event_retention=retention,
         ),
     )
     click.echo(
         f"pruned {counted(report.tasks, 'task')} ({counted(report.events, 'event')}, "
         f"{counted(report.evidence, 'evidence record')}, {counted(report.signals, 'signal')}) "
         f"in {counted(report.batches, 'batch', 'batches')}"
+        + (f"; {counted(report.emitted, 'event')} emitted" if report.emitted else "")
     )

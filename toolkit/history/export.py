@@ -33,14 +33,15 @@ from toolkit.errors import HistoryError
 from toolkit.store.database import Database
 from toolkit.store.queries import query
 
-EXPORT_SCHEMA_VERSION = 2
+EXPORT_SCHEMA_VERSION = 3
 """Version of the export layout: the tables, their columns and types, and the manifest.
 
 1: tasks, events, effects, checkpoints. 2: ``tasks`` gains ``schedule_name``,
 ``scheduled_at`` and ``tags``; a ``schedules`` snapshot table; each run records its version.
+3: an ``emitted`` table, the events emitted (docs/events.md).
 """
 
-READABLE_SCHEMA_VERSIONS = frozenset({1, EXPORT_SCHEMA_VERSION})
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, EXPORT_SCHEMA_VERSION})
 """Export schema versions this toolkit reads and appends runs to (newer ones are refused)."""
 
 MANIFEST_NAME = "manifest.json"
@@ -128,6 +129,17 @@ EXPORT_COLUMNS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("created_at", "TIMESTAMPTZ"),
         ("exported_at", "TIMESTAMPTZ"),
     ),
+    "emitted": (
+        ("id", "BIGINT"),
+        ("tenant", "VARCHAR"),
+        ("name", "VARCHAR"),
+        ("key", "VARCHAR"),
+        ("payload", "JSON"),
+        ("emitted_at", "TIMESTAMPTZ"),
+        ("started", "JSON"),
+        ("delivered", "JSON"),
+        ("cancelled", "JSON"),
+    ),
 }
 """The export schema: table name to its ``(column, DuckDB type)`` pairs, in file order.
 
@@ -144,6 +156,7 @@ _QUERIES = {
     "effects": "export_effects",
     "checkpoints": "export_checkpoints",
     "schedules": "export_schedules",
+    "emitted": "export_emitted",
 }
 
 SNAPSHOT_TABLES = frozenset({"schedules"})

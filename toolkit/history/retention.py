@@ -1,5 +1,8 @@
 """Retention: delete terminal tasks and their history once exported (``toolkit prune``).
 
+The events emitted (docs/events.md) are deleted past their own retention (7 days by
+default), once exported too.
+
 Only terminal tasks (``succeeded``, ``failed``, ``cancelled``) that finished longer ago than
 the age limit are candidates, and of those only the tasks whose whole history an export
 holds, unless forced (docs/history.md, "Retention"). Deletion goes in small batches, each
@@ -24,6 +27,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 500
 """Tasks deleted per statement by default."""
 
+DEFAULT_EVENT_RETENTION = 7 * 86400.0
+"""How long the events emitted are kept by default, seconds (docs/events.md)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PruneReport:
@@ -37,6 +43,7 @@ class PruneReport:
         batches: delete statements run.
         refused: old terminal tasks left because no export holds their whole history
             (0 with ``force``).
+        emitted: events emitted (``toolkit emit``) deleted, past their retention.
     """
 
     tasks: int = 0
@@ -45,6 +52,7 @@ class PruneReport:
     signals: int = 0
     batches: int = 0
     refused: int = 0
+    emitted: int = 0
 
 
 async def prune(
@@ -54,6 +62,7 @@ async def prune(
     exported_to: str | os.PathLike[str] | None = None,
     force: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    event_retention: float = DEFAULT_EVENT_RETENTION,
 ) -> PruneReport:
     """Delete terminal tasks that finished more than ``older_than`` seconds ago.
 
@@ -69,6 +78,9 @@ async def prune(
         exported_to: the export folder that must hold the history (see `toolkit.history.export`).
         force: delete old terminal tasks whether exported or not.
         batch_size: tasks per delete statement (each a short transaction).
+        event_retention: age, seconds, past which the events emitted are deleted: those
+            the export in ``exported_to`` holds, or all of them with ``force`` (none when
+            neither).
 
     Returns:
         What was deleted.
@@ -135,4 +147,15 @@ async def prune(
             "pruned a batch of terminal tasks",
             extra={"action": "prune_batch", "tasks": int(deleted["tasks"]), "last_id": after},
         )
-    return PruneReport(batches=batches, **totals)
+    emitted = 0
+    if force or exported_until is not None:
+        window = {"retention": event_retention, "batch": batch_size,
+                  "exported_until": None if force else exported_until}  # fmt: skip
+        while True:
+            pruned = await db.fetch_one("prune_emitted", window)
+            count = int(pruned["emitted"]) if pruned is not None else 0
+            if not count:
+                break
+            emitted += count
+            batches += 1
+    return PruneReport(batches=batches, emitted=emitted, **totals)

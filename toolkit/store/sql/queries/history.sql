@@ -57,6 +57,17 @@ COPY (
     ORDER BY id
 ) TO STDOUT (FORMAT csv);
 
+-- name: export_emitted
+-- The events emitted in the window (docs/events.md), with the tasks each started, was
+-- delivered to and cancelled, as JSON arrays.
+COPY (
+    SELECT id, tenant, name, key, payload, emitted_at, to_jsonb(started) AS started,
+           to_jsonb(delivered) AS delivered, to_jsonb(cancelled) AS cancelled
+    FROM toolkit_events
+    WHERE emitted_at >= %(since)s AND emitted_at < %(until)s
+    ORDER BY id
+) TO STDOUT (FORMAT csv);
+
 -- name: export_checkpoints
 -- The store keeps only each task's latest checkpoint: an export takes a snapshot of the
 -- checkpoints that changed in its window, so a series of exports keeps their history.
@@ -131,3 +142,20 @@ SELECT (SELECT count(*) FROM tasks) AS tasks,
        (SELECT count(*) FROM events) AS events,
        (SELECT count(*) FROM evidence) AS evidence,
        (SELECT count(*) FROM signals) AS signals;
+
+-- name: prune_emitted
+-- Deletes one batch of the events emitted more than %(retention)s seconds ago (and, when
+-- %(exported_until)s is given, before it: exported), skipping rows another transaction
+-- holds. An event key de-duplicates emits for as long as its event is kept.
+WITH doomed AS (
+    SELECT id FROM toolkit_events
+    WHERE emitted_at < clock_timestamp() - %(retention)s::float8 * interval '1 second'
+      AND (%(exported_until)s::timestamptz IS NULL OR emitted_at < %(exported_until)s)
+    ORDER BY id
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM toolkit_events e USING doomed WHERE e.id = doomed.id
+    RETURNING 1
+)
+SELECT count(*) AS emitted FROM gone;
