@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from tests.cli.test_cli import invoke
 from tests.helpers.golden import EXAMPLES
@@ -42,5 +43,20 @@ def test_emit_starts_delivers_and_de_duplicates(dsn: str) -> None:
     assert listed[0]["delivered"] == [] and listed[0]["id"] > settled, listed
     code, out, err = invoke("emit", "order.placed", "--payload", '{"order_id": 7, "total": 1}',
                             dsn=dsn)  # fmt: skip
-    assert code == 1 and "definition order-events v1, triggers[0]" in err, err
+    assert code == 1, err
+    assert err.strip() == ("error: invalid payload of event 'order.placed' (schema of "
+                           "order-events v1): $.order_id: expected string, got integer 7"), err
     assert "Traceback" not in err
+
+
+def test_deploy_warns_of_a_trigger_for_an_event_nothing_knows(dsn: str, tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(
+        "name: typo\nversion: 1\ntriggers: [{event: order.placd}]\nstart: done\n"
+        "steps: {done: {succeed: {}}}\n"
+    )
+    assert invoke("deploy", str(EXAMPLES / "order-events.yaml"), dsn=dsn)[0] == 0
+    code, _, err = invoke("deploy", str(path), dsn=dsn)
+    assert code == 0, err
+    assert "warning: typo v1 has a trigger for event 'order.placd'" in err, err
+    assert "known events: order.placed, payment.settled" in err, err

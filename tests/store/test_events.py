@@ -244,3 +244,17 @@ async def test_cancel_on_cancels_a_waiting_a_running_and_a_not_yet_started_task(
     await drain(store, CANCELLABLE)
     assert (await store.tasks.get(early)).state == "cancelled"
     assert await store.tasks.evidence(early) == []
+
+
+async def test_a_payload_a_declared_schema_refuses_is_not_emitted(store: Store) -> None:
+    declaring = definition(ORDER.replace(
+        "triggers:",
+        "events:\n  order.placed: {type: object, required: [order_id, total]}\ntriggers:",
+    ))  # fmt: skip
+    await store.definitions.deploy(declaring)
+    with pytest.raises(InputError, match=r"payload of event 'order.placed' \(schema of "
+                       r"order-flow v1\).*total"):  # fmt: skip
+        await store.events.emit("order.placed", {"order_id": "o-1"})
+    assert await store.events.list() == []
+    done = await store.events.emit("order.placed", {"order_id": "o-1", "total": 2})
+    assert len(done.started) == 1

@@ -62,15 +62,26 @@ def deploy(settings: Settings, paths: Sequence[Path], app_spec: str | None) -> N
     definitions = load_by_line(paths)
     app = checked_app(app_spec, definitions)
 
-    async def register(store: Store) -> tuple[list[DeployOutcome], list[Schedule]]:
+    async def register(store: Store) -> tuple[list[DeployOutcome], list[Schedule], list[str]]:
         if app is not None:  # as a worker checks them, with the limits an operator set
             app.check_limits(definitions, {limit.name for limit in await store.limits.list()})
         outcomes = await store.definitions.deploy_all(definitions)
         names = sorted({d.name for d in definitions if d.schedules})
         declared = [s for name in names for s in await store.schedules.list(name)]
-        return outcomes, [s for s in declared if s.owner == "definition"]
+        warnings = []
+        for definition in definitions:
+            unknown, known = await store.events.unknown_triggers(definition)
+            warnings += [
+                f"warning: {definition.name} v{definition.version} has a trigger for event "
+                f"{event!r}, which no definition declares or awaits and none was emitted; "
+                f"known events: {', '.join(known) or '(none)'}"
+                for event in unknown
+            ]
+        return outcomes, [s for s in declared if s.owner == "definition"], warnings
 
-    outcomes, declared = run_in_store(settings, register)
+    outcomes, declared, warnings = run_in_store(settings, register)
+    for warning in warnings:
+        click.echo(warning, err=True)
     for definition, outcome in zip(definitions, outcomes, strict=True):
         click.echo(f"{outcome}: {definition.name} v{definition.version} {definition.digest[:12]}")
         for schedule in declared:

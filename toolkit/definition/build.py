@@ -78,6 +78,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         ),
         schedules=build_schedules(doc),
         triggers=_triggers(doc),
+        events=types.MappingProxyType(dict(doc.get("events", {}))),
         cancel_on=tuple(
             Subscription(raw["event"], _match(raw, f"$.cancel_on[{i}]") or {}, cancels=True)
             for i, raw in enumerate(doc.get("cancel_on", ()))

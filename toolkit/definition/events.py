@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolkit.definition.expressions import scope_reads
+from toolkit.definition.input_schema import input_schema_problems
 from toolkit.definition.paths import JsonPath
 from toolkit.definition.references import (
     _single_expression_problems,
@@ -39,6 +40,17 @@ def match_problems(path: JsonPath, match: dict[str, Any]) -> list[Problem]:
                     "task starts, so it reads only input and context"
                 )))  # fmt: skip
     return problems
+
+
+def event_schema_problems(events: Any) -> list[Problem]:
+    """Problems of the payload schemas a definition declares (``events:``)."""
+    if not isinstance(events, dict):
+        return []
+    return [
+        problem
+        for name, schema in events.items()
+        for problem in input_schema_problems(schema, ("events", name), "event schema")
+    ]
 
 
 def cancel_on_problems(cancel_on: Any) -> list[Problem]:

@@ -446,6 +446,7 @@ class WorkflowDefinition:
             newest version makes, changes or removes (docs/schedules.md).
         triggers: The events that start a task of it (``triggers:``, docs/events.md).
         cancel_on: The events that cancel a task of it (``cancel_on:``).
+        events: The payload schemas it declares, by event name (``events:``).
     """
 
     name: str
@@ -469,6 +470,9 @@ class WorkflowDefinition:
     schedules: tuple[ScheduleDeclaration, ...] = ()
     triggers: tuple[Trigger, ...] = ()
     cancel_on: tuple[Subscription, ...] = ()
+    events: Mapping[str, Mapping[str, Any]] = dataclasses.field(
+        default_factory=lambda: types.MappingProxyType({})
+    )
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property

@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from toolkit.definition.events import cancel_on_problems, trigger_problems
+from toolkit.definition.events import (
+    cancel_on_problems,
+    event_schema_problems,
+    trigger_problems,
+)
 from toolkit.definition.graph import _graph_problems, _Scope
 from toolkit.definition.input_schema import input_schema_problems
 from toolkit.definition.paths import JsonPath
@@ -63,6 +67,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     problems += tag_problems(doc.get("tags"))
     problems += trigger_problems(doc.get("triggers"))
     problems += cancel_on_problems(doc.get("cancel_on"))
+    problems += event_schema_problems(doc.get("events"))
     problems += _duration_problems((), {k: v for k, v in doc.items() if k == "timeout"})
     defaults = doc.get("defaults")
     if isinstance(defaults, dict):

@@ -19,8 +19,8 @@ from toolkit.errors import (
     UnknownDefinition,
 )
 from toolkit.store.database import Database
+from toolkit.store.event_deploy import sync_event_uses
 from toolkit.store.schedule_deploy import refuse_breaking, sync_declared
-from toolkit.store.trigger_deploy import sync_triggers
 
 DeployOutcome = Literal["registered", "unchanged"]
 
@@ -103,7 +103,7 @@ class DefinitionCatalog:
             if existing.digest != definition.digest:
                 raise DefinitionConflict(_conflict_message(existing, definition))
         await sync_declared(self._db, definition)
-        await sync_triggers(self._db, definition)
+        await sync_event_uses(self._db, definition)
         return "registered" if inserted is not None else "unchanged"
 
     async def deploy_all(self, definitions: Sequence[WorkflowDefinition]) -> list[DeployOutcome]:

@@ -31,6 +31,7 @@ from toolkit.definition import (
     WorkflowDefinition,
     definition_from_body,
     event_signal,
+    validate_payload,
 )
 from toolkit.definition.expressions import is_truthy
 from toolkit.errors import ExpressionError, InputError, PayloadRefused
@@ -118,9 +119,10 @@ class Events:
             What the emit did (:class:`Emitted`).
 
         Raises:
-            InputError: a bad name, tenant or payload; or a trigger whose expression fails
-                on this event or whose input its definition refuses (the message names the
-                definition and the trigger; nothing was recorded).
+            InputError: a bad name, tenant or payload; a payload the schema a definition
+                declares for the event (``events:``) refuses; or a trigger whose expression
+                fails on this event or whose input its definition refuses (the message names
+                the definition and the trigger, or the schema's; nothing was recorded).
         """
         check_signal_name(name, "$.name")
         check_tenant(tenant)
@@ -203,6 +205,28 @@ class Events:
                         await self._deliver(conn, event, row["payload"], row["id"], [task_id])
         return cancel
 
+    async def unknown_triggers(self, definition: WorkflowDefinition) -> tuple[list[str], list[str]]:
+        """The events ``definition`` has triggers for that nothing else knows (typos?).
+
+        An event is known when a definition declares its schema (``events:``), another has
+        a trigger for it, a task awaits it, ``definition`` itself awaits or declares it, or
+        one was emitted and is still kept.
+
+        Returns:
+            ``(unknown, known)``: the trigger events nothing knows, and every known name.
+        """
+        rows = await self._db.fetch_all("known_events", {"definition": definition.name})
+        known = {str(row["name"]) for row in rows} | set(definition.events)
+        known |= {sub.event for sub in definition.subscriptions()}
+        unknown = []
+        for event in sorted({trigger.event for trigger in definition.triggers} - known):
+            row = await self._db.fetch_one("event_emitted", {"name": event})
+            if row is not None and row["emitted"]:
+                known.add(event)
+            else:
+                unknown.append(event)
+        return unknown, sorted(known)
+
     async def of_task(self, task_id: int) -> list[dict[str, Any]]:
         """The events that started task ``task_id`` or were delivered to it, oldest first.
 
@@ -227,14 +251,36 @@ class Events:
         tenant: str,
         event_id: int,
     ) -> tuple[list[int], list[int], list[int]]:
-        """Start the tasks the event's triggers start: ``(started, live named, ended named)``."""
+        """Check the payload, then start the tasks the event's triggers start.
+
+        The payload must pass the schema each definition declaring the event gives it.
+
+        Returns:
+            ``(started, live named, ended named)``: the tasks started, and those a
+            trigger's key named, live or ended.
+
+        Raises:
+            InputError: a schema refuses the payload, or a trigger fails on the event.
+        """
         started: list[int] = []
         named: list[int] = []
         ended: list[int] = []
         cursor = conn.cursor(row_factory=dict_row)
-        await cursor.execute(query("event_trigger_definitions"), {"name": name})
-        for row in await cursor.fetchall():
-            definition = self._definition(row["digest"], row["body"])
+        await cursor.execute(query("event_use_definitions"), {"name": name})
+        uses = [
+            (self._definition(row["digest"], row["body"]), row["triggers"])
+            for row in await cursor.fetchall()
+        ]
+        for definition, _ in uses:
+            if name in definition.events:
+                what = (
+                    f"payload of event {name!r} (schema of {definition.name} "
+                    f"v{definition.version})"
+                )
+                validate_payload(definition.events[name], scope["event"], what)
+        for definition, triggers in uses:
+            if not triggers:
+                continue
             for i, trigger in enumerate(definition.triggers):
                 if trigger.event != name:
                     continue

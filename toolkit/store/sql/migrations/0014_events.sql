@@ -52,14 +52,18 @@ CREATE TABLE toolkit_event_shapes (
     PRIMARY KEY (event, fields)
 );
 
--- The definitions whose newest registered version declares a trigger for an event.
-CREATE TABLE toolkit_event_triggers (
+-- The definitions whose newest registered version has a trigger for an event (`triggers`)
+-- or declares its payload schema (`declares`, the definition's `events:`): what an emit of
+-- the event reads, by an index lookup on the event's name.
+CREATE TABLE toolkit_event_uses (
     event            text    NOT NULL,
     definition_name  text    NOT NULL,
     version          integer NOT NULL,
+    triggers         boolean NOT NULL,
+    declares         boolean NOT NULL,
     PRIMARY KEY (event, definition_name)
 );
-CREATE INDEX toolkit_event_triggers_definition ON toolkit_event_triggers (definition_name);
+CREATE INDEX toolkit_event_uses_definition ON toolkit_event_uses (definition_name);
 
 -- An event delivered to a task is stored as a signal (name `event:NAME`), taken by the wait
 -- that matches it like any signal; event_id makes its delivery idempotent per task.

@@ -19,32 +19,58 @@ UPDATE toolkit_events
 SET started = %(started)s, delivered = %(delivered)s, cancelled = %(cancelled)s
 WHERE id = %(event_id)s;
 
--- name: event_trigger_definitions
--- The definitions whose newest registered version has a trigger for event %(name)s.
-SELECT d.name, d.version, d.digest, d.body
-FROM toolkit_event_triggers t
-JOIN toolkit_definitions d ON d.name = t.definition_name AND d.version = t.version
-WHERE t.event = %(name)s
+-- name: event_use_definitions
+-- The definitions whose newest registered version has a trigger for event %(name)s or
+-- declares its payload schema.
+SELECT d.name, d.version, d.digest, d.body, u.triggers, u.declares
+FROM toolkit_event_uses u
+JOIN toolkit_definitions d ON d.name = u.definition_name AND d.version = u.version
+WHERE u.event = %(name)s
 ORDER BY d.name;
 
--- name: sync_event_triggers
+-- name: sync_event_uses
 -- A deploy of definition %(name)s version %(version)s: when it is the newest registered
--- version, the definition's trigger rows become the events it has triggers for (%(events)s);
--- an older version changes nothing. Rows that are already so are not written again.
+-- version, the definition's rows become the events it has triggers for (%(triggered)s) or
+-- declares (%(declared)s); an older version changes nothing. Rows that are already so are
+-- not written again.
 WITH newest AS (
     SELECT max(version) AS version FROM toolkit_definitions WHERE name = %(name)s
+), wanted AS (
+    SELECT e.event, e.event = ANY(%(triggered)s::text[]) AS triggers,
+           e.event = ANY(%(declared)s::text[]) AS declares
+    FROM (SELECT unnest(%(triggered)s::text[] || %(declared)s::text[])) AS e(event)
+    GROUP BY e.event
 ), gone AS (
-    DELETE FROM toolkit_event_triggers t
+    DELETE FROM toolkit_event_uses u
     USING newest
-    WHERE t.definition_name = %(name)s AND newest.version = %(version)s
-      AND NOT (t.event = ANY(%(events)s::text[]) AND t.version = %(version)s)
+    WHERE u.definition_name = %(name)s AND newest.version = %(version)s
+      AND u.event <> ALL (%(triggered)s::text[] || %(declared)s::text[])
 )
-INSERT INTO toolkit_event_triggers (event, definition_name, version)
-SELECT e.event, %(name)s, %(version)s
-FROM newest, unnest(%(events)s::text[]) AS e(event)
+INSERT INTO toolkit_event_uses (event, definition_name, version, triggers, declares)
+SELECT w.event, %(name)s, %(version)s, w.triggers, w.declares
+FROM newest, wanted w
 WHERE newest.version = %(version)s
-ON CONFLICT (event, definition_name) DO UPDATE SET version = excluded.version
-WHERE toolkit_event_triggers.version <> excluded.version;
+ON CONFLICT (event, definition_name) DO UPDATE
+SET version = excluded.version, triggers = excluded.triggers, declares = excluded.declares
+WHERE (toolkit_event_uses.version, toolkit_event_uses.triggers, toolkit_event_uses.declares)
+      IS DISTINCT FROM (excluded.version, excluded.triggers, excluded.declares);
+
+-- name: known_events
+-- The event names known beside definition %(definition)s's own triggers: declared by a
+-- definition (events:), triggered on by another, or awaited by a task that subscribed.
+SELECT event AS name FROM toolkit_event_uses
+WHERE declares OR definition_name <> %(definition)s
+UNION
+SELECT event FROM toolkit_event_shapes
+ORDER BY 1;
+
+-- name: event_emitted
+-- Whether an event %(name)s is kept, of any tenant: one probe of the events' (tenant, name)
+-- index per tenant.
+SELECT EXISTS (
+    SELECT 1 FROM toolkit_tenants tn
+    WHERE EXISTS (SELECT 1 FROM toolkit_events e WHERE e.tenant = tn.tenant AND e.name = %(name)s)
+) AS emitted;
 
 -- name: event_shapes
 -- The field lists the subscriptions of event %(name)s match on.
