@@ -24,7 +24,7 @@ def test_emit_starts_delivers_and_de_duplicates(dsn: str) -> None:
     run = ["run", "--definitions", definition, "--app", "toolkit.examples", "--until-idle"]
     assert invoke(*run, dsn=dsn)[0] == 0
     code, out, _ = invoke("show", "1", dsn=dsn)
-    assert "waits for:  the first of event 'payment.settled', event 'order.cancelled'" in out, out
+    assert "waits for:  event 'payment.settled'" in out, out
     assert "started by  event 1 (order.placed" in out, out
     paid = json.dumps({"order_id": "o-1", "amount": 30})
     code, out, err = invoke("emit", "payment.settled", "--payload", paid, dsn=dsn)

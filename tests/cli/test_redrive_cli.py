@@ -78,6 +78,11 @@ def test_bulk_redrive_previews_the_sums_then_applies_its_plan(dsn: str, tmp_path
     assert code == 0, err
     assert "redriven: 0 tasks" in out and "refused, left as they are: 3 tasks" in out, out
     assert "3 tasks: step 'charge' (count.work, charge#1) is not idempotent" in out, out
+    refused_plan = out.split("plan ")[-1].split(" kept")[0]
+    code, out, err = invoke("bulk", "apply", refused_plan, dsn=dsn)
+    assert code == 0, err
+    assert "0 acted on, 3 refused" in out, out
+    assert "refused: step 'charge' (count.work, charge#1) is not idempotent" in out, out
 
     code, out, err = invoke("bulk", "redrive", "--definition", "charge", "--state", "failed",
                             "--reason", "fixed", dsn=dsn)  # fmt: skip

@@ -258,3 +258,58 @@ async def test_a_payload_a_declared_schema_refuses_is_not_emitted(store: Store) 
     assert await store.events.list() == []
     done = await store.events.emit("order.placed", {"order_id": "o-1", "total": 2})
     assert len(done.started) == 1
+
+
+LOOSE = """
+name: loose
+version: 1
+input: {type: object}
+start: wait
+steps:
+  wait: {wait: {event: thing.done, match: {ref: "${ input.ref }"}, timeout: 1d}}
+"""
+
+
+async def test_a_match_is_the_same_json_value_whenever_the_event_came(store: Store) -> None:
+    """Regression (a user's report): an event emitted before the task subscribed matched by
+    containment ([1, 2, 3] took a wait for [1]; 7.0 one for 7), one emitted after by
+    equality. Both are equality now; and a null correlation matches nothing."""
+    d = definition(LOOSE)
+    await store.definitions.deploy(d)
+    early = await store.tasks.submit(d, [{"ref": [1]}, {"ref": 7}, {}])
+    await store.events.emit("thing.done", {"ref": [1, 2, 3]})
+    await store.events.emit("thing.done", {"ref": 7.0})
+    await store.events.emit("thing.done", {"ref": None})
+    await drain(store, LOOSE)
+    assert [(await store.tasks.get(i)).state for i in early] == ["waiting"] * 3
+    late = await store.events.emit("thing.done", {"ref": None})
+    assert late.delivered == (), late
+    exact = await store.events.emit("thing.done", {"ref": [1]})
+    assert exact.delivered == (early[0],), exact
+    await drain(store, LOOSE)
+    assert (await store.tasks.get(early[0])).result == {"ref": [1]}
+
+
+async def test_two_definitions_with_one_start_key_each_start_a_task(store: Store) -> None:
+    """Regression (a user's report): the start key was the task's key in the tenant, so the
+    second definition's trigger found the first's task and started nothing."""
+    await store.definitions.deploy(definition(ORDER))
+    await store.definitions.deploy(definition(ORDER.replace("order-flow", "order-audit")))
+    done = await store.events.emit("order.placed", {"order_id": "o-1", "total": 5})
+    assert len(done.started) == 2 and done.delivered == (), done
+    keys = {(await store.tasks.get(i)).idempotency_key for i in done.started}
+    assert keys == {"order-flow:o-1", "order-audit:o-1"}
+    # A retired version starts nothing, as a submit of it is refused.
+    await store.definitions.retire("order-audit", 1)
+    done = await store.events.emit("order.placed", {"order_id": "o-2", "total": 5})
+    assert len(done.started) == 1, done
+
+
+async def test_an_event_a_task_found_when_it_subscribed_records_the_task(store: Store) -> None:
+    d = definition(ORDER)
+    await store.definitions.deploy(d)
+    (task_id,) = await store.tasks.submit(d, [{"order_id": "o-5"}])
+    paid = await store.events.emit("payment.settled", {"order_id": "o-5"})
+    await drain(store, ORDER)
+    (event,) = [e for e in await store.events.list() if e.id == paid.event_id]
+    assert event.delivered == (task_id,), event

@@ -104,6 +104,9 @@ async def _apply(store: Store, plan_id: int, batch_size: int = BATCH_SIZE) -> No
         plan = await store.bulk.apply(plan_id, batch_size=batch_size)
     click.echo(f"plan {plan_id} applied: {plan.summary()}")
     for row in await store.bulk.not_acted_on(plan_id, limit=10):
+        if row["outcome"] == "refused" and row["reason"]:
+            click.echo(f"  task {row['task_id']} refused: {row['reason']}")
+            continue
         now = (
             "deleted" if row["state"] is None
             else f"now {row['state']} token {row['lease_token']}"

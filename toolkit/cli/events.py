@@ -6,7 +6,7 @@ import json
 
 import click
 
-from toolkit.cli.options import json_option, since_option
+from toolkit.cli.options import json_option
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.store.events import MAX_LISTED
 
@@ -52,7 +52,8 @@ def events() -> None:
 @click.option("--name", help="Events of this name.")
 @click.option("--tenant", help="Events of this tenant.")
 @click.option("--since", "since_text", metavar="TIME",
-              help="Emitted at or after TIME (ISO 8601; UTC without an offset).")  # fmt: skip
+              help="Emitted at or after TIME: a time (2026-06-01T12:00+02:00) or a duration "
+                   "before now (30m, 2d).")  # fmt: skip
 @click.option("--limit", type=click.IntRange(1, MAX_LISTED), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object a line.")
 @click.pass_obj
@@ -65,10 +66,9 @@ def list_events(
     as_json: bool,
 ) -> None:
     """List events, newest first: what each started and whom it was delivered to."""
-    since = since_option(since_text)
     found = run_in_store(
         settings,
-        lambda store: store.events.list(name=name, tenant=tenant, since=since, limit=limit),
+        lambda store: store.events.list(name=name, tenant=tenant, since=since_text, limit=limit),
     )
     for event in found:
         if as_json:

@@ -19,6 +19,7 @@ from toolkit.definition.references import (
     expression_strings,
     template_problems,
 )
+from toolkit.definition.wording import suggest
 from toolkit.definition.yaml_source import Problem
 
 #: What a match value may read, and what a trigger's expressions may read.
@@ -65,10 +66,17 @@ def cancel_on_problems(cancel_on: Any) -> list[Problem]:
     ]
 
 
-def trigger_problems(triggers: Any) -> list[Problem]:
-    """Problems of the definition's ``triggers``: syntax, and what their expressions read."""
+def trigger_problems(triggers: Any, declared: Any = None) -> list[Problem]:
+    """Problems of the definition's ``triggers``: syntax, and what their expressions read.
+
+    Args:
+        triggers: the definition's ``triggers`` (raw).
+        declared: its ``events`` (raw): a trigger of an event whose schema there lists
+            ``properties`` may read only those fields of the event.
+    """
     if not isinstance(triggers, list):
         return []
+    schemas = declared if isinstance(declared, dict) else {}
     problems: list[Problem] = []
     for i, trigger in enumerate(triggers):
         if not isinstance(trigger, dict):
@@ -81,13 +89,23 @@ def trigger_problems(triggers: Any) -> list[Problem]:
             problems += template_problems((*path, "input"), trigger["input"])
         if problems:
             continue
+        schema = schemas.get(trigger.get("event"))
+        fields = schema.get("properties") if isinstance(schema, dict) else None
         for field in ("when", "input", "key"):
             if field not in trigger:
                 continue
             reads = set()
             for where, text in expression_strings(trigger[field], (*path, field)):
-                for expression, name, _ in scope_reads(text):
+                for expression, name, read in scope_reads(text):
                     reads.add(name)
+                    if name == "event" and isinstance(fields, dict) and read is not None and (
+                        read not in fields
+                    ):
+                        problems.append(Problem(where, (
+                            f"expression {expression!r} reads field {read!r} of event "
+                            f"{trigger['event']!r}, which its schema in events: does not "
+                            f"declare{suggest(read, list(fields))}"
+                        )))  # fmt: skip
                     if name not in (*TRIGGER_NAMES, *_LITERALS):
                         problems.append(Problem(where, (
                             f"expression {expression!r} reads {name!r}: a trigger's "

@@ -65,7 +65,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
     problems += reference_problems(steps)
     problems += tag_problems(doc.get("tags"))
-    problems += trigger_problems(doc.get("triggers"))
+    problems += trigger_problems(doc.get("triggers"), doc.get("events"))
     problems += cancel_on_problems(doc.get("cancel_on"))
     problems += event_schema_problems(doc.get("events"))
     problems += _duration_problems((), {k: v for k, v in doc.items() if k == "timeout"})

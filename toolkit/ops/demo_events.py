@@ -1,7 +1,8 @@
 """The demo's events: orders started by ``order.placed``, each waiting for its own payment.
 
-``order-events`` (``definitions/order-events.yaml``) has a trigger on ``order.placed`` and
-waits for the ``payment.settled`` or the ``order.cancelled`` event of its own order. This
+``order-events`` (``definitions/order-events.yaml``) has a trigger on ``order.placed``,
+waits for the ``payment.settled`` event of its own order and is cancelled by its
+``order.cancelled`` (``cancel_on``). This
 module plays the shop: it emits the orders (one twice with the same key, one of total 0
 that its trigger's ``when`` skips), pays three of them before any worker ran, runs a
 worker, then pays five more among twenty payments of other shops' orders and cancels the
@@ -39,7 +40,8 @@ class EventRun:
 
     Attributes:
         emitted: events recorded; duplicates: emits of a key emitted before (nothing done).
-        started: tasks the triggers started; delivered: deliveries to waiting tasks.
+        started: tasks the triggers started; delivered: deliveries to waiting tasks;
+            cancelled: tasks an event cancelled.
         states: the started tasks by how they ended.
     """
 
@@ -47,6 +49,7 @@ class EventRun:
     duplicates: int
     started: int
     delivered: int
+    cancelled: int
     states: dict[str, int]
 
     def lines(self) -> list[str]:
@@ -56,7 +59,7 @@ class EventRun:
             "",
             f"events ({self.emitted} emitted, {self.duplicates} duplicate key; "
             f"{self.started} tasks started by order.placed, {self.delivered} events "
-            "delivered to the waits they match)",
+            f"delivered to the waits they match, {self.cancelled} tasks cancelled by one)",
             f"  {DEFINITION:<20} {ended}",
         ]
 
@@ -71,15 +74,16 @@ async def run_events(store: Store, definitions: Iterable[WorkflowDefinition], ap
     """
     (definition,) = [d for d in definitions if d.name == DEFINITION][-1:]
     events = store.events
-    emitted = duplicates = delivered = 0
+    emitted = duplicates = delivered = cancelled = 0
     started: list[int] = []
 
     async def emit(name: str, payload: dict[str, object], key: str | None = None) -> None:
-        nonlocal emitted, duplicates, delivered
+        nonlocal emitted, duplicates, delivered, cancelled
         done = await events.emit(name, payload, key=key, tenant=TENANT)
         duplicates += done.duplicate
         emitted += not done.duplicate
         delivered += len(done.delivered)
+        cancelled += len(done.cancelled)
         started.extend(done.started)
 
     for n, order in enumerate(ORDERS, start=1):
@@ -102,4 +106,4 @@ async def run_events(store: Store, definitions: Iterable[WorkflowDefinition], ap
     for task_id in started:
         state = (await store.tasks.get(task_id)).state
         states[state] = states.get(state, 0) + 1
-    return EventRun(emitted, duplicates, len(started), delivered, states)
+    return EventRun(emitted, duplicates, len(started), delivered, cancelled, states)

@@ -336,7 +336,8 @@ class Bulk:
     async def not_acted_on(self, plan_id: int, limit: int = 20) -> list[dict[str, Any]]:
         """The plan's tasks that were not acted on (moved, gone, refused), at most ``limit``.
 
-        Each with its state and token as planned and as they are now.
+        Each with its state and token as planned and as they are now, and the ``reason``
+        of one refused (a redrive's), else None.
         """
         rows = await self._db.fetch_all("bulk_plan_moved", {"plan_id": plan_id, "limit": limit})
         return [dict(row) for row in rows]

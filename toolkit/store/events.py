@@ -38,13 +38,16 @@ from toolkit.errors import ExpressionError, InputError, PayloadRefused
 from toolkit.payload import check_payload
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
-from toolkit.store.names import check_signal_name, check_tenant
+from toolkit.store.filters import TimeBound, time_bound
+from toolkit.store.names import check_event_name, check_tenant
 from toolkit.store.queries import query
 from toolkit.store.submission import keyed_params
 from toolkit.store.tasks import Tasks, cancel_params, ended_children
 
 #: The most events ``Events.list`` returns at once.
 MAX_LISTED = 1000
+#: The longest event key, characters.
+MAX_KEY = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +127,11 @@ class Events:
                 fails on this event or whose input its definition refuses (the message names
                 the definition and the trigger, or the schema's; nothing was recorded).
         """
-        check_signal_name(name, "$.name")
+        check_event_name(name, "$.name")
+        if key is not None and (not isinstance(key, str) or not key or len(key) > MAX_KEY):
+            raise InputError(
+                f"an event key is a text of 1 to {MAX_KEY} characters, not {key!r}", path="$.key"
+            )
         check_tenant(tenant)
         payload = self._checked(payload)
         params = {"tenant": tenant, "name": name, "key": key, "payload": Jsonb(payload)}
@@ -177,6 +184,8 @@ class Events:
         """
         keys = []
         for subscription, values in subscriptions:
+            if any(value is None for value in values.values()):
+                continue  # a null correlation matches no event (docs/events.md)
             fields = sorted(values)
             keys.append(
                 (subscription.event, fields, [values[f] for f in fields], subscription.cancels)
@@ -199,10 +208,17 @@ class Events:
                      "contains": Jsonb(dict(zip(fields, values, strict=True)))},
                 )  # fmt: skip
                 for row in await cursor.fetchall():
+                    found = row["payload"]  # the containment is a pre-filter: values equal?
+                    if match_key(fields, [found.get(field) for field in fields])[1] != match:
+                        continue
                     if cancels:
                         cancel = cancel or f"event {row['id']} ({event})"
-                    else:
-                        await self._deliver(conn, event, row["payload"], row["id"], [task_id])
+                    elif not await self._deliver(conn, event, found, row["id"], [task_id]):
+                        continue  # delivered before
+                    await cursor.execute(
+                        query("record_event_reached"),
+                        {"event_id": row["id"], "task_id": task_id, "cancels": cancels},
+                    )
         return cancel
 
     async def unknown_triggers(self, definition: WorkflowDefinition) -> tuple[list[str], list[str]]:
@@ -293,12 +309,13 @@ class Events:
                 except ExpressionError as exc:
                     raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
                 if key is None or key == "":
-                    key = f"event:{event_id}:{definition.name}:{i}"
+                    key = f"event:{event_id}:{i}"
                 elif not isinstance(key, str | int | float) or isinstance(key, bool):
                     raise InputError(
                         f"event {name!r} refused: {where}: its key is {json.dumps(key)}, not a "
                         "string or number"
                     )
+                key = f"{definition.name}:{key}"  # the start keys of two definitions differ
                 try:
                     params = await keyed_params(
                         self._db, definition, value, key=str(key), tenant=tenant
@@ -335,7 +352,7 @@ class Events:
         matches = []
         for row in await cursor.fetchall():
             fields = json.loads(row["fields"])
-            if all(field in payload for field in fields):
+            if all(payload.get(field) is not None for field in fields):
                 matches.append(match_key(fields, [payload[field] for field in fields]))
         matches.sort()
         for fields_text, match in matches:
@@ -406,10 +423,22 @@ class Events:
         *,
         name: str | None = None,
         tenant: str | None = None,
-        since: datetime.datetime | None = None,
+        since: TimeBound | None = None,
         limit: int = 100,
     ) -> list[EventRecord]:
-        """Stored events, newest first: of ``name`` and ``tenant``, since ``since``."""
+        """Stored events, newest first: of ``name`` and ``tenant``, since ``since``.
+
+        Args:
+            name: events of this name; None: any.
+            tenant: events of this tenant; None: any.
+            since: emitted at or after: a time, or a duration before now (``"1h"``, seconds).
+            limit: at most this many (and at most :data:`MAX_LISTED`).
+
+        Raises:
+            InputError: ``since`` is neither a time nor a duration.
+        """
+        if since is not None:
+            since = time_bound(since, "since", await self._tasks.database_now())
         rows = await self._db.fetch_all(
             "list_events",
             {"name": name, "tenant": tenant, "since": since, "limit": min(limit, MAX_LISTED)},

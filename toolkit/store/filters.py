@@ -84,7 +84,7 @@ class TaskFilter:
         if self.tags is not None:
             check_tags(self.tags, path="tags")
         for field in _BOUNDS:
-            _time_bound(getattr(self, field), field, datetime.datetime.now(datetime.UTC))
+            time_bound(getattr(self, field), field, datetime.datetime.now(datetime.UTC))
 
     @property
     def has_time_bounds(self) -> bool:
@@ -140,7 +140,7 @@ class TaskFilter:
             "error": self.error,
             "step": self.step,
             "schedule": self.schedule,
-            **{field: _time_bound(getattr(self, field), field, now) for field in _BOUNDS},
+            **{field: time_bound(getattr(self, field), field, now) for field in _BOUNDS},
         }
 
     def to_json(self, now: datetime.datetime) -> dict[str, Any]:
@@ -151,7 +151,7 @@ class TaskFilter:
             if value is None:
                 continue
             if field.name in _BOUNDS:
-                bound = _time_bound(value, field.name, now)
+                bound = time_bound(value, field.name, now)
                 assert bound is not None
                 value = bound.isoformat()
             elif field.name == "state":
@@ -178,7 +178,7 @@ class TaskFilter:
         return " ".join(parts) or "all tasks"
 
 
-def _time_bound(
+def time_bound(
     value: TimeBound | None, field: str, now: datetime.datetime
 ) -> datetime.datetime | None:
     """A time bound as an aware datetime: a duration counts back from ``now``.

@@ -40,6 +40,22 @@ def check_tenant(name: object, path: str = "$.tenant") -> str:
     return name
 
 
+def check_event_name(name: object, path: str = "$.name") -> str:
+    """Return ``name`` if it is an event name (the rule of signal names).
+
+    Raises:
+        InputError: it is not: letters, digits, ``_``, ``.`` and ``-``, starting with a letter
+            or ``_``, at most 200 characters.
+    """
+    if not isinstance(name, str) or len(name) > MAX_NAME or not SIGNAL_NAME.fullmatch(name):
+        raise InputError(
+            f"{name!r} is not an event name: letters, digits, '_', '.' and '-', starting with "
+            f"a letter or '_', at most {MAX_NAME} characters (e.g. order.placed)",
+            path=path,
+        )
+    return name
+
+
 def check_signal_name(name: object, path: str = "$.name") -> str:
     """Return ``name`` if a wait step can wait for it (the format's signal-name rule).
 

@@ -67,7 +67,7 @@ LIMIT %(limit)s;
 -- name: bulk_plan_moved
 -- The tasks of a plan that were not acted on, with why and what they are now.
 SELECT i.task_id, i.outcome, i.state AS planned_state, i.lease_token AS planned_token,
-       t.state, t.lease_token
+       t.state, t.lease_token, i.detail ->> 'reason' AS reason
 FROM toolkit_bulk_plan_tasks i
 LEFT JOIN toolkit_tasks t ON t.id = i.task_id
 WHERE i.plan_id = %(plan_id)s AND i.outcome IN ('moved', 'gone', 'refused')

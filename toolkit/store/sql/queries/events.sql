@@ -21,11 +21,12 @@ WHERE id = %(event_id)s;
 
 -- name: event_use_definitions
 -- The definitions whose newest registered version has a trigger for event %(name)s or
--- declares its payload schema.
+-- declares its payload schema, unless that version is retired (it starts no task then, as
+-- a submit of it is refused).
 SELECT d.name, d.version, d.digest, d.body, u.triggers, u.declares
 FROM toolkit_event_uses u
 JOIN toolkit_definitions d ON d.name = u.definition_name AND d.version = u.version
-WHERE u.event = %(name)s
+WHERE u.event = %(name)s AND d.retired_at IS NULL
 ORDER BY d.name;
 
 -- name: sync_event_uses
@@ -93,6 +94,14 @@ WHERE s.tenant = %(tenant)s AND s.event = %(name)s AND s.fields = %(fields)s
   AND s.match = %(match)s
   AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
 ORDER BY s.task_id;
+
+-- name: record_event_reached
+-- A task that subscribed found event %(event_id)s, emitted before: the event's record says
+-- it was delivered to the task (or cancelled it, %(cancels)s), once.
+UPDATE toolkit_events
+SET delivered = CASE WHEN %(cancels)s THEN delivered ELSE delivered || %(task_id)s::bigint END,
+    cancelled = CASE WHEN %(cancels)s THEN cancelled || %(task_id)s::bigint ELSE cancelled END
+WHERE id = %(event_id)s AND NOT %(task_id)s::bigint = ANY(delivered || cancelled);
 
 -- name: deliver_event
 -- Event %(event_id)s delivered to the live tasks %(task_ids)s as signal %(name)s with payload
