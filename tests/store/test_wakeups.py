@@ -169,7 +169,7 @@ async def send_signal(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await conn.execute(
         query("send_signal"),
         {"task_id": task_id, "name": "go", "payload": Jsonb(None), "plan_id": None,
-         "operator": None, "address": None},
+         "operator": None, "address": None, "event_id": None},
     )
 
 
