@@ -509,8 +509,13 @@ class WorkflowDefinition:
         """The correlated event waits of the definition (its branches' too) and ``cancel_on``.
 
         A task subscribes to them when it starts (docs/events.md), so that no event matching
-        them emitted since is missed, whenever the task reaches the wait.
+        them emitted since is missed, whenever the task reaches the wait. Computed once per
+        definition (every task's first cycle asks).
         """
+        return list(self._subscriptions)
+
+    @functools.cached_property
+    def _subscriptions(self) -> tuple[Subscription, ...]:
         found: dict[tuple[str, tuple[tuple[str, str], ...]], Subscription] = {}
         for step in self.all_steps():
             if not isinstance(step, WaitStep):
@@ -520,7 +525,7 @@ class WorkflowDefinition:
                 if wait.event is not None and wait.match is not None:
                     shape = tuple(sorted((k, repr(v)) for k, v in wait.match.items()))
                     found.setdefault((wait.event, shape), Subscription(wait.event, wait.match))
-        return [*found.values(), *self.cancel_on]
+        return (*found.values(), *self.cancel_on)
 
     def task_tags(self, value: Any) -> dict[str, str]:
         """The tags the definition's ``tags`` give a task of input ``value``.
