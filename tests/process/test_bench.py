@@ -21,3 +21,15 @@ def test_the_throughput_benchmark_runs_end_to_end(server_dsn: str, tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [row["tasks"] for row in rows] == [50, 10], rows
+
+
+def test_the_event_and_bulk_redrive_benchmarks_run(server_dsn: str) -> None:
+    """``bench/events.py`` and ``bench/bulk_redrive.py`` in small: their tables come out."""
+    for script, args in (
+        ("bench/events.py", ["--waiting", "10,20", "--emits", "3", "--repeat", "1"]),
+        ("bench/bulk_redrive.py", ["--sizes", "3", "--repeat", "1"]),
+    ):
+        command = [sys.executable, script, "--dsn", server_dsn, *args]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"{script}:\n{done.stdout}{done.stderr}"
+        assert done.stdout.splitlines()[0].startswith("| "), done.stdout
