@@ -34,8 +34,7 @@ from toolkit.definition import (
     validate_payload,
 )
 from toolkit.definition.expressions import is_truthy
-from toolkit.errors import ExpressionError, InputError, PayloadRefused
-from toolkit.payload import check_payload
+from toolkit.errors import ExpressionError, InputError
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.filters import TimeBound, time_bound
@@ -133,7 +132,7 @@ class Events:
                 f"an event key is a text of 1 to {MAX_KEY} characters, not {key!r}", path="$.key"
             )
         check_tenant(tenant)
-        payload = self._checked(payload)
+        payload = self._tasks._checked(payload, "event payload")
         params = {"tenant": tenant, "name": name, "key": key, "payload": Jsonb(payload)}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
@@ -251,13 +250,6 @@ class Events:
         return [dict(r) for r in await self._db.fetch_all("task_event_ids", {"task_id": task_id})]
 
     # --- the parts of an emit --------------------------------------------------------------
-
-    def _checked(self, payload: Any) -> Any:
-        try:
-            check_payload(payload, self._db.payload_limits)
-        except PayloadRefused as exc:
-            raise InputError(f"invalid event payload: {exc}", path=exc.path) from exc
-        return payload
 
     async def _trigger(
         self,
