@@ -178,6 +178,9 @@ SELECT EXISTS (
                  AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                      <= (SELECT clock_timestamp())
                  AND definition_digest = ANY(%(digests)s::text[])
+               -- in index order: the planner then reads the due range, never choosing a
+               -- scan of every parked task for a first row it will not find (issue 20)
+               ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                LIMIT 1
            ) due
            WHERE NOT tn.paused
