@@ -40,6 +40,7 @@ def test_redrive_previews_refuses_and_acts(dsn: str, tmp_path: Path) -> None:
     assert code == 0, err
     assert f"task {task_id} (charge v1, failed) resumes at step 'broken'" in out
     assert "charge#1 (count.work)" in out and "dry run: nothing was changed" in out
+    assert "note: step 'broken' is a fail step: resumed there, the task fails again" in out
 
     code, out, err = invoke("redrive", str(task_id), "--from", "hold", dsn=dsn)
     assert code == 1

@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint, Frame
-from toolkit.definition import MapStep, ParallelStep, WorkflowDefinition, WorkflowStep
+from toolkit.definition import FailStep, MapStep, ParallelStep, WorkflowDefinition, WorkflowStep
 from toolkit.definition.walk import edges
 from toolkit.errors import NotRedrivable
 from toolkit.lifecycle import TaskState
@@ -155,6 +155,8 @@ class RedrivePlan:
         branch_frames: rows of the step in progress to write (name, status, frame).
         branches_dropped: step occurrences whose rows go.
         digest: the digest of the definition it resumes on.
+        notes: what the operator should know that does not refuse the redrive (a resume
+            at a ``fail`` step, which fails again).
     """
 
     task_id: int
@@ -177,6 +179,7 @@ class RedrivePlan:
     branch_frames: tuple[dict[str, Any], ...]
     branches_dropped: tuple[str, ...]
     digest: str
+    notes: tuple[str, ...] = ()
 
     @property
     def refused(self) -> bool:
@@ -255,6 +258,7 @@ class RedrivePlan:
                     " left as it is"
                 )
         out.extend(f"{pad}refused: {reason}" for reason in self.refusals)
+        out.extend(f"{pad}note: {note}" for note in self.notes)
         return out
 
 
@@ -361,6 +365,12 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
             fan.started = len(facts.branches)
     children = _children(facts, cp, step, replanned, old, frames)
     reserves = _reserves(target, step, replanned)
+    notes: tuple[str, ...] = ()
+    if isinstance(target.steps.get(step), FailStep):
+        notes = (
+            f"step {step!r} is a fail step: resumed there, the task fails again; redrive "
+            "--from an earlier step to run more than that",
+        )
     return RedrivePlan(
         task_id=task.id, state=task.state, token=task.lease_token,
         workflow=task.definition_name, version=task.definition_version,
@@ -369,7 +379,7 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
         branches_again=tuple(again), branches_kept=len(kept_rows), reserves=reserves,
         children=tuple(children), refusals=tuple(refusals), timeout=options.timeout,
         checkpoint=cp.to_json(), branch_frames=tuple(frames), branches_dropped=tuple(dropped),
-        digest=target.digest,
+        digest=target.digest, notes=notes,
     )  # fmt: skip
 
 
