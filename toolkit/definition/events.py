@@ -17,6 +17,7 @@ from toolkit.definition.paths import JsonPath
 from toolkit.definition.references import (
     _single_expression_problems,
     expression_strings,
+    reads_only,
     template_problems,
 )
 from toolkit.definition.wording import suggest
@@ -30,17 +31,8 @@ _LITERALS = ("null", "true", "false")
 
 def match_problems(path: JsonPath, match: dict[str, Any]) -> list[Problem]:
     """Problems of an event wait's ``match`` at ``path``: syntax, and what it reads."""
-    problems = template_problems(path, match)
-    if problems:
-        return problems
-    for where, text in expression_strings(match, path):
-        for expression, name, _ in scope_reads(text):
-            if name not in (*MATCH_NAMES, *_LITERALS):
-                problems.append(Problem(where, (
-                    f"expression {expression!r} reads {name!r}: a match is computed when the "
-                    "task starts, so it reads only input and context"
-                )))  # fmt: skip
-    return problems
+    why = "a match is computed when the task starts, so it reads only input and context"
+    return reads_only(path, match, MATCH_NAMES, why)
 
 
 def event_schema_problems(events: Any) -> list[Problem]:

@@ -54,16 +54,32 @@ def tag_problems(tags: Any) -> list[Problem]:
     """
     if not isinstance(tags, dict):
         return []
-    problems = template_problems(("tags",), tags)
+    return reads_only(
+        ("tags",),
+        tags,
+        ("input",),
+        "a tag is given at submit, so its expressions read only the input",
+    )
+
+
+def reads_only(path: JsonPath, value: Any, names: tuple[str, ...], why: str) -> list[Problem]:
+    """Syntax problems of the expressions inside ``value``, else their reads outside ``names``.
+
+    ``null``, ``true`` and ``false`` are always allowed.
+
+    Args:
+        path: where ``value`` is.
+        value: a value holding templates.
+        names: the scope names its expressions may read.
+        why: the end of each message, saying why (``"a tag is given at submit, ..."``).
+    """
+    problems = template_problems(path, value)
     if problems:
         return problems
-    for path, text in expression_strings(tags, ("tags",)):
+    for where, text in expression_strings(value, path):
         for expression, name, _ in scope_reads(text):
-            if name not in ("input", "null", "true", "false"):
-                problems.append(Problem(path, (
-                    f"expression {expression!r} reads {name!r}: a tag is given at submit, so "
-                    "its expressions read only the input"
-                )))  # fmt: skip
+            if name not in (*names, "null", "true", "false"):
+                problems.append(Problem(where, f"expression {expression!r} reads {name!r}: {why}"))
     return problems
 
 
@@ -75,8 +91,11 @@ def _step_ids(steps: Any) -> set[str]:
     for step in steps.values():
         if not isinstance(step, dict):
             continue
-        branches = step.get("parallel", {}).get("branches") if isinstance(
-            step.get("parallel"), dict) else None
+        branches = (
+            step.get("parallel", {}).get("branches")
+            if isinstance(step.get("parallel"), dict)
+            else None
+        )
         graphs = list(branches.values()) if isinstance(branches, dict) else []
         if isinstance(step.get("map"), dict):
             graphs.append(step["map"].get("branch"))
