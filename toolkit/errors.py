@@ -459,6 +459,24 @@ class SubmitConflict(ToolkitError):
         super().__init__(message)
 
 
+class ConcurrencyKeyBusy(ToolkitError):
+    """A submit refused: its concurrency key has ``max_active`` live tasks.
+
+    The definition says ``concurrency: {on_conflict: skip}`` (docs/flow-control.md).
+
+    Attributes:
+        key: the key value.
+        holders: the live tasks of the key, oldest first.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, key: str = "", holders: tuple[int, ...] = ()
+    ) -> None:
+        self.key = key
+        self.holders = holders
+        super().__init__(message)
+
+
 class TaskFailed(ToolkitError):
     """The awaited task failed; its error is attached.
 

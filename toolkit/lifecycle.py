@@ -110,6 +110,9 @@ class WaitReason(enum.StrEnum):
     #: every live branch of a parallel or map step waits (a timer, signal, callback or
     #: child each); ``run_at`` is the earliest branch timer, and any branch's wake ends it.
     BRANCHES = "branches"
+    #: the definition's concurrency key (``concurrency:``) has ``max_active`` live holders:
+    #: the task is admitted, in submission order, when one ends (docs/flow-control.md).
+    CONCURRENCY = "concurrency"
 
 
 class EventKind(enum.StrEnum):
@@ -126,6 +129,8 @@ class EventKind(enum.StrEnum):
     #: an operator brought a failed, cancelled or timed-out task back (``toolkit redrive``)
     REDRIVEN = "redriven"
     BUDGET_RESERVED = "budget_reserved"
+    #: the task took its concurrency key (``concurrency:``) and may now be claimed
+    KEY_ADMITTED = "key_admitted"
     # written by the interpreter, with its fenced writes
     WAITING = "waiting"
     RETRY_SCHEDULED = "retry_scheduled"

@@ -12,6 +12,7 @@ from toolkit.cli.output import clip, echo_json
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.lifecycle import cursor_text, received_signal, received_text
 from toolkit.store import Store
+from toolkit.store.concurrency_keys import live_tasks
 
 
 @click.command()
@@ -35,6 +36,11 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             "branches": [
                 dataclasses.asdict(branch) for branch in await store.branches.of_task(task_id)
             ],
+            "key_tasks": await live_tasks(
+                store.db, record.tenant, record.definition_name, record.concurrency_key, 5
+            )
+            if record.concurrency_key is not None
+            else [],
         }
 
     data = run_in_store(settings, task_in_detail)
@@ -61,6 +67,8 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  schedule:   {task['schedule_name']}, tick {task['scheduled_at']}")
     if task["state"] == "waiting" and task["wait_reason"] == "start":
         click.echo(f"  starts at:  {task['run_at']} (a delayed start)")
+    if task["concurrency_key"] is not None:
+        click.echo(f"  key:        {_key_text(task, data['key_tasks'])}")
     if task["tags"]:
         click.echo(f"  tags:       {' '.join(f'{k}={v}' for k, v in sorted(task['tags'].items()))}")
     if task["state"] == "waiting" and task["wait_reason"] == "reconciliation":
@@ -125,6 +133,18 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
             f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"
         )
+
+
+def _key_text(task: dict[str, Any], key_tasks: list[int]) -> str:
+    """The concurrency key line: held, or waited for (and by whom it is held)."""
+    key = json.dumps(task["concurrency_key"])
+    if task["key_held"]:
+        return f"{key} (holds it until it ends)"
+    if task["wait_reason"] != "concurrency":
+        return key
+    holders = [str(other) for other in key_tasks if other != task["id"]]
+    waits = f"waits for it, in submission order; live tasks of the key: {', '.join(holders)}"
+    return f"{key} ({waits})" if holders else f"{key} (waits for its admission)"
 
 
 def _awaited(name: str) -> str:

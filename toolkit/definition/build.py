@@ -14,6 +14,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from toolkit.definition.concurrency import build_concurrency
 from toolkit.definition.expressions import Template, compile_template
 from toolkit.definition.model import (
     DEFAULT_MAX_STEPS,
@@ -79,6 +80,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         schedules=build_schedules(doc),
         triggers=_triggers(doc),
         events=types.MappingProxyType(dict(doc.get("events", {}))),
+        concurrency=build_concurrency(doc),
         cancel_on=tuple(
             Subscription(raw["event"], _match(raw, f"$.cancel_on[{i}]") or {}, cancels=True)
             for i, raw in enumerate(doc.get("cancel_on", ()))

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 
+from toolkit.definition.concurrency import Concurrency
 from toolkit.definition.expressions import Template
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
@@ -447,6 +448,7 @@ class WorkflowDefinition:
         triggers: The events that start a task of it (``triggers:``, docs/events.md).
         cancel_on: The events that cancel a task of it (``cancel_on:``).
         events: The payload schemas it declares, by event name (``events:``).
+        concurrency: Its concurrency key (``concurrency:``, docs/flow-control.md), or None.
     """
 
     name: str
@@ -473,6 +475,7 @@ class WorkflowDefinition:
     events: Mapping[str, Mapping[str, Any]] = dataclasses.field(
         default_factory=lambda: types.MappingProxyType({})
     )
+    concurrency: Concurrency | None = None
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from toolkit.definition.concurrency import concurrency_problems
 from toolkit.definition.events import (
     cancel_on_problems,
     event_schema_problems,
@@ -65,6 +66,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
     problems += reference_problems(steps)
     problems += tag_problems(doc.get("tags"))
+    problems += concurrency_problems(doc.get("concurrency"))
     problems += trigger_problems(doc.get("triggers"), doc.get("events"))
     problems += cancel_on_problems(doc.get("cancel_on"))
     problems += event_schema_problems(doc.get("events"))

@@ -61,6 +61,7 @@ class Children:
         definition: WorkflowDefinition,
         child_input: Any,
         tags: Mapping[str, str] | None = None,
+        concurrency: Mapping[str, Any] | None = None,
     ) -> ChildTask:
         """Start the child of ``occurrence`` unless it exists; return it.
 
@@ -71,6 +72,8 @@ class Children:
             child_input: the child's input, already validated against its schema.
             tags: the tags the child's definition gives it; it inherits the parent's too,
                 as many as the tag limit leaves room for (its own set a key again).
+            concurrency: the child's concurrency key and limit
+                (:func:`~toolkit.store.submission.concurrency_params`); none by default.
 
         Raises:
             LeaseLost: the parent's lease is no longer held; nothing was started.
@@ -89,6 +92,9 @@ class Children:
                     Checkpoint.initial(definition.start, definition.budget).to_json()
                 ),
                 "timeout": definition.timeout,
+                "concurrency_key": None,
+                "concurrency_limit": None,
+                **(concurrency or {}),
                 "tags": Jsonb(dict(tags or {})),
                 "max_tags": MAX_TAGS,
             },

@@ -99,6 +99,9 @@ class Leases:
         # The only unpaused tenant, as the last claim saw it (None: there are several, or
         # unknown): claims then read its index range alone.
         self._one_tenant: str | None = None
+        # Whether tasks may wait for a concurrency key that has room, as the last claim saw
+        # it: a claim then admits them first (see :meth:`admit_keys`). Starts True.
+        self._key_wakes = True
 
     @property
     def database(self) -> Database:
@@ -148,17 +151,12 @@ class Leases:
             "lease_seconds": lease_seconds,
             "locked": [],
         }
-        rows: list[Any] = []
-        if self._one_tenant is not None:
-            rows = await self._db.fetch_all(
-                "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
-            )
-            if not rows:
-                self._one_tenant = None  # not alone any more, or nothing due: the fair claim
-        if not rows:
-            rows = await self._fair_claim(params)
-        if rows and rows[0]["tenants"] == 1 and not rows[0]["limits"]:
-            self._one_tenant = rows[0]["tenant"]
+        admitted = await self.admit_keys() if self._key_wakes else 0
+        rows = await self._claim_rows(params)
+        if not rows and not admitted and await self.admit_keys():
+            rows = await self._claim_rows(params)  # nothing due, but a key had room
+        if rows:
+            self._key_wakes = bool(rows[0]["key_wakes"])
         return [
             ClaimedTask(
                 id=row["id"],
@@ -177,6 +175,39 @@ class Leases:
             )
             for row in rows
         ]
+
+    async def admit_keys(self) -> int:
+        """Admit tasks waiting for a concurrency key that has room (docs/flow-control.md).
+
+        Each key is decided under its own lock, in submission order, up to the
+        ``max_active`` its oldest waiting task was submitted with; at most 256 keys per
+        call (the next claim goes on while more are left).
+
+        Returns:
+            How many tasks were admitted (each is queued, or waits for its delayed start).
+
+        Raises:
+            DatabaseUnavailable: the database cannot be reached.
+        """
+        row = await self._db.fetch_one("admit_keys", {"max_keys": 256})
+        assert row is not None
+        self._key_wakes = bool(row["remaining"])
+        return int(row["admitted"])
+
+    async def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
+        """The claim statement(s): the one tenant's range while it is alone, else fair."""
+        rows: list[Any] = []
+        if self._one_tenant is not None:
+            rows = await self._db.fetch_all(
+                "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
+            )
+            if not rows:
+                self._one_tenant = None  # not alone any more, or nothing due: the fair claim
+        if not rows:
+            rows = await self._fair_claim(params)
+        if rows and rows[0]["tenants"] == 1 and not rows[0]["limits"]:
+            self._one_tenant = rows[0]["tenant"]
+        return rows
 
     async def _fair_claim(self, params: dict[str, Any]) -> list[Any]:
         """The claim across tenants: one statement, or locking the limited tenants first."""

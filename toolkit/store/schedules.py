@@ -35,6 +35,7 @@ from toolkit.store.schedule_values import (
     render_tick,
     tick_key,
 )
+from toolkit.store.submission import concurrency_params
 from toolkit.store.tags import check_tags
 from toolkit.store.tick_plan import TickPlan, plan_ticks
 
@@ -319,7 +320,9 @@ class Schedules:
                 definition, schedule.name, schedule.input, tick, schedule.tags, self._db
             )
             key = keys[index] if keys else tick_key(schedule.name, tick)
-            runs.append({"tick": tick.isoformat(), "input": value, "tags": tags, "key": key})
+            concurrency = concurrency_params(definition, value)
+            runs.append({"tick": tick.isoformat(), "input": value, "tags": tags, "key": key,
+                         "concurrency_key": concurrency["concurrency_key"]})  # fmt: skip
         params = {
             "name": schedule.name,
             "definition_name": definition.name,
@@ -327,6 +330,7 @@ class Schedules:
             "digest": definition.digest,
             "checkpoint": Jsonb(Checkpoint.initial(definition.start, definition.budget).to_json()),
             "timeout": definition.timeout,
+            "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
             "runs": Jsonb(runs),
             "expected_next": schedule.next_tick if plan else None,
             "expected_buffered": Jsonb([t.isoformat() for t in schedule.buffered]),

@@ -99,7 +99,21 @@ async def keyed_params(
         "key": key,
         "timeout": task_timeout(definition, timeout),
         **start_params(start_at, delay),
+        **concurrency_params(definition, value),
     }
+
+
+def concurrency_params(definition: WorkflowDefinition, value: Any) -> dict[str, Any]:
+    """The concurrency key and limit of a new task of ``definition`` (None: it has none).
+
+    Raises:
+        InputError: the key expression fails or gives no usable key for this input.
+    """
+    spec = definition.concurrency
+    if spec is None:
+        return {"concurrency_key": None, "concurrency_limit": None}
+    key = spec.key_of(value, f"{definition.name} v{definition.version}")
+    return {"concurrency_key": key, "concurrency_limit": spec.max_active}
 
 
 def start_params(start_at: datetime.datetime | None, delay: float | None) -> dict[str, Any]:

@@ -56,6 +56,10 @@ class TaskRecord:
     created_at: datetime.datetime
     updated_at: datetime.datetime
     finished_at: datetime.datetime | None
+    #: the key value of the definition's ``concurrency`` (docs/flow-control.md), or None
+    concurrency_key: str | None = None
+    #: whether the task holds its concurrency key (it was admitted and has not ended)
+    key_held: bool = False
 
 
 class TaskReads:

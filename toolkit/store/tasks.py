@@ -20,6 +20,7 @@ from toolkit.definition import (
     validate_payload,
 )
 from toolkit.errors import (
+    ConcurrencyKeyBusy,
     InputError,
     NotReconcilable,
     PayloadRefused,
@@ -33,10 +34,12 @@ from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
 from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
+from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
 from toolkit.store.submission import (
     checked_input,
+    concurrency_params,
     initial_checkpoint,
     keyed_params,
     start_params,
@@ -112,7 +115,11 @@ class Tasks(TaskReads):
             InputError: an input is over the payload limits, is not storable JSON, or fails
                 the input schema; ``path`` locates the fault (nothing written). Also for a
                 budget override over the tenant's budget, and for tags that break the tag
-                rules or limits.
+                rules or limits, and for a concurrency key the input does not give.
+            ConcurrencyKeyBusy: the definition's ``concurrency`` says ``on_conflict: skip``
+                and a key has ``max_active`` live tasks (nothing written;
+                docs/flow-control.md). The other policies: ``queue`` parks the task until
+                the key has room; ``cancel_newest`` and ``cancel_running`` cancel tasks.
         """
         check_tenant(tenant)
         validated = [checked_input(self._db, definition, value) for value in inputs]
@@ -120,7 +127,9 @@ class Tasks(TaskReads):
             return []
         given = check_tags(tags or {})
         tags_of = [task_tags(definition, value, given) for value in validated]
+        keys = [concurrency_params(definition, value)["concurrency_key"] for value in validated]
         initial = await initial_checkpoint(self._db, definition, tenant, budget)
+        cancel_newest = await refused_or_cancelled(self._db, definition, tenant, keys)
         rows = await self._db.fetch_all(
             "submit_tasks",
             {
@@ -132,10 +141,14 @@ class Tasks(TaskReads):
                 "tags": Jsonb(tags_of),
                 "checkpoint": Jsonb(initial),
                 "timeout": task_timeout(definition, timeout),
+                "concurrency_keys": Jsonb(keys),
+                "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
                 **start_params(start_at, delay),
             },
         )
-        return [row["id"] for row in rows]
+        ids = [row["id"] for row in rows]
+        await apply_policy(self._db, definition, tenant, keys, ids, cancel_newest, self.cancel)
+        return ids
 
     async def submit_keyed(
         self,
@@ -170,15 +183,26 @@ class Tasks(TaskReads):
             InputError: the input is over the payload limits, is not storable JSON, or fails
                 the input schema (nothing written).
             SubmitConflict: the existing task runs another definition version or digest.
+            ConcurrencyKeyBusy: as in `submit` (unless the task of ``key`` exists).
         """
         params = await keyed_params(
             self._db, definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout,
             tags=tags, start_at=start_at, delay=delay,
         )  # fmt: skip
+        keys = [params["concurrency_key"]]
+        try:
+            cancel_newest = await refused_or_cancelled(self._db, definition, tenant, keys)
+        except ConcurrencyKeyBusy:
+            if not await self._db.fetch_one("task_by_idempotency_key", params):
+                raise
+            cancel_newest = set()  # the task of this key exists: the submit returns it
         row = await self._db.fetch_one("submit_keyed_task", params)
         if row is None:  # inserted by a concurrent submit after this statement's snapshot
             row = await self._db.fetch_one("submit_keyed_task", params)
         assert row is not None
+        if row["created"]:
+            await apply_policy(self._db, definition, tenant, keys, [row["id"]], cancel_newest,
+                               self.cancel)  # fmt: skip
         if row["definition_digest"] != definition.digest:
             raise SubmitConflict(
                 f"tenant {tenant!r} already has task {row['id']} with key {key!r}, for "

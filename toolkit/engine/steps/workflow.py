@@ -11,6 +11,7 @@ from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Tran
 from toolkit.errors import DefinitionRetired, InputError, PayloadRefused, UnknownDefinition
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.payload import check_payload
+from toolkit.store.submission import concurrency_params
 from toolkit.store.writes import NEVER, Event
 
 
@@ -33,13 +34,14 @@ async def run(ctx: StepContext, step: WorkflowStep) -> Transition:
             child_input = definition.validate_input(step.input.render(ctx.scope))
             check_payload(child_input, store.leases.payload_limits)
             child_tags = definition.task_tags(child_input)
+            concurrency = concurrency_params(definition, child_input)
         except (UnknownDefinition, DefinitionRetired, InputError, PayloadRefused) as exc:
             return Failed(error_data(exc))
         if cycle.dirty:
             await cycle.commit()
         child = await cycle.retrying(
             functools.partial(store.children.start, cycle.fence, occurrence, definition,
-                              child_input, child_tags)
+                              child_input, child_tags, concurrency)
         )  # fmt: skip
         cycle.events.append(
             Event(EventKind.CHILD_STARTED, {"step": step.id, "child_id": child.id,

@@ -32,8 +32,9 @@ FOR UPDATE SKIP LOCKED
 -- The claim of the candidate rows (id, previous_state, previous_owner, due_at): each becomes
 -- leased by %(worker_id)s until database now + %(lease_seconds)s, its fencing token one
 -- higher (DESIGN §2), with a claimed (or recovered, for an expired lease) event carrying its
--- queue delay. Every row tells whether tenants with a max_active exist (limits) and how many
--- tenants are unpaused, so that the claimer knows which claim to make next.
+-- queue delay. Every row tells whether tenants with a max_active exist (limits), how many
+-- tenants are unpaused and whether tasks may wait for a concurrency key that has room
+-- (key_wakes), so that the claimer knows which claim to make next.
 claimed AS (
     UPDATE toolkit_tasks t
     SET state = 'leased',
@@ -67,7 +68,8 @@ SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
        previous_state = 'leased' AS recovered, queue_delay, deadline_in,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
-       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants
+       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants,
+       EXISTS (SELECT 1 FROM toolkit_key_wakes) AS key_wakes
 FROM claimed
 ORDER BY id
 

@@ -16,12 +16,16 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, state, wait_reason, run_at)
+         deadline_at, tags, concurrency_key, concurrency_limit, state, wait_reason, run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
            clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
+           k.key ->> 0, CASE WHEN k.key ->> 0 IS NOT NULL THEN %(concurrency_limit)s::int END,
            -- include: start_at
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
     JOIN jsonb_array_elements(%(tags)s::jsonb) WITH ORDINALITY AS g(tags, n) ON g.n = i.n
+    -- each task's concurrency key (null: none), parked by toolkit_tasks_park_for_key
+    JOIN jsonb_array_elements(%(concurrency_keys)s::jsonb) WITH ORDINALITY AS k(key, n)
+        ON k.n = i.n
     ORDER BY i.n
     RETURNING id
 ), events AS (
@@ -40,9 +44,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key, deadline_at, tags, state, wait_reason, run_at)
+         idempotency_key, deadline_at, tags, concurrency_key, concurrency_limit, state,
+         wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
             clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            %(concurrency_key)s, %(concurrency_limit)s,
             -- include: start_at
             )
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
@@ -65,7 +71,8 @@ SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_dig
        t.state, t.wait_reason, t.run_at, t.checkpoint, t.lease_owner, t.lease_token,
        t.lease_expires_at, t.attempts, t.result, t.error, t.cancel_requested,
        t.idempotency_key, t.tags, t.schedule_name, t.scheduled_at, t.created_at,
-       t.updated_at, t.finished_at
+       t.updated_at, t.finished_at, t.concurrency_key,
+       t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held
 
 -- fragment: task_filter
 -- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
@@ -424,3 +431,24 @@ SELECT d.body, t.checkpoint, t.state
 FROM toolkit_tasks t
 LEFT JOIN toolkit_definitions d ON d.digest = t.definition_digest
 WHERE t.id = %(task_id)s;
+
+-- name: key_live_tasks
+-- The live tasks of a concurrency key (docs/flow-control.md), oldest first: those holding it,
+-- then those waiting for it; at most %(limit)s of each (null: all).
+(SELECT id, true AS held FROM toolkit_tasks
+ WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+   AND key_held AND state IN ('queued', 'leased', 'waiting')
+ ORDER BY id LIMIT %(limit)s)
+UNION ALL
+(SELECT id, false FROM toolkit_tasks
+ WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+   AND state = 'waiting' AND wait_reason = 'concurrency'
+ ORDER BY id LIMIT %(limit)s);
+
+-- name: admit_keys
+-- Admits tasks waiting for their concurrency keys (toolkit_admit_keys, migration 0015):
+-- run by a claimer before it claims while wake rows exist.
+SELECT admitted, remaining FROM toolkit_admit_keys(%(max_keys)s);
+
+-- name: task_by_idempotency_key
+SELECT id FROM toolkit_tasks WHERE tenant = %(tenant)s AND idempotency_key = %(key)s;

@@ -1,0 +1,170 @@
+"""Concurrency keys against a real PostgreSQL (docs/flow-control.md): a keyed task waits for
+its key, holds it from admission until it ends, and the next is admitted in submission order;
+the ``on_conflict`` policies; redrive re-admits. The multi-process ledger run is
+``tests/process/test_concurrency_keys.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers.inprocess import sql
+from tests.helpers.workflows import definition
+from toolkit.definition import WorkflowDefinition
+from toolkit.errors import ConcurrencyKeyBusy, DefinitionError, InputError
+from toolkit.store import Store
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.writes import FencedWrite
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 30.0
+
+
+def keyed(on_conflict: str = "queue", max_active: int = 1, version: int = 1) -> str:
+    return f"""
+name: keyed
+version: {version}
+input: {{type: object}}
+concurrency: {{key: "${{ input.account }}", max_active: {max_active}, on_conflict: {on_conflict}}}
+start: work
+steps:
+  work: {{effect: count.work, idempotent: true}}
+"""
+
+
+async def _deployed(store: Store, text: str) -> WorkflowDefinition:
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return d
+
+
+async def _claim(store: Store, d: WorkflowDefinition, limit: int = 10) -> list[ClaimedTask]:
+    return await store.leases.claim("w1", [d.digest], limit, LEASE)
+
+
+async def _end(store: Store, task: ClaimedTask, state: str = "succeeded") -> None:
+    fields: dict[str, Any] = (
+        {"result": {}} if state == "succeeded" else {"error": {"name": "X", "step": "work"}}
+    )
+    write = FencedWrite(task.fence("w1"), task.checkpoint, state=state, **fields)
+    assert await store.leases.commit(write) == state
+
+
+async def _states(store: Store, ids: list[int]) -> list[tuple[Any, ...]]:
+    return await sql(
+        store,
+        "SELECT id, state, wait_reason, key_held FROM toolkit_tasks WHERE id = ANY(%s) ORDER BY id",
+        ids,
+    )
+
+
+async def test_one_key_runs_its_tasks_one_at_a_time_in_submission_order(store: Store) -> None:
+    d = await _deployed(store, keyed())
+    ids = await store.tasks.submit(d, [{"account": "a"}] * 3 + [{"account": "b"}])
+    rounds = []
+    while claimed := await _claim(store, d):
+        rounds.append([task.id for task in claimed])
+        for task in claimed:
+            await _end(store, task)
+    # one task of key a at a time, oldest first; key b does not wait for key a
+    assert rounds == [[ids[0], ids[3]], [ids[1]], [ids[2]]], await _states(store, ids)
+
+
+async def test_a_key_is_held_through_waits_until_the_task_ends(store: Store) -> None:
+    d = await _deployed(store, keyed())
+    first, second = await store.tasks.submit(d, [{"account": "a"}, {"account": "a"}])
+    (task,) = await _claim(store, d)
+    assert task.id == first
+    write = FencedWrite(task.fence("w1"), {"cursor": "work"}, state="waiting",
+                        wait_reason="timer", run_at="2000-01-01T00:00:00+00:00")  # fmt: skip
+    await store.leases.commit(write)
+    (again,) = await _claim(store, d)  # the timer is due: the holder again, never the second
+    assert again.id == first
+    await _end(store, again, "failed")
+    (third,) = await _claim(store, d)
+    assert third.id == second
+    detail = await sql(
+        store, "SELECT detail FROM toolkit_task_events WHERE task_id = %s AND kind = %s",
+        second, "key_admitted",
+    )  # fmt: skip
+    assert detail == [({"key": "a", "max_active": 1, "holders": 0},)]
+
+
+async def test_max_active_admits_that_many_of_a_key(store: Store) -> None:
+    d = await _deployed(store, keyed(max_active=2))
+    ids = await store.tasks.submit(d, [{"account": "a"}] * 5)
+    claimed = await _claim(store, d)
+    assert [t.id for t in claimed] == ids[:2]
+    assert await _claim(store, d) == []
+    await _end(store, claimed[1])
+    assert [t.id for t in await _claim(store, d)] == [ids[2]]
+
+
+async def test_skip_refuses_the_submit_and_names_the_holder(store: Store) -> None:
+    d = await _deployed(store, keyed("skip"))
+    (first,) = await store.tasks.submit(d, [{"account": "a"}])
+    with pytest.raises(ConcurrencyKeyBusy, match=rf"key 'a'.*: {first}; not submitted") as info:
+        await store.tasks.submit(d, [{"account": "a"}])
+    assert info.value.holders == (first,)
+    assert await store.tasks.submit(d, [{"account": "b"}])  # another key is free
+    again, created = await store.tasks.submit_keyed(d, {"account": "c"}, key="k1")
+    assert created
+    assert await store.tasks.submit_keyed(d, {"account": "c"}, key="k1") == (again, False)
+
+
+async def test_cancel_newest_cancels_the_new_task(store: Store) -> None:
+    d = await _deployed(store, keyed("cancel_newest"))
+    first, second = await store.tasks.submit(d, [{"account": "a"}, {"account": "a"}])
+    states = await _states(store, [first, second])
+    assert [row[1] for row in states] == ["waiting", "cancelled"], states
+    assert [t.id for t in await _claim(store, d)] == [first]
+
+
+async def test_cancel_running_cancels_the_older_tasks_of_the_key(store: Store) -> None:
+    d = await _deployed(store, keyed("cancel_running"))
+    (first,) = await store.tasks.submit(d, [{"account": "a"}])
+    (holder,) = await _claim(store, d)
+    (newest,) = await store.tasks.submit(d, [{"account": "a"}])
+    task = await store.tasks.get(first)
+    assert task.cancel_requested is not None  # a leased holder is asked to stop
+    assert f"replaced by task {newest}" in task.cancel_requested["reason"]
+    await store.leases.commit(FencedWrite(holder.fence("w1"), {"cursor": None}, state="cancelled"))
+    assert [t.id for t in await _claim(store, d)] == [newest]
+
+
+async def test_a_redriven_task_waits_for_its_key_again(store: Store) -> None:
+    d = await _deployed(store, keyed())
+    first, second = await store.tasks.submit(d, [{"account": "a"}, {"account": "a"}])
+    (task,) = await _claim(store, d)
+    await _end(store, task, "failed")
+    (running,) = await _claim(store, d)
+    assert running.id == second
+    await store.tasks.redrive(first)
+    assert (await _states(store, [first]))[0][1:] == ("waiting", "concurrency", False)
+    assert await _claim(store, d) == []  # the second holds the key
+    await _end(store, running)
+    assert [t.id for t in await _claim(store, d)] == [first]
+
+
+async def test_a_delayed_start_waits_for_its_start_once_admitted(store: Store) -> None:
+    d = await _deployed(store, keyed())
+    (task_id,) = await store.tasks.submit(d, [{"account": "a"}], delay=3600)
+    assert await _claim(store, d) == []
+    rows = await sql(store, "SELECT state, wait_reason, key_held, run_at > now() + interval"
+                            " '59 minutes' FROM toolkit_tasks WHERE id = %s", task_id)  # fmt: skip
+    assert rows == [("waiting", "start", True, True)]
+
+
+async def test_a_key_the_input_does_not_give_is_refused_at_submit(store: Store) -> None:
+    d = await _deployed(store, keyed())
+    with pytest.raises(InputError, match=r"concurrency key of keyed v1: .* gives null") as info:
+        await store.tasks.submit(d, [{"other": 1}])
+    assert info.value.path == "$.concurrency.key"
+
+
+def test_a_key_reads_only_the_input() -> None:
+    text = keyed().replace("${ input.account }", "${ steps.work.id }")
+    with pytest.raises(DefinitionError, match="a concurrency key is rendered at submit"):
+        definition(text)
