@@ -94,3 +94,22 @@ def format_duration(seconds: float) -> str:
         if seconds >= size and seconds % size == 0:
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
+
+
+_RATE = re.compile(
+    r"^\s*(?P<calls>\d+(?:\.\d+)?)\s*/\s*(?P<unit>s|sec|second|m|min|minute|h|hour)\s*$"
+)
+_RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
+               "h": 3600.0, "hour": 3600.0}  # fmt: skip
+
+
+def rate_parts(text: str) -> tuple[float, float] | None:
+    """A rate ``CALLS/UNIT`` as ``(calls, unit seconds)``: ``"600/min"`` → ``(600.0, 60.0)``.
+
+    The unit is ``s``, ``min`` or ``h`` (also ``sec``, ``second``, ``m``, ``minute``,
+    ``hour``). Returns None when ``text`` is not such a rate.
+    """
+    match = _RATE.match(text)
+    if match is None:
+        return None
+    return float(match["calls"]), _RATE_UNITS[match["unit"]]

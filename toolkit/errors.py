@@ -24,6 +24,7 @@ from typing import Any
 __all__ = [
     "BudgetExceeded",
     "CallbackRefused",
+    "ConcurrencyKeyBusy",
     "ConfigError",
     "DatabaseUnavailable",
     "DefinitionConflict",
@@ -54,6 +55,7 @@ __all__ = [
     "TaskCancelled",
     "TaskFailed",
     "TaskTerminal",
+    "Throttled",
     "ToolkitError",
     "UnknownDefinition",
     "UnknownLimit",
@@ -474,6 +476,22 @@ class ConcurrencyKeyBusy(ToolkitError):
     ) -> None:
         self.key = key
         self.holders = holders
+        super().__init__(message)
+
+
+class Throttled(ToolkitError):
+    """A submit refused: its throttle key is past its rate (``excess: refuse``).
+
+    Attributes:
+        key: the throttle key value.
+        retry_after: seconds until the key has a start free.
+    """
+
+    def __init__(
+        self, message: str | None = None, *, key: str = "", retry_after: float = 0.0
+    ) -> None:
+        self.key = key
+        self.retry_after = retry_after
         super().__init__(message)
 
 

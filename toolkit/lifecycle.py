@@ -113,6 +113,9 @@ class WaitReason(enum.StrEnum):
     #: the definition's concurrency key (``concurrency:``) has ``max_active`` live holders:
     #: the task is admitted, in submission order, when one ends (docs/flow-control.md).
     CONCURRENCY = "concurrency"
+    #: a debounced submit (``debounce:``): the task starts at its ``run_at`` unless another
+    #: submit of its key moves that on (taking the new input), up to ``max_wait``.
+    DEBOUNCE = "debounce"
 
 
 class EventKind(enum.StrEnum):
@@ -131,6 +134,8 @@ class EventKind(enum.StrEnum):
     BUDGET_RESERVED = "budget_reserved"
     #: the task took its concurrency key (``concurrency:``) and may now be claimed
     KEY_ADMITTED = "key_admitted"
+    #: a later submit of the task's debounce key replaced its input before it started
+    DEBOUNCED = "debounced"
     # written by the interpreter, with its fenced writes
     WAITING = "waiting"
     RETRY_SCHEDULED = "retry_scheduled"

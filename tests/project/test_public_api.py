@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: ``toolkit.__all__``, exactly.
 EXPORTS = [
-    "App", "BudgetExceeded", "CallbackRefused", "CancellationToken", "ConfigError",
+    "App", "BudgetExceeded", "CallbackRefused", "CancellationToken", "ConcurrencyKeyBusy",
+    "ConfigError",
     "DatabaseUnavailable", "DefinitionConflict", "DefinitionError", "DefinitionInUse",
     "DefinitionRetired", "EffectCancelled", "EffectContext", "ExpressionError",
     "HandlerArgumentsMismatch", "HandlerNotFound", "HistoryError", "InputError", "LeaseLost",
@@ -45,7 +46,7 @@ EXPORTS = [
     "ScheduleConflict", "SignalAmbiguous",
     "Store", "SubmitConflict", "SupervisorConfig", "SupervisorReport", "TaskCancelled",
     "TaskFailed", "TaskFilter",
-    "TaskTerminal", "ToolkitError", "UnknownDefinition", "UnknownLimit", "UnknownSignal",
+    "TaskTerminal", "Throttled", "ToolkitError", "UnknownDefinition", "UnknownLimit", "UnknownSignal",
     "UnknownTask", "UnknownTenant", "WaitTimedOut", "Worker", "WorkerIdInUse",
     "WorkflowDefinition", "WorkflowSupervisor", "load_definition", "load_definitions",
     "parse_definition", "start_embedded", "stop_embedded",

@@ -67,6 +67,8 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  schedule:   {task['schedule_name']}, tick {task['scheduled_at']}")
     if task["state"] == "waiting" and task["wait_reason"] == "start":
         click.echo(f"  starts at:  {task['run_at']} (a delayed start)")
+    if task["state"] == "waiting" and task["wait_reason"] == "debounce":
+        click.echo(f"  starts at:  {task['run_at']} (debounced: unless its key is submitted again)")
     if task["concurrency_key"] is not None:
         click.echo(f"  key:        {_key_text(task, data['key_tasks'])}")
     if task["tags"]:

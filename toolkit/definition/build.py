@@ -14,8 +14,8 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from toolkit.definition.concurrency import build_concurrency
 from toolkit.definition.expressions import Template, compile_template
+from toolkit.definition.flow_control import build_concurrency, build_debounce, build_throttle
 from toolkit.definition.model import (
     DEFAULT_MAX_STEPS,
     Branch,
@@ -81,6 +81,8 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         triggers=_triggers(doc),
         events=types.MappingProxyType(dict(doc.get("events", {}))),
         concurrency=build_concurrency(doc),
+        debounce=build_debounce(doc),
+        throttle=build_throttle(doc),
         cancel_on=tuple(
             Subscription(raw["event"], _match(raw, f"$.cancel_on[{i}]") or {}, cancels=True)
             for i, raw in enumerate(doc.get("cancel_on", ()))

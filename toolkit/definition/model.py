@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 
-from toolkit.definition.concurrency import Concurrency
 from toolkit.definition.expressions import Template
+from toolkit.definition.flow_control import Concurrency, Debounce, Throttle
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
 from toolkit.definition.schedules import ScheduleDeclaration
@@ -449,6 +449,8 @@ class WorkflowDefinition:
         cancel_on: The events that cancel a task of it (``cancel_on:``).
         events: The payload schemas it declares, by event name (``events:``).
         concurrency: Its concurrency key (``concurrency:``, docs/flow-control.md), or None.
+        debounce: Its debounce of submissions (``debounce:``), or None.
+        throttle: Its throttle of task starts (``throttle:``), or None.
     """
 
     name: str
@@ -476,6 +478,8 @@ class WorkflowDefinition:
         default_factory=lambda: types.MappingProxyType({})
     )
     concurrency: Concurrency | None = None
+    debounce: Debounce | None = None
+    throttle: Throttle | None = None
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)
 
     @functools.cached_property

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from toolkit.definition.concurrency import concurrency_problems
 from toolkit.definition.events import (
     cancel_on_problems,
     event_schema_problems,
     trigger_problems,
 )
+from toolkit.definition.flow_control import flow_control_problems
 from toolkit.definition.graph import _graph_problems, _Scope
 from toolkit.definition.input_schema import input_schema_problems
 from toolkit.definition.paths import JsonPath
@@ -66,7 +66,7 @@ def semantic_problems(doc: Any, flagged: Collection[JsonPath]) -> list[Problem]:
     problems += _graph_and_step_problems(doc.get("start"), (), steps, flagged, None, entries)
     problems += reference_problems(steps)
     problems += tag_problems(doc.get("tags"))
-    problems += concurrency_problems(doc.get("concurrency"))
+    problems += flow_control_problems(doc)
     problems += trigger_problems(doc.get("triggers"), doc.get("events"))
     problems += cancel_on_problems(doc.get("cancel_on"))
     problems += event_schema_problems(doc.get("events"))

@@ -34,13 +34,14 @@ from toolkit.definition import (
     validate_payload,
 )
 from toolkit.definition.expressions import is_truthy
-from toolkit.errors import ExpressionError, InputError
+from toolkit.errors import ExpressionError, InputError, Throttled
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.filters import TimeBound, time_bound
 from toolkit.store.names import check_event_name, check_tenant
 from toolkit.store.queries import query
-from toolkit.store.submission import keyed_params
+from toolkit.store.submission import keyed_params, start_params
+from toolkit.store.submit_flow import debounced_params, submit_debounced, throttle_delay
 from toolkit.store.tasks import Tasks, cancel_params, ended_children
 
 #: The most events ``Events.list`` returns at once.
@@ -309,9 +310,21 @@ class Events:
                     )
                 key = f"{definition.name}:{key}"  # the start keys of two definitions differ
                 try:
+                    if definition.debounce is not None:  # the key is the debounce's
+                        params = await debounced_params(self._db, definition, value, tenant=tenant)
+                        task_id, created = await submit_debounced(cursor, params)
+                        if created:  # else the burst's waiting task took this input
+                            started.append(task_id)
+                        continue
                     params = await keyed_params(
                         self._db, definition, value, key=str(key), tenant=tenant
                     )
+                    if definition.throttle is not None:
+                        value = params["input"].obj  # checked, defaults filled in
+                        delay = await throttle_delay(cursor, definition, tenant, value)
+                        params.update(start_params(None, delay or None))
+                except Throttled:
+                    continue  # excess: refuse: this trigger starts nothing, the event stands
                 except InputError as exc:
                     raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
                 await cursor.execute(query("submit_keyed_task"), params)

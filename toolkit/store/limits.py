@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from psycopg.rows import DictRow, dict_row
 
+from toolkit.durations import rate_parts
 from toolkit.errors import ConfigError, LeaseLost, UnknownLimit
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
@@ -50,13 +50,6 @@ SLOT_RECHECK_MAX = 30.0
 MIN_DEFERRAL = 0.001
 
 
-_RATE = re.compile(
-    r"^\s*(?P<calls>\d+(?:\.\d+)?)\s*/\s*(?P<unit>s|sec|second|m|min|minute|h|hour)\s*$"
-)
-_RATE_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0,
-               "h": 3600.0, "hour": 3600.0}  # fmt: skip
-
-
 #: The lowest rate a limit takes, calls per second: one a day (a token's wait stays a day).
 MIN_RATE = 1 / 86400
 
@@ -80,10 +73,10 @@ def parse_rate(rate: str | float, what: str = "rate") -> float:
     if isinstance(rate, int | float):
         per_second = float(rate)
     else:
-        match = _RATE.match(str(rate))
-        if match is None:
+        parts = rate_parts(str(rate))
+        if parts is None:
             raise ConfigError(f"{what} must be like '600/min', '20/s' or '5/h', not {rate!r}")
-        per_second = float(match["calls"]) / _RATE_UNITS[match["unit"]]
+        per_second = parts[0] / parts[1]
     if not math.isfinite(per_second) or per_second < MIN_RATE:
         raise ConfigError(f"{what} must be at least 1/day ({MIN_RATE:.3g}/s), not {rate!r}")
     return per_second

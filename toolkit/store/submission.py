@@ -7,7 +7,7 @@ event's triggers, which submit inside the emit's own transaction (docs/events.md
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -17,6 +17,7 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.durations import MAX_SECONDS
 from toolkit.errors import InputError, PayloadRefused
 from toolkit.payload import check_payload
+from toolkit.store.concurrency_keys import Cancel, apply_policy, refused_or_cancelled
 from toolkit.store.database import Database
 from toolkit.store.names import check_tenant
 from toolkit.store.tags import check_tags, merged_tags
@@ -168,3 +169,53 @@ def task_timeout(definition: WorkflowDefinition, override: float | None) -> floa
             path="$",
         )
     return float(override)
+
+
+async def queue_tasks(
+    db: Database,
+    definition: WorkflowDefinition,
+    validated: Sequence[Any],
+    *,
+    tenant: str,
+    budget: Mapping[str, float] | None,
+    timeout: float | None,
+    tags: Mapping[str, str] | None,
+    cancel: Cancel,
+    start_at: datetime.datetime | None = None,
+    delay: float | None = None,
+) -> list[int]:
+    """Insert one task per checked input (``Tasks.submit`` without debounce or throttle).
+
+    A keyed definition's ``on_conflict`` policy applies (``cancel``: ``Tasks.cancel``).
+
+    Returns:
+        The new task ids, in input order.
+
+    Raises:
+        InputError: see ``Tasks.submit``.
+        ConcurrencyKeyBusy: ``on_conflict: skip`` and a key is busy (nothing written).
+    """
+    given = check_tags(tags or {})
+    tags_of = [task_tags(definition, value, given) for value in validated]
+    keys = [concurrency_params(definition, value)["concurrency_key"] for value in validated]
+    initial = await initial_checkpoint(db, definition, tenant, budget)
+    cancel_newest = await refused_or_cancelled(db, definition, tenant, keys)
+    rows = await db.fetch_all(
+        "submit_tasks",
+        {
+            "tenant": tenant,
+            "name": definition.name,
+            "version": definition.version,
+            "digest": definition.digest,
+            "inputs": Jsonb(list(validated)),
+            "tags": Jsonb(tags_of),
+            "checkpoint": Jsonb(initial),
+            "timeout": task_timeout(definition, timeout),
+            "concurrency_keys": Jsonb(keys),
+            "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
+            **start_params(start_at, delay),
+        },
+    )
+    ids = [row["id"] for row in rows]
+    await apply_policy(db, definition, tenant, keys, ids, cancel_newest, cancel)
+    return ids

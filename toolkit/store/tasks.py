@@ -7,6 +7,7 @@ Reading tasks (one, a filtered page, counts, a result) is the other half of
 from __future__ import annotations
 
 import datetime
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -37,16 +38,8 @@ from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
-from toolkit.store.submission import (
-    checked_input,
-    concurrency_params,
-    initial_checkpoint,
-    keyed_params,
-    start_params,
-    task_tags,
-    task_timeout,
-)
-from toolkit.store.tags import check_tags
+from toolkit.store.submission import checked_input, keyed_params, queue_tasks
+from toolkit.store.submit_flow import no_delayed_start, submit_flowing
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
@@ -120,35 +113,33 @@ class Tasks(TaskReads):
                 and a key has ``max_active`` live tasks (nothing written;
                 docs/flow-control.md). The other policies: ``queue`` parks the task until
                 the key has room; ``cancel_newest`` and ``cancel_running`` cancel tasks.
+            Throttled: the definition's ``throttle`` says ``excess: refuse`` and a key is
+                past its rate; the inputs before it were submitted (their ids are lost to
+                the caller: submit one input per call to know them).
+
+        A definition with ``debounce`` returns, per input, the task it went to: inputs of
+        one key within the quiet period give the same id (docs/flow-control.md). With
+        ``throttle`` each task waits for the start its key allows. Neither takes
+        ``start_at`` or ``delay``.
         """
         check_tenant(tenant)
         validated = [checked_input(self._db, definition, value) for value in inputs]
         if not validated:
             return []
-        given = check_tags(tags or {})
-        tags_of = [task_tags(definition, value, given) for value in validated]
-        keys = [concurrency_params(definition, value)["concurrency_key"] for value in validated]
-        initial = await initial_checkpoint(self._db, definition, tenant, budget)
-        cancel_newest = await refused_or_cancelled(self._db, definition, tenant, keys)
-        rows = await self._db.fetch_all(
-            "submit_tasks",
-            {
-                "tenant": tenant,
-                "name": definition.name,
-                "version": definition.version,
-                "digest": definition.digest,
-                "inputs": Jsonb(validated),
-                "tags": Jsonb(tags_of),
-                "checkpoint": Jsonb(initial),
-                "timeout": task_timeout(definition, timeout),
-                "concurrency_keys": Jsonb(keys),
-                "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
-                **start_params(start_at, delay),
-            },
-        )
-        ids = [row["id"] for row in rows]
-        await apply_policy(self._db, definition, tenant, keys, ids, cancel_newest, self.cancel)
-        return ids
+        if definition.debounce is not None or definition.throttle is not None:
+            no_delayed_start(definition, start_at, delay)
+            queue = functools.partial(
+                queue_tasks, self._db, definition, tenant=tenant, budget=budget,
+                timeout=timeout, tags=tags, cancel=self.cancel,
+            )  # fmt: skip
+            return await submit_flowing(
+                self._db, definition, validated, tenant=tenant, budget=budget, timeout=timeout,
+                tags=tags, queue=queue,
+            )  # fmt: skip
+        return await queue_tasks(
+            self._db, definition, validated, tenant=tenant, budget=budget, timeout=timeout,
+            tags=tags, cancel=self.cancel, start_at=start_at, delay=delay,
+        )  # fmt: skip
 
     async def submit_keyed(
         self,

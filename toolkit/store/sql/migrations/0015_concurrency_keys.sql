@@ -50,7 +50,8 @@ BEGIN
                             THEN NEW.run_at END;
     NEW.state := 'waiting';
     NEW.wait_reason := 'concurrency';
-    NEW.run_at := '9999-12-31T00:00:00+00:00';
+    -- never, but a workflow deadline still comes: the task then times out unadmitted
+    NEW.run_at := least('9999-12-31T00:00:00+00:00'::timestamptz, NEW.deadline_at);
     NEW.key_held := false;
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
     VALUES (NEW.tenant, NEW.definition_name, NEW.concurrency_key);
@@ -72,12 +73,19 @@ CREATE TRIGGER toolkit_tasks_repark_for_key
           AND NEW.state IN ('queued', 'leased', 'waiting'))
     EXECUTE FUNCTION toolkit_park_for_key();
 
--- A holder that ends, whatever statement ends it, says its key has room.
+-- A holder that ends, whatever statement ends it, says its key has room, and wakes idle
+-- workers when a task waits for the key (only then: a NOTIFY serialises commits).
 CREATE FUNCTION toolkit_release_key() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
     VALUES (NEW.tenant, NEW.definition_name, NEW.concurrency_key);
+    IF EXISTS (SELECT 1 FROM toolkit_tasks
+               WHERE tenant = NEW.tenant AND definition_name = NEW.definition_name
+                 AND concurrency_key = NEW.concurrency_key
+                 AND state = 'waiting' AND wait_reason = 'concurrency') THEN
+        PERFORM pg_notify('toolkit_wakeup', '');
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -140,7 +148,8 @@ BEGIN
             SET state = CASE WHEN t.start_after > clock_timestamp() THEN 'waiting'
                              ELSE 'queued' END,
                 wait_reason = CASE WHEN t.start_after > clock_timestamp() THEN 'start' END,
-                run_at = greatest(t.start_after, clock_timestamp()),
+                run_at = least(greatest(t.start_after, clock_timestamp()),
+                               coalesce(t.deadline_at, 'infinity')),
                 start_after = NULL,
                 key_held = true,
                 updated_at = clock_timestamp()

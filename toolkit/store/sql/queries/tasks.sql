@@ -452,3 +452,64 @@ SELECT admitted, remaining FROM toolkit_admit_keys(%(max_keys)s);
 
 -- name: task_by_idempotency_key
 SELECT id FROM toolkit_tasks WHERE tenant = %(tenant)s AND idempotency_key = %(key)s;
+
+-- name: submit_debounced_task
+-- A debounced submit (docs/flow-control.md): a new task waiting (reason debounce) until
+-- database now + %(quiet)s seconds, unless the tenant's task of this definition and debounce
+-- key still waits so: that one takes this submit's input, tags, version and checkpoint, and
+-- waits on until now + quiet, but never past its first submit + %(max_wait)s seconds.
+WITH tenant AS (
+    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
+), submitted AS (
+    INSERT INTO toolkit_tasks AS t
+        (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
+         deadline_at, tags, debounce_key, state, wait_reason, run_at)
+    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
+            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            %(debounce_key)s, 'waiting', 'debounce',
+            clock_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
+                                      %(timeout)s::float8) * interval '1 second')
+    ON CONFLICT (tenant, definition_name, debounce_key)
+        WHERE state = 'waiting' AND wait_reason = 'debounce'
+    DO UPDATE SET
+        input = EXCLUDED.input, tags = EXCLUDED.tags, checkpoint = EXCLUDED.checkpoint,
+        definition_version = EXCLUDED.definition_version,
+        definition_digest = EXCLUDED.definition_digest,
+        deadline_at = EXCLUDED.deadline_at,
+        run_at = least(clock_timestamp() + %(quiet)s::float8 * interval '1 second',
+                       coalesce(t.created_at + %(max_wait)s::float8 * interval '1 second',
+                                'infinity'),
+                       coalesce(EXCLUDED.deadline_at, 'infinity')),
+        updated_at = clock_timestamp()
+    RETURNING id, xmax = 0 AS created
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, kind, detail)
+    SELECT id, CASE WHEN created THEN 'submitted' ELSE 'debounced' END,
+           jsonb_build_object('debounce_key', %(debounce_key)s::text)
+    FROM submitted
+)
+-- a new task wakes idle workers (their next wake-up is its start), a moved one need not
+SELECT id, created, CASE WHEN created THEN pg_notify('toolkit_wakeup', '') END IS NULL
+FROM submitted;
+
+-- name: take_throttle_start
+-- A throttled submit takes a start of its key (GCRA: %(interval)s seconds apart on average,
+-- a burst of %(calls)s at once): returns the seconds until the start it took (0: now). Past
+-- the rate with %(delay)s false nothing is taken and nothing returned.
+INSERT INTO toolkit_throttle_keys AS k (tenant, definition_name, throttle_key, next_at)
+VALUES (%(tenant)s, %(name)s, %(key)s,
+        clock_timestamp() + %(interval)s::float8 * interval '1 second')
+ON CONFLICT (tenant, definition_name, throttle_key) DO UPDATE
+SET next_at = greatest(k.next_at, clock_timestamp()) + %(interval)s::float8 * interval '1 second'
+WHERE %(delay)s::boolean
+   OR greatest(k.next_at, clock_timestamp()) + %(interval)s::float8 * interval '1 second'
+      <= clock_timestamp() + %(period)s::float8 * interval '1 second'
+RETURNING greatest(extract(epoch FROM k.next_at - clock_timestamp()) - %(period)s::float8,
+                   0)::float8 AS start_in;
+
+-- name: throttle_free_in
+-- Seconds until a throttled key has a start free (0: now).
+SELECT greatest(extract(epoch FROM next_at - clock_timestamp()) + %(interval)s::float8
+                - %(period)s::float8, 0)::float8 AS free_in
+FROM toolkit_throttle_keys
+WHERE tenant = %(tenant)s AND definition_name = %(name)s AND throttle_key = %(key)s;
