@@ -58,3 +58,16 @@ def test_doctor_on_an_unreachable_database_never_shows_the_password() -> None:
     )
     assert result.exit_code == 1
     assert "cannot reach PostgreSQL" in result.stdout and "sesame" not in result.output
+
+
+def test_doctor_names_the_hottest_concurrency_keys(dsn: str) -> None:
+    keyed = SLOW.replace(
+        "name: slow-metrics", 'name: slow-keyed\nconcurrency: {key: "${ input.k }"}'
+    )
+    submit_tasks(dsn, keyed, [{"k": "hot"}] * 3 + [{"k": "cold"}])
+    result = CliRunner().invoke(cli, ["doctor", "--json"], env={"TOOLKIT_DSN": dsn})
+    keys = {f["check"]: f for f in json.loads(result.stdout)}["concurrency_keys"]
+    # nothing admitted yet (no worker ran): every task waits, the hot key first
+    assert [(v["key"], v["waiting"]) for v in keys["value"]] == [("hot", 3), ("cold", 1)], keys
+    assert keys["level"] == "ok"
+    assert "slow-keyed 'hot' (tenant default): 3 waiting" in keys["message"]

@@ -13,9 +13,11 @@ import anyio
 import psycopg
 import pytest
 from click.testing import CliRunner
+from psycopg.types.json import Jsonb
 
 from tests.conftest import at_schema_version
 from tests.helpers.workflows import THREE_STEPS, definition
+from toolkit.checkpoint import Checkpoint
 from toolkit.cli import cli
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, UnknownTenant
@@ -49,6 +51,11 @@ async def _expire(store: Store, task_ids: list[int]) -> None:
             " WHERE id = ANY(%s)",
             (task_ids,),
         )
+
+
+def _checkpoint(d: WorkflowDefinition) -> dict[str, object]:
+    """A new task's checkpoint (as a submit writes it)."""
+    return Checkpoint.initial(d.start, d.budget).to_json()
 
 
 async def _active(store: Store, tenant: str) -> int:
@@ -110,6 +117,44 @@ async def test_a_newcomer_goes_first_while_a_busy_tenant_holds_leases(store: Sto
     batch = await store.leases.claim("w", [d.digest], 8, LEASE)
     assert Counter(t.tenant for t in batch) == {"new": 5, "busy": 3}
     assert [t.id for t in batch] == sorted(t.id for t in batch)  # id order, as before
+
+
+async def test_every_cold_tenant_starts_before_the_hot_one_runs_a_thousand_more(
+    store: Store,
+) -> None:
+    """Issue 20's fairness bound: a hot tenant with 20,000 due tasks and 500 tenants with 10
+    each, equal weights, a worker at concurrency 32 (it finishes the oldest of its leases
+    as it claims the next batch of 16): every cold tenant's first task is claimed before
+    the hot tenant has run 2 x 500 more tasks, though its backlog is an hour older. Measured:
+    17 (each batch gives the hot tenant its share of the leased slots; the 500 cold tenants,
+    holding none, fill the rest)."""
+    d = await _deployed(store)
+    async with store.db.connection() as conn:  # the rows at once, as submits would write them
+        await conn.execute(
+            "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+            " definition_digest, input, checkpoint, created_at, run_at)"
+            " SELECT tenant, %s, %s, %s, '{}', %s, at, at FROM ("
+            "   SELECT 'hot' AS tenant, clock_timestamp() - interval '1 hour' AS at"
+            "   FROM generate_series(1, 20000)"
+            "   UNION ALL SELECT format('cold-%%s', n), clock_timestamp()"
+            "   FROM generate_series(1, 500) n, generate_series(1, 10)) rows",
+            (d.name, d.version, d.digest, Jsonb(_checkpoint(d))),
+        )
+        await conn.execute("INSERT INTO toolkit_tenants (tenant) SELECT DISTINCT tenant"
+                           " FROM toolkit_tasks ON CONFLICT DO NOTHING")  # fmt: skip
+        await conn.execute("ANALYZE toolkit_tasks")
+    held: list[ClaimedTask] = []
+    hot_run = 0
+    cold_started: set[str] = set()
+    while len(cold_started) < 500:
+        batch = await store.leases.claim("w", [d.digest], 16, LEASE)
+        assert batch, f"nothing claimed with {500 - len(cold_started)} cold tenants not started"
+        held += batch
+        hot_run += sum(1 for t in batch if t.tenant == "hot")
+        cold_started |= {t.tenant for t in batch if t.tenant != "hot"}
+        finished, held = held[:-16], held[-16:]  # the newest 16 still run, the rest ended
+        await _finish(store, "w", finished)
+    assert hot_run <= 2 * 500, hot_run
 
 
 async def test_weights_share_the_leased_slots(store: Store) -> None:

@@ -36,6 +36,9 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             "branches": [
                 dataclasses.asdict(branch) for branch in await store.branches.of_task(task_id)
             ],
+            "queue": await store.tasks.queue_position(task_id)
+            if record.state in ("queued", "waiting")
+            else None,
             "key_tasks": await live_tasks(
                 store.db, record.tenant, record.definition_name, record.concurrency_key, 5
             )
@@ -69,6 +72,11 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  starts at:  {task['run_at']} (a delayed start)")
     if task["state"] == "waiting" and task["wait_reason"] == "debounce":
         click.echo(f"  starts at:  {task['run_at']} (debounced: unless its key is submitted again)")
+    if data["queue"] is not None and data["queue"]["due"]:
+        click.echo(f"  due:        {_queue_text(data['queue'])}")
+    if task["priority"]:
+        p = task["priority"]
+        click.echo(f"  priority:   {p} (claimed as if due {p} min sooner)")
     if task["concurrency_key"] is not None:
         click.echo(f"  key:        {_key_text(task, data['key_tasks'])}")
     if task["tags"]:
@@ -135,6 +143,22 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             f"    {ev['at']:%H:%M:%S.%f} {ev['kind']:<24} {ev['worker_id'] or '':<24} "
             f"{'' if ev['fencing_token'] is None else 'token ' + str(ev['fencing_token'])} {detail}"
         )
+
+
+def _queue_text(queue: dict[str, Any]) -> str:
+    """Why a due task is not running yet: what holds it, else its place in its tenant."""
+    if not queue["served"]:
+        return "no live worker has loaded its definition version (`toolkit doctor`)"
+    if queue["paused"]:
+        return "its tenant is paused (`toolkit tenants set TENANT --resumed`)"
+    if queue["max_active"] is not None and queue["active"] >= queue["max_active"]:
+        return (
+            f"its tenant is at max_active ({queue['active']}/{queue['max_active']} leased); "
+            f"{queue['ahead']} due task(s) of the tenant before it"
+        )
+    ahead = queue["ahead"]
+    more = "+" if ahead >= 10_000 else ""
+    return f"waits for a worker; {ahead}{more} due task(s) of its tenant before it in claim order"
 
 
 def _key_text(task: dict[str, Any], key_tasks: list[int]) -> str:

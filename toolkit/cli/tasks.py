@@ -57,6 +57,11 @@ F = TypeVar("F", bound=Callable[..., Any])
 @click.option("--at", "at_text", metavar="TIME", help="Start it at TIME (ISO 8601), not now.")
 @click.option("--delay", "delay_text", metavar="DURATION", help="Start it in DURATION (e.g. 2h).")
 @click.option(
+    "--priority",
+    type=click.IntRange(0, 9),
+    help="Override the definition's priority: 0 (lowest) to 9.",
+)
+@click.option(
     "--wait", "wait_for", is_flag=True, help="Wait for the task to end; print its output."
 )
 @click.option(
@@ -79,6 +84,7 @@ def submit(
     tags: Sequence[str],
     at_text: str | None,
     delay_text: str | None,
+    priority: int | None,
     wait_for: bool,
     wait_text: str | None,
 ) -> None:
@@ -116,7 +122,7 @@ def submit(
         definition = await store.definitions.submittable(name, version)
         options: dict[str, Any] = dict(
             tenant=tenant, budget=budget, timeout=timeout, tags=task_tags, start_at=start_at,
-            delay=delay,
+            delay=delay, priority=priority,
         )
         if key is not None:
             task_id, _ = await store.tasks.submit_keyed(definition, value, key=key, **options)

@@ -81,6 +81,7 @@ def _build(doc: dict[str, Any], source: str | None) -> WorkflowDefinition:
         triggers=_triggers(doc),
         events=types.MappingProxyType(dict(doc.get("events", {}))),
         concurrency=build_concurrency(doc),
+        priority=int(doc.get("priority", 0)),
         debounce=build_debounce(doc),
         throttle=build_throttle(doc),
         cancel_on=tuple(

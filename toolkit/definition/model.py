@@ -449,6 +449,8 @@ class WorkflowDefinition:
         cancel_on: The events that cancel a task of it (``cancel_on:``).
         events: The payload schemas it declares, by event name (``events:``).
         concurrency: Its concurrency key (``concurrency:``, docs/flow-control.md), or None.
+        priority: Its tasks' priority, 0 (lowest, the default) to 9 (``priority:``); a
+            submit may override it (docs/flow-control.md#priority).
         debounce: Its debounce of submissions (``debounce:``), or None.
         throttle: Its throttle of task starts (``throttle:``), or None.
     """
@@ -478,6 +480,7 @@ class WorkflowDefinition:
         default_factory=lambda: types.MappingProxyType({})
     )
     concurrency: Concurrency | None = None
+    priority: int = 0
     debounce: Debounce | None = None
     throttle: Throttle | None = None
     new_only_faults: tuple[DefinitionFault, ...] = dataclasses.field(default=(), repr=False)

@@ -73,6 +73,7 @@ async def diagnose(dsn: str) -> list[Finding]:
         findings.append(_unavailable_finding(await DefinitionCatalog(db).unavailable()))
         findings.extend(_worker_findings(await db.fetch_all("health_workers")))
         findings.extend(_limit_findings(await db.fetch_all("limit_health")))
+        findings.append(_key_finding(await db.fetch_all("key_health")))
         return findings
     finally:
         await db.close()
@@ -174,6 +175,30 @@ def _limit_findings(rows: list[dict[str, Any]]) -> list[Finding]:
         value = {"in_use": row["in_use"], "waiting": waiting, "oldest_wait": oldest}
         findings.append(Finding("limits", level, text, value))
     return findings
+
+
+#: A task waiting this long for its concurrency key is flagged, seconds.
+KEY_WAIT_WARNING = 3600.0
+
+
+def _key_finding(rows: list[dict[str, Any]]) -> Finding:
+    """The hottest concurrency keys: most tasks waiting for them (docs/flow-control.md)."""
+    if not rows:
+        return Finding("concurrency_keys", "ok", "no task waits for a concurrency key", [])
+    keys = [
+        f"{row['definition_name']} {row['concurrency_key']!r} (tenant {row['tenant']}): "
+        f"{row['waiting']} waiting, the oldest for {row['oldest_wait']:.0f} s"
+        for row in rows
+    ]
+    oldest = max(row["oldest_wait"] for row in rows)
+    level: Level = "warning" if oldest > KEY_WAIT_WARNING else "ok"
+    value = [
+        {"tenant": row["tenant"], "definition": row["definition_name"],
+         "key": row["concurrency_key"], "waiting": row["waiting"],
+         "oldest_wait": row["oldest_wait"]}
+        for row in rows
+    ]  # fmt: skip
+    return Finding("concurrency_keys", level, "hottest keys: " + "; ".join(keys), value)
 
 
 def _worker_findings(rows: list[dict[str, Any]]) -> list[Finding]:

@@ -92,6 +92,7 @@ class Children:
                     Checkpoint.initial(definition.start, definition.budget).to_json()
                 ),
                 "timeout": definition.timeout,
+                "priority": definition.priority,
                 "concurrency_key": None,
                 "concurrency_limit": None,
                 **(concurrency or {}),

@@ -331,6 +331,7 @@ class Schedules:
             "checkpoint": Jsonb(Checkpoint.initial(definition.start, definition.budget).to_json()),
             "timeout": definition.timeout,
             "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
+            "priority": definition.priority,
             "runs": Jsonb(runs),
             "expected_next": schedule.next_tick if plan else None,
             "expected_buffered": Jsonb([t.isoformat() for t in schedule.buffered]),

@@ -80,6 +80,7 @@ async def keyed_params(
     tags: Mapping[str, str] | None = None,
     start_at: datetime.datetime | None = None,
     delay: float | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``submit_keyed_task`` for one task (see ``Tasks.submit_keyed``).
 
@@ -87,6 +88,34 @@ async def keyed_params(
 
     Raises:
         InputError: the input, tenant, tags, budget or timeout are not valid.
+    """
+    params = await task_params(
+        db, definition, value, tenant=tenant, budget=budget, timeout=timeout, tags=tags,
+        priority=priority,
+    )  # fmt: skip
+    return {
+        **params,
+        "key": key,
+        **start_params(start_at, delay),
+        **concurrency_params(definition, params["input"].obj),
+    }
+
+
+async def task_params(
+    db: Database,
+    definition: WorkflowDefinition,
+    value: Any,
+    *,
+    tenant: str,
+    budget: Mapping[str, float] | None,
+    timeout: float | None,
+    tags: Mapping[str, str] | None,
+    priority: int | None,
+) -> dict[str, Any]:
+    """What every insert of one task takes: its checked input, tags, checkpoint and settings.
+
+    Raises:
+        InputError: the input, tenant, tags, budget, timeout or priority are not valid.
     """
     value = checked_input(db, definition, value)
     return {
@@ -97,10 +126,8 @@ async def keyed_params(
         "input": Jsonb(value),
         "tags": Jsonb(task_tags(definition, value, check_tags(tags or {}))),
         "checkpoint": Jsonb(await initial_checkpoint(db, definition, tenant, budget)),
-        "key": key,
         "timeout": task_timeout(definition, timeout),
-        **start_params(start_at, delay),
-        **concurrency_params(definition, value),
+        "priority": task_priority(definition, priority),
     }
 
 
@@ -151,6 +178,19 @@ def task_tags(
     return merged_tags(definition.task_tags(value), given)
 
 
+def task_priority(definition: WorkflowDefinition, override: int | None) -> int:
+    """A new task's priority: the override, else the definition's (docs/flow-control.md).
+
+    Raises:
+        InputError: the override is not an integer from 0 to 9.
+    """
+    if override is None:
+        return definition.priority
+    if isinstance(override, bool) or not isinstance(override, int) or not 0 <= override <= 9:
+        raise InputError(f"priority must be an integer from 0 to 9, got {override!r}", path="$")
+    return override
+
+
 def task_timeout(definition: WorkflowDefinition, override: float | None) -> float | None:
     """The workflow timeout of a new task, seconds: the override, else the definition's.
 
@@ -183,6 +223,7 @@ async def queue_tasks(
     cancel: Cancel,
     start_at: datetime.datetime | None = None,
     delay: float | None = None,
+    priority: int | None = None,
 ) -> list[int]:
     """Insert one task per checked input (``Tasks.submit`` without debounce or throttle).
 
@@ -211,6 +252,7 @@ async def queue_tasks(
             "tags": Jsonb(tags_of),
             "checkpoint": Jsonb(initial),
             "timeout": task_timeout(definition, timeout),
+            "priority": task_priority(definition, priority),
             "concurrency_keys": Jsonb(keys),
             "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
             **start_params(start_at, delay),

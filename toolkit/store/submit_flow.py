@@ -17,15 +17,12 @@ from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import InputError, Throttled
 from toolkit.store.database import Database
-from toolkit.store.names import check_tenant
 from toolkit.store.queries import query
-from toolkit.store.submission import checked_input, initial_checkpoint, task_tags, task_timeout
-from toolkit.store.tags import check_tags
+from toolkit.store.submission import task_params
 
 #: Inserts checked inputs as tasks queued now (``delay`` None) or after ``delay`` seconds.
 Queue = Callable[..., Awaitable[list[int]]]
@@ -41,6 +38,7 @@ async def submit_flowing(
     timeout: float | None,
     tags: Mapping[str, str] | None,
     queue: Queue,
+    priority: int | None = None,
 ) -> list[int]:
     """Submit checked inputs of a debounced or throttled definition, one by one.
 
@@ -58,7 +56,7 @@ async def submit_flowing(
             if definition.debounce is not None:
                 params = await debounced_params(
                     db, definition, value, tenant=tenant, budget=budget, timeout=timeout,
-                    tags=tags,
+                    tags=tags, priority=priority,
                 )  # fmt: skip
                 ids.append((await submit_debounced(cursor, params))[0])
                 continue
@@ -92,6 +90,7 @@ async def debounced_params(
     budget: Mapping[str, float] | None = None,
     timeout: float | None = None,
     tags: Mapping[str, str] | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The parameters of ``submit_debounced_task`` for one input (checked).
 
@@ -101,18 +100,14 @@ async def debounced_params(
     """
     spec = definition.debounce
     assert spec is not None
-    value = checked_input(db, definition, value)
+    params = await task_params(
+        db, definition, value, tenant=tenant, budget=budget, timeout=timeout, tags=tags,
+        priority=priority,
+    )  # fmt: skip
     label = f"{definition.name} v{definition.version}"
     return {
-        "tenant": check_tenant(tenant),
-        "name": definition.name,
-        "version": definition.version,
-        "digest": definition.digest,
-        "input": Jsonb(value),
-        "tags": Jsonb(task_tags(definition, value, check_tags(tags or {}))),
-        "checkpoint": Jsonb(await initial_checkpoint(db, definition, tenant, budget)),
-        "timeout": task_timeout(definition, timeout),
-        "debounce_key": spec.key_of(value, label),
+        **params,
+        "debounce_key": spec.key_of(params["input"].obj, label),
         "quiet": spec.quiet,
         "max_wait": spec.max_wait,
     }

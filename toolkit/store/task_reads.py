@@ -60,6 +60,8 @@ class TaskRecord:
     concurrency_key: str | None = None
     #: whether the task holds its concurrency key (it was admitted and has not ended)
     key_held: bool = False
+    #: 0 (lowest) to 9: the order of due tasks inside the tenant's share
+    priority: int = 0
 
 
 class TaskReads:
@@ -156,6 +158,23 @@ class TaskReads:
     async def events(self, task_id: int) -> builtins.list[dict[str, Any]]:
         """The task's events (every transition), oldest first."""
         return [dict(row) for row in await self._db.fetch_all("task_events", {"task_id": task_id})]
+
+    async def queue_position(self, task_id: int) -> dict[str, Any]:
+        """Why a due task is not running yet (``toolkit show``).
+
+        Returns:
+            ``{"due", "paused", "max_active", "active", "ahead", "served"}``: whether it is
+            due (queued or waiting, its ``run_at`` come), its tenant's settings
+            and unexpired leases, the due tasks of its tenant before it in claim order (at
+            most 10,000 counted), and whether a live worker has loaded its definition.
+
+        Raises:
+            UnknownTask: no such task.
+        """
+        row = await self._db.fetch_one("task_queue_position", {"task_id": task_id})
+        if row is None:
+            raise UnknownTask(f"no task {task_id}")
+        return dict(row)
 
     async def evidence_counts(self) -> dict[str, int]:
         """Number of evidence records of each kind, over all tasks."""

@@ -79,6 +79,7 @@ class Tasks(TaskReads):
         tags: Mapping[str, str] | None = None,
         start_at: datetime.datetime | None = None,
         delay: float | None = None,
+        priority: int | None = None,
     ) -> list[int]:
         """Queue one task per input, validated against the definition's input schema.
 
@@ -100,6 +101,9 @@ class Tasks(TaskReads):
             start_at: a delayed start: the tasks are queued, and claimed from this time on
                 (an aware datetime; until then they can be cancelled and never run).
             delay: a delayed start in seconds from now (database time), instead.
+            priority: overrides the definition's ``priority`` (0, lowest, to 9): inside
+                the tenant's share a due task of priority p is claimed as if it had been
+                due p minutes earlier (docs/flow-control.md#priority).
 
         Returns:
             The new task ids, in input order.
@@ -130,15 +134,15 @@ class Tasks(TaskReads):
             no_delayed_start(definition, start_at, delay)
             queue = functools.partial(
                 queue_tasks, self._db, definition, tenant=tenant, budget=budget,
-                timeout=timeout, tags=tags, cancel=self.cancel,
+                timeout=timeout, tags=tags, cancel=self.cancel, priority=priority,
             )  # fmt: skip
             return await submit_flowing(
                 self._db, definition, validated, tenant=tenant, budget=budget, timeout=timeout,
-                tags=tags, queue=queue,
+                tags=tags, queue=queue, priority=priority,
             )  # fmt: skip
         return await queue_tasks(
             self._db, definition, validated, tenant=tenant, budget=budget, timeout=timeout,
-            tags=tags, cancel=self.cancel, start_at=start_at, delay=delay,
+            tags=tags, cancel=self.cancel, start_at=start_at, delay=delay, priority=priority,
         )  # fmt: skip
 
     async def submit_keyed(
@@ -153,6 +157,7 @@ class Tasks(TaskReads):
         tags: Mapping[str, str] | None = None,
         start_at: datetime.datetime | None = None,
         delay: float | None = None,
+        priority: int | None = None,
     ) -> tuple[int, bool]:
         """Queue one task unless the tenant already has a task with idempotency key ``key``.
 
@@ -166,6 +171,7 @@ class Tasks(TaskReads):
             tags: the task's tags (see `submit`).
             start_at: a delayed start (see `submit`).
             delay: a delayed start in seconds (see `submit`).
+            priority: overrides the definition's priority (see `submit`).
 
         Returns:
             ``(task id, created)``: the new task, or the existing one at once (no retry loop).
@@ -178,7 +184,7 @@ class Tasks(TaskReads):
         """
         params = await keyed_params(
             self._db, definition, value, key=key, tenant=tenant, budget=budget, timeout=timeout,
-            tags=tags, start_at=start_at, delay=delay,
+            tags=tags, start_at=start_at, delay=delay, priority=priority,
         )  # fmt: skip
         keys = [params["concurrency_key"]]
         try:

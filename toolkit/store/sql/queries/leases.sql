@@ -11,20 +11,28 @@ ORDER BY tenant
 FOR NO KEY UPDATE SKIP LOCKED;
 
 -- fragment: due_tasks
--- The claimable tasks of tenant tn.tenant, in due order, at most tn.slots of them, locked
--- with SKIP LOCKED: queued or waiting tasks whose run_at has come, and leased ones whose
--- lease expired (recoverable), of the claiming worker's definitions. A leased task is due at
--- its lease expiry, so one range of the claim index finds every claimable task and never
--- steps over live leases.
+-- The claimable tasks of tenant tn.tenant, in claim-time order (due time less a minute per
+-- priority level, migration 0017), at most tn.slots of them, locked with SKIP LOCKED: queued
+-- or waiting tasks whose run_at has come, and leased ones whose lease expired (recoverable),
+-- of the claiming worker's definitions. A leased task is due at its lease expiry, so one
+-- range of the claim index finds every claimable task and never steps over live leases; the
+-- range ends at now in claim time, and the due filter leaves out what a priority's credit
+-- reaches ahead (tasks above priority 0 due within 9 minutes).
 SELECT id, state AS previous_state, lease_owner AS previous_owner,
-       CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at
+       CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at,
+       (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
+           - priority * interval '1 minute' AS claim_at
 FROM toolkit_tasks
 WHERE tenant = tn.tenant
   AND state IN ('queued', 'leased', 'waiting')
+  AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
+      - priority * interval '1 minute'
+      <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')  -- a sub-select: an index bound
   AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-      <= (SELECT clock_timestamp())  -- a sub-select: an index bound, not a filter
+      <= (SELECT clock_timestamp())
   AND definition_digest = ANY(%(digests)s::text[])
-ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END, id
+ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
+         - priority * interval '1 minute', id
 LIMIT tn.slots
 FOR UPDATE SKIP LOCKED
 
@@ -81,8 +89,8 @@ ORDER BY id
 -- max_active minus its unexpired leases (an expired lease holds no slot). The batch then
 -- goes to the tenants with the fewest unexpired leases per unit of weight, counting the
 -- tasks of this batch as they are picked (a weighted fair share of the leased slots), ties by
--- due time; a tenant's leases are only counted when it has a limit or shares the queue with
--- other tenants.
+-- claim time (due time less a minute per priority level); a tenant's leases are only counted
+-- when it has a limit or shares the queue with other tenants.
 WITH candidates AS (
     SELECT c.*
     FROM (
@@ -105,12 +113,12 @@ WITH candidates AS (
     ) tn
     CROSS JOIN LATERAL (
         SELECT due.*, tn.weight, tn.active,
-               row_number() OVER (ORDER BY due.due_at, due.id) AS rank
+               row_number() OVER (ORDER BY due.claim_at, due.id) AS rank
         FROM (
             -- include: due_tasks
         ) due
     ) c
-    ORDER BY (c.active + c.rank - 1)::float8 / c.weight, c.due_at, c.id
+    ORDER BY (c.active + c.rank - 1)::float8 / c.weight, c.claim_at, c.id
     LIMIT %(limit)s
 ),
 -- include: take_leases

@@ -16,9 +16,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, concurrency_key, concurrency_limit, state, wait_reason, run_at)
+         deadline_at, tags, priority, concurrency_key, concurrency_limit, state, wait_reason,
+         run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
            clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
+           %(priority)s,
            k.key ->> 0, CASE WHEN k.key ->> 0 IS NOT NULL THEN %(concurrency_limit)s::int END,
            -- include: start_at
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
@@ -44,10 +46,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key, deadline_at, tags, concurrency_key, concurrency_limit, state,
-         wait_reason, run_at)
+         idempotency_key, deadline_at, tags, priority, concurrency_key, concurrency_limit,
+         state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
             clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            %(priority)s,
             %(concurrency_key)s, %(concurrency_limit)s,
             -- include: start_at
             )
@@ -72,7 +75,7 @@ SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_dig
        t.lease_expires_at, t.attempts, t.result, t.error, t.cancel_requested,
        t.idempotency_key, t.tags, t.schedule_name, t.scheduled_at, t.created_at,
        t.updated_at, t.finished_at, t.concurrency_key,
-       t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held
+       t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held, t.priority
 
 -- fragment: task_filter
 -- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
@@ -164,11 +167,17 @@ GROUP BY record;
 -- Read by an idle worker after an empty claim. pending: a task of these definitions is
 -- queued (due or not), leased, or waiting and due, which `toolkit run --until-idle` waits
 -- for (a timer or signal wait not yet due does not count). next_due: seconds until the
--- earliest future run_at of a queued or waiting task (a retry or a timer), so the worker
--- wakes for it instead of polling. Tasks of paused tenants count for neither (no worker
--- may claim them). The waiting and future parts read the claim index tenant by tenant
--- (one short range each); the time bound is a sub-select so that the planner uses it as an
--- index bound, not as a filter over every waiting task.
+-- earliest future run_at of a queued or waiting task (a retry or a timer), or a little
+-- sooner, so the worker wakes for it instead of polling. Tasks of paused tenants count for
+-- neither (no worker may claim them). The waiting and future parts read index ranges tenant
+-- by tenant (one short range each); the time bounds are sub-selects so that the planner
+-- uses them as index bounds, not as filters over every waiting task.
+--
+-- The claim index is in claim-time order (due time less a minute per priority level,
+-- migration 0017): its first future entry bounds every due time at or after it from below,
+-- and is exact at priority 0. The exact due time of the tasks above priority 0 comes from
+-- their own index. An entry of priority p is thus woken for at most once early, p minutes
+-- before it is due, after which the second range reads it exactly: no busy wake-ups.
 SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
            WHERE state IN ('queued', 'leased')
@@ -182,28 +191,49 @@ SELECT EXISTS (
                SELECT 1 FROM toolkit_tasks
                WHERE tenant = tn.tenant
                  AND state IN ('queued', 'leased', 'waiting') AND state = 'waiting'
+                 AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                      AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                     <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')
                  AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                      <= (SELECT clock_timestamp())
                  AND definition_digest = ANY(%(digests)s::text[])
                -- in index order: the planner then reads the due range, never choosing a
                -- scan of every parked task for a first row it will not find (issue 20)
-               ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+               ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                         AT TIME ZONE 'UTC') - priority * interval '1 minute'
                LIMIT 1
            ) due
            WHERE NOT tn.paused
        ) AS pending,
-       (SELECT extract(epoch FROM min(later.run_at) - clock_timestamp())::float8
+       (SELECT extract(epoch FROM least(min(first_claim.at_utc AT TIME ZONE 'UTC'),
+                                         min(ahead.at)) - clock_timestamp())::float8
         FROM toolkit_tenants tn
-        CROSS JOIN LATERAL (
-            SELECT run_at FROM toolkit_tasks
+        LEFT JOIN LATERAL (
+            -- the first future claim time: a lower bound of the due times after it
+            SELECT (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                    AT TIME ZONE 'UTC') - priority * interval '1 minute' AS at_utc
+            FROM toolkit_tasks
             WHERE tenant = tn.tenant
+              AND state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
+              AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                   AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                  > (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+              AND definition_digest = ANY(%(digests)s::text[])
+            ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                      AT TIME ZONE 'UTC') - priority * interval '1 minute'
+            LIMIT 1
+        ) first_claim ON true
+        LEFT JOIN LATERAL (
+            -- the first future due time above priority 0, exactly
+            SELECT run_at AS at FROM toolkit_tasks
+            WHERE tenant = tn.tenant AND priority > 0
               AND state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
               AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                   > (SELECT clock_timestamp())
               AND definition_digest = ANY(%(digests)s::text[])
             ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
             LIMIT 1
-        ) later
+        ) ahead ON true
         WHERE NOT tn.paused) AS next_due;
 
 -- name: send_signal
@@ -463,9 +493,10 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks AS t
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, debounce_key, state, wait_reason, run_at)
+         deadline_at, tags, priority, debounce_key, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
             clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            %(priority)s,
             %(debounce_key)s, 'waiting', 'debounce',
             clock_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
                                       %(timeout)s::float8) * interval '1 second')
@@ -475,7 +506,7 @@ WITH tenant AS (
         input = EXCLUDED.input, tags = EXCLUDED.tags, checkpoint = EXCLUDED.checkpoint,
         definition_version = EXCLUDED.definition_version,
         definition_digest = EXCLUDED.definition_digest,
-        deadline_at = EXCLUDED.deadline_at,
+        deadline_at = EXCLUDED.deadline_at, priority = EXCLUDED.priority,
         run_at = least(clock_timestamp() + %(quiet)s::float8 * interval '1 second',
                        coalesce(t.created_at + %(max_wait)s::float8 * interval '1 second',
                                 'infinity'),
@@ -513,3 +544,42 @@ SELECT greatest(extract(epoch FROM next_at - clock_timestamp()) + %(interval)s::
                 - %(period)s::float8, 0)::float8 AS free_in
 FROM toolkit_throttle_keys
 WHERE tenant = %(tenant)s AND definition_name = %(name)s AND throttle_key = %(key)s;
+
+-- name: key_health
+-- For `toolkit doctor`: the concurrency keys with the most tasks waiting for them (at most
+-- 5), and how long the oldest has waited (seconds since its submit, database time). Reads
+-- only the tasks waiting for keys (toolkit_tasks_key_queue), never the holders.
+SELECT tenant, definition_name, concurrency_key, count(*) AS waiting,
+       extract(epoch FROM clock_timestamp() - min(created_at))::float8 AS oldest_wait
+FROM toolkit_tasks
+WHERE state = 'waiting' AND wait_reason = 'concurrency'
+GROUP BY tenant, definition_name, concurrency_key
+ORDER BY count(*) DESC, min(created_at)
+LIMIT 5;
+
+-- name: task_queue_position
+-- For `toolkit show`: whether a task is due for a claim, and why it is not running yet. Its tenant's settings and
+-- unexpired leases, how many due tasks of its tenant come before it in claim order (at most
+-- 10,000 counted: an index range of the claim index), and whether a live worker has loaded
+-- its definition version.
+SELECT t.state IN ('queued', 'waiting') AND t.run_at <= clock_timestamp() AS due,
+       tn.paused, tn.max_active,
+       (SELECT count(*) FROM toolkit_tasks a
+        WHERE a.tenant = t.tenant AND a.state = 'leased'
+          AND a.lease_expires_at > clock_timestamp()) AS active,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM toolkit_tasks a
+            WHERE a.tenant = t.tenant AND a.state IN ('queued', 'leased', 'waiting')
+              AND (CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
+                   AT TIME ZONE 'UTC') - a.priority * interval '1 minute'
+                  < (t.run_at AT TIME ZONE 'UTC') - t.priority * interval '1 minute'
+              AND CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
+                  <= clock_timestamp()
+            LIMIT 10000) ahead) AS ahead,
+       EXISTS (SELECT 1 FROM toolkit_workers w
+               WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+                 AND w.definitions @> jsonb_build_array(
+                         jsonb_build_object('digest', t.definition_digest))) AS served
+FROM toolkit_tasks t
+JOIN toolkit_tenants tn ON tn.tenant = t.tenant
+WHERE t.id = %(task_id)s;
