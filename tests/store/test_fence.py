@@ -27,6 +27,8 @@ GUARD = "toolkit_lease_held("
 UNFENCED = {
     "submit_tasks": "creates tasks: there is no lease yet",
     "submit_keyed_task": "creates a task: there is no lease yet",
+    "submit_debounced_task": "creates a task, or gives a new input to one that waits for its"
+    " debounce (never claimed yet: there is no lease)",
     "claim_tasks": "takes the lease (and raises the token) of tasks nobody holds",
     "claim_tasks_one_tenant": "takes the lease of tasks nobody holds (one tenant alone)",
     "wake_raced_waits": "a wake-up, in the transaction of the fenced write of its wait",
