@@ -118,7 +118,7 @@ async def test_cancel_newest_cancels_the_new_task(store: Store) -> None:
     d = await _deployed(store, keyed("cancel_newest"))
     first, second = await store.tasks.submit(d, [{"account": "a"}, {"account": "a"}])
     states = await _states(store, [first, second])
-    assert [row[1] for row in states] == ["waiting", "cancelled"], states
+    assert [row[1] for row in states] == ["queued", "cancelled"], states
     assert [t.id for t in await _claim(store, d)] == [first]
 
 
@@ -168,3 +168,17 @@ def test_a_key_reads_only_the_input() -> None:
     text = keyed().replace("${ input.account }", "${ steps.work.id }")
     with pytest.raises(DefinitionError, match="a concurrency key is rendered at submit"):
         definition(text)
+
+
+async def test_a_free_key_is_taken_at_submit_and_a_batch_tries_at_most_32(store: Store) -> None:
+    """The submit admits a task whose key is free (it holds it at once, no wake row); one
+    transaction tries at most 32 keys so, and the admission takes the others."""
+    d = await _deployed(store, keyed())
+    ids = await store.tasks.submit(d, [{"account": f"k{n}"} for n in range(40)])
+    rows = await _states(store, ids)
+    assert [r[1:] for r in rows] == [("queued", None, True)] * 32 + [
+        ("waiting", "concurrency", False)
+    ] * 8, rows
+    assert await sql(store, "SELECT count(*) FROM toolkit_key_wakes") == [(8,)]
+    claimed = await _claim(store, d, 40)  # the admission first, then the claim
+    assert sorted(t.id for t in claimed) == ids

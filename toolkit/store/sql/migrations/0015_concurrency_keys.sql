@@ -1,11 +1,12 @@
 -- Concurrency keys (issue 20, docs/flow-control.md): a definition's `concurrency: {key,
 -- max_active, on_conflict}` lets at most max_active live tasks of one key value (per tenant
 -- and definition name) hold the key, from their admission until they end. A keyed task is
--- inserted parked (waiting, reason 'concurrency', run_at never), and a wake row says that
--- its key may have room; the admission (toolkit_admit_keys, run by claiming workers) is the
--- one place that decides, one key at a time under a transaction-level advisory lock, and
--- admits parked tasks in id (submission) order. Ends and re-entries only append wake rows:
--- they lock nothing another statement holds, so no two group commits deadlock over keys.
+-- admitted by its insert when its key is free, else inserted parked (waiting, reason
+-- 'concurrency', run_at never) with a wake row saying that its key may have room; the
+-- admission (toolkit_admit_keys, run by claiming workers) admits parked tasks in id
+-- (submission) order. Both decide for a key under its transaction-level advisory lock,
+-- tried, never waited for. Ends only append wake rows: they lock nothing another statement
+-- holds, so no two group commits deadlock over keys.
 ALTER TABLE toolkit_tasks
     ADD COLUMN concurrency_key text,
     -- the definition's max_active when the task was submitted
@@ -41,11 +42,38 @@ CREATE TABLE toolkit_key_wakes (
 CREATE INDEX toolkit_key_wakes_key
     ON toolkit_key_wakes (tenant, definition_name, concurrency_key);
 
--- A keyed task is inserted parked, whatever statement inserts it (submit, keyed submit, a
--- schedule's tick, an event's trigger, a child workflow); a delayed start is kept aside.
+-- A keyed task is admitted or parked, whatever statement inserts it (submit, keyed submit, a
+-- schedule's tick, an event's trigger, a child workflow). It is admitted at once (it holds
+-- the key, its state is kept) when the key is free: no other transaction is deciding for the
+-- key (its advisory lock, tried, not waited for, and held to commit, as the admission
+-- holds it), no task waits for it, and it has fewer live holders than max_active; each
+-- query here sees what committed before it ran, and the rows this statement wrote before.
+-- A transaction tries at most 32 keys so (a lock held to commit each); the others, and
+-- every task of a busy key, are parked: waiting, reason 'concurrency', with a wake row for
+-- the admission, a delayed start kept aside.
 CREATE FUNCTION toolkit_park_for_key() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    tried integer := coalesce(nullif(current_setting('toolkit.key_locks', true), ''), '0')::int;
 BEGIN
+    IF tried < 32 AND pg_try_advisory_xact_lock(hashtextextended(
+            NEW.tenant || chr(31) || NEW.definition_name || chr(31) || NEW.concurrency_key, 20))
+    THEN
+        PERFORM set_config('toolkit.key_locks', (tried + 1)::text, true);
+        IF NOT EXISTS (SELECT 1 FROM toolkit_tasks
+                       WHERE tenant = NEW.tenant AND definition_name = NEW.definition_name
+                         AND concurrency_key = NEW.concurrency_key
+                         AND state = 'waiting' AND wait_reason = 'concurrency')
+           AND (SELECT count(*) FROM toolkit_tasks
+                WHERE tenant = NEW.tenant AND definition_name = NEW.definition_name
+                  AND concurrency_key = NEW.concurrency_key
+                  AND key_held AND state IN ('queued', 'leased', 'waiting'))
+               < NEW.concurrency_limit
+        THEN
+            NEW.key_held := true;
+            RETURN NEW;
+        END IF;
+    END IF;
     NEW.start_after := CASE WHEN NEW.state = 'waiting' AND NEW.wait_reason = 'start'
                             THEN NEW.run_at END;
     NEW.state := 'waiting';
