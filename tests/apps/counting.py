@@ -145,3 +145,13 @@ async def crash(ctx: EffectContext) -> None:
 
 def _named(name: str) -> type[Exception]:
     return type(name, (Exception,), {})
+
+
+@app.effect("count.stream")
+async def stream(ctx: EffectContext, count: int = 5, seconds: float = 0.05) -> dict[str, Any]:
+    """Publish ``count`` values (each after its progress), ``seconds`` apart, then return."""
+    for n in range(count):
+        await ctx.progress({"at": n})
+        await ctx.publish({"token": n})
+        await anyio.sleep(seconds)
+    return {"tokens": count}

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import anyio.from_thread
+import anyio.lowlevel
 import psycopg
 
 from toolkit.application.spend import SpendMeter
@@ -53,6 +56,12 @@ class EffectContext:
     callback_token: str | None = None
     task_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     _tags_set: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    _publish: Callable[[Any], Awaitable[int]] | None = dataclasses.field(default=None, repr=False)
+    _progress: Callable[[Any], Awaitable[None]] | None = dataclasses.field(
+        default=None, repr=False
+    )
+    _loop: anyio.lowlevel.EventLoopToken | None = dataclasses.field(default=None, repr=False)
+    _rates: dict[str, list[float]] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -97,6 +106,68 @@ class EffectContext:
         """
         if self._spend is not None:  # None: a context built outside the engine
             self._spend.add(amounts)
+
+    async def publish(self, value: Any) -> int:
+        """Append ``value`` to the task's stream now, durably (docs/progress.md).
+
+        Written at once in a small fenced write of its own, not held until the step
+        commits: readers (``toolkit watch``, ``store.streams.follow``) see it while the step
+        runs. Items are numbered per task; a call whose lease was lost publishes nothing.
+
+        Args:
+            value: JSON, at most 64 KiB of it.
+
+        Returns:
+            The item's number in the task's stream (1, 2, ...).
+
+        Raises:
+            InputError: not JSON, larger than 64 KiB, more than 50 items a second from this
+                call, or the task's 10,000th item passed.
+            LeaseLost: the lease is no longer this worker's: stop.
+        """
+        if self._publish is None:
+            raise RuntimeError("publish needs a context the engine made (a running step)")
+        self._pace("publish", 50)
+        return await self._publish(value)
+
+    async def progress(self, value: Any) -> None:
+        """Tell the task's readers how the call goes: ``ctx.progress({"done": 40})``.
+
+        Best effort and never stored: sent through NOTIFY to the readers following now,
+        not replayed to later ones, lost with the connection. More than 20 a second from
+        one call are dropped (the next ones get through).
+
+        Raises:
+            InputError: not JSON, or more than 7,000 bytes of it.
+        """
+        if self._progress is None:
+            raise RuntimeError("progress needs a context the engine made (a running step)")
+        try:
+            self._pace("progress", 20)
+        except InputError:
+            return  # best effort: dropped
+        await self._progress(value)
+
+    def publish_sync(self, value: Any) -> int:
+        """`publish` from a sync handler (it runs in a thread of its own)."""
+        return anyio.from_thread.run(self.publish, value, token=self._loop)
+
+    def progress_sync(self, value: Any) -> None:
+        """`progress` from a sync handler."""
+        anyio.from_thread.run(self.progress, value, token=self._loop)
+
+    def _pace(self, what: str, per_second: int) -> None:
+        """Refuse a ``what`` past ``per_second`` in the last second of this call."""
+        now = time.monotonic()
+        recent = [t for t in self._rates.get(what, []) if now - t < 1.0]
+        if len(recent) >= per_second:
+            raise InputError(
+                f"ctx.{what}: more than {per_second} a second from one call; send fewer,"
+                " larger values",
+                path=f"ctx.{what}",
+            )
+        recent.append(now)
+        self._rates[what] = recent
 
     @property
     def cancelled(self) -> bool:

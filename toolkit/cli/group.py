@@ -160,6 +160,7 @@ _COMMANDS: tuple[click.Command, ...] = (
     events.emit,
     events.events,
     results.wait,
+    results.watch,
     bulk.bulk,
     schedules.schedules,
     # workers

@@ -1,4 +1,6 @@
-"""Awaiting a task's result: ``toolkit wait TASK`` and ``toolkit submit --wait``.
+"""Awaiting a task: ``toolkit wait TASK``, ``submit --wait`` and ``watch TASK``.
+
+``watch`` follows the task's stream too (docs/progress.md).
 
 The output is printed as JSON (exit 0), or the task's error (exit :data:`EXIT_FAILED` or
 :data:`EXIT_CANCELLED`); a wait that timed out exits :data:`EXIT_TIMED_OUT`. These do not
@@ -6,6 +8,8 @@ collide with the CLI's own 1 (an error of the command) and 2 (a usage error).
 """
 
 from __future__ import annotations
+
+import json
 
 import click
 
@@ -65,3 +69,41 @@ def wait(ctx: click.Context, task_id: int, timeout_text: str | None) -> None:
     settings: Settings = ctx.obj
     timeout = wait_timeout(timeout_text, "--timeout")
     ctx.exit(run_in_store(settings, lambda store: await_and_print(store, task_id, timeout)))
+
+
+@click.command()
+@click.argument("task_id", type=int)
+@click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Show the stream's items after this number (resume where you left).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per event.")
+@click.pass_context
+def watch(ctx: click.Context, task_id: int, after: int, as_json: bool) -> None:
+    """Follow task TASK_ID until it ends: its state, what its steps publish and their progress.
+
+    Prints a line per state change, per published item (`item N VALUE`, durable and in
+    order) and per progress value (best effort, while watching), then the task's output or
+    error. Exit status as `toolkit wait`: 0 succeeded, 3 failed, 4 cancelled.
+    """  # fmt: skip
+    settings: Settings = ctx.obj
+
+    async def follow(store: Store) -> int:
+        code = 0
+        async for event in store.streams.follow(task_id, after=after):
+            if as_json:
+                line = {"kind": event.kind, "value": event.value, "seq": event.seq,
+                        "occurrence": event.occurrence, **event.detail}  # fmt: skip
+                click.echo(json.dumps(line, default=str, ensure_ascii=False))
+            elif event.kind == "item":
+                click.echo(f"item {event.seq} {json.dumps(event.value)}")
+            elif event.kind == "progress":
+                click.echo(f"progress {json.dumps(event.value)}")
+            else:
+                reason = event.detail.get("wait_reason")
+                click.echo(f"state {event.value}" + (f" ({reason})" if reason else ""))
+            if event.kind == "state" and event.value in ("succeeded", "failed", "cancelled"):
+                code = {"succeeded": 0, "failed": EXIT_FAILED}.get(event.value, EXIT_CANCELLED)
+                if not as_json:
+                    echo_json(event.detail.get("result" if code == 0 else "error"))
+        return code
+
+    ctx.exit(run_in_store(settings, follow))

@@ -17,6 +17,7 @@ import time
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import EffectContext, Handler, SpendMeter
@@ -174,6 +175,9 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         callback_token=token,
         task_tags=dict(cycle.tags_now),
         _tags_set=tags,
+        _publish=functools.partial(services.store.streams.publish, cycle.fence, occurrence),
+        _progress=functools.partial(services.store.streams.progress, task.id),
+        _loop=anyio.lowlevel.current_token(),
     )
     started = time.monotonic()
     outcome = "error"

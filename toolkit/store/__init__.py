@@ -22,6 +22,7 @@ from toolkit.store.leases import Leases
 from toolkit.store.limits import Limits
 from toolkit.store.migrations import migrate, schema_status
 from toolkit.store.schedules import Schedules
+from toolkit.store.streams import Streams
 from toolkit.store.tasks import Tasks
 from toolkit.store.tenants import Tenants
 from toolkit.store.workers import Membership
@@ -47,6 +48,7 @@ class Store:
         schedules: recurring schedules, and the firing of their ticks.
         branches: the branch rows of parallel and map steps in progress.
         events: events: emit, the tasks they start, the waits they reach (docs/events.md).
+        streams: what handlers publish while a step runs, and progress (docs/progress.md).
     """
 
     def __init__(self, db: Database) -> None:
@@ -64,6 +66,7 @@ class Store:
         self.schedules = Schedules(db)
         self.branches = BranchRows(db)
         self.events = Events(db)
+        self.streams = Streams(db)
 
     @classmethod
     async def open(cls, dsn: str, *, pool_size: int = 8, migrate_schema: bool = True) -> Store:

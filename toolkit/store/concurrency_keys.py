@@ -1,12 +1,13 @@
 """Concurrency keys at submit: the ``on_conflict`` policies (docs/flow-control.md).
 
-The store admits keyed tasks by itself (migration ``0015_concurrency_keys``: a keyed task is
-inserted waiting for its key, and claimers admit tasks in submission order while a key has
-room), so ``queue`` needs nothing here. The other policies look at the key's live tasks
-(committed ones: two submits racing for a free key are both accepted, and queue; the limit
-holds either way): ``skip`` refuses the submit, ``cancel_newest`` cancels the new task at once
-and ``cancel_running`` cancels the key's older live tasks, both through the ordinary cancel
-path (:meth:`Tasks.cancel <toolkit.store.tasks.Tasks.cancel>`).
+The store admits keyed tasks by itself (migration ``0015_concurrency_keys``: a keyed task
+takes a free key at its insert, or waits for it, and claimers admit waiting tasks in
+submission order while a key has room), so ``queue`` needs nothing here. The other policies
+look at the key's live tasks (committed ones: two submits racing for a free key are both
+accepted, and queue; the limit holds either way): ``skip`` refuses the submit,
+``cancel_newest`` cancels the new task at once and ``cancel_running`` cancels the key's older
+live tasks, both through the ordinary cancel path (:meth:`Tasks.cancel
+<toolkit.store.tasks.Tasks.cancel>`).
 """
 
 from __future__ import annotations

@@ -129,6 +129,8 @@ class Leases:
         skipped this round), then claim, counting their leases in a snapshot taken after the
         locks. While one unpaused tenant is all there is, the claim reads that tenant's
         index range alone (nothing to share); each claim reports whether that still holds.
+        Tasks waiting for a concurrency key that may have room are admitted first (see
+        :meth:`admit_keys`), and again after a claim that found nothing due.
 
         Args:
             worker_id: the claiming worker's id.
