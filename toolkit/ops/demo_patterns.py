@@ -49,8 +49,9 @@ class PatternRun:
     Attributes:
         tasks: ``(definition, task id, state, result or error)`` of each task, in order.
         signals: signals sent to branches; completions: callbacks completed.
-        waited_without_lease: tasks seen waiting for their branches (reason ``branches``),
-            holding no lease.
+        waited_without_lease: tasks that waited for their branches (reason ``branches``),
+            holding no lease: read from their histories (a ``waiting`` event of the step's
+            branches is written with the write that gives the lease up).
     """
 
     tasks: tuple[tuple[str, int, str, Any], ...]
@@ -120,12 +121,13 @@ async def run_patterns(
                 await anyio.sleep(0.1)
             stop.cancel()
     ended = []
+    waited = 0
     for name, task_id in ids:
         task = await store.tasks.get(task_id)
         ended.append((name, task_id, task.state, task.result or task.error))
-    return PatternRun(
-        tuple(ended), outside.signals, outside.completions, len(outside.waited)
-    )
+        events = await store.tasks.events(task_id)
+        waited += any(e["kind"] == "waiting" and "branches" in (e["detail"] or {}) for e in events)
+    return PatternRun(tuple(ended), outside.signals, outside.completions, waited)
 
 
 class _OutsideWorld:
@@ -134,7 +136,6 @@ class _OutsideWorld:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.answered: set[tuple[int, str]] = set()
-        self.waited: set[int] = set()
         self.signals = 0
         self.completions = 0
 
@@ -148,9 +149,6 @@ class _OutsideWorld:
         """Answer every branch that waits for the outside world and has no answer yet."""
         for name, task_id in ids:
             task = await self.store.tasks.get(task_id)
-            if task.state == "waiting" and task.wait_reason == "branches":
-                if task.lease_owner is None:
-                    self.waited.add(task_id)
             for branch in await self.store.branches.of_task(task_id):
                 key = (task_id, branch.name)
                 if branch.status != "waiting" or key in self.answered:
