@@ -79,3 +79,12 @@ async def test_follow_reads_items_progress_and_the_end(store: Store) -> None:
     assert kinds == [("state", "leased"), ("item", 1), ("progress", {"done": 50}), ("item", 2),
                      ("state", "succeeded")], kinds  # fmt: skip
     assert seen[-1].detail == {"result": {"ok": True}}
+
+
+async def test_a_full_stream_refuses_the_next_item_and_keeps_it_out(store: Store) -> None:
+    _, task = await _leased(store)
+    async with store.db.connection() as conn:
+        await conn.execute("UPDATE toolkit_tasks SET stream_seq = 10000 WHERE id = %s", (task.id,))
+    with pytest.raises(InputError, match="has published 10000 items, the most"):
+        await store.streams.publish(task.fence("w1"), "first#1", "one too many")
+    assert await store.streams.items(task.id) == []

@@ -100,16 +100,15 @@ class Streams:
             LeaseLost: the lease is no longer held (a stale worker): nothing was written.
         """
         _checked(value, MAX_ITEM_BYTES, "a published item", self._db.payload_limits)
-        row = await self._db.fetch_one(
-            "publish_item",
-            {**fence_params(fence), "occurrence": occurrence, "value": Jsonb(value)},
-        )
-        if row is None:
-            raise LeaseLost(task_id=fence.task_id, token=fence.token)
-        seq = int(row["seq"])
-        if seq > MAX_ITEMS:
+        params = {**fence_params(fence), "occurrence": occurrence, "value": Jsonb(value),
+                  "max_items": MAX_ITEMS}  # fmt: skip
+        row = await self._db.fetch_one("publish_item", params)
+        if row is not None:
+            return int(row["seq"])
+        full = await self._db.fetch_one("stream_full", params)
+        if full is not None and full["full"]:
             raise InputError(f"task {fence.task_id} has published {MAX_ITEMS} items, the most")
-        return seq
+        raise LeaseLost(task_id=fence.task_id, token=fence.token)
 
     async def progress(self, task_id: int, value: Any) -> None:
         """Send a progress value of a task to its readers (NOTIFY; not stored).

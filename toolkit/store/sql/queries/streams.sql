@@ -1,12 +1,14 @@
 -- name: publish_item
 -- ctx.publish: the next item of the task's stream, under its lease (fenced: nothing is
--- written when the fence does not hold), and a notification naming the task on channel
--- toolkit_stream (readers then read what is new).
+-- written when the fence does not hold) while the stream has fewer than %(max_items)s
+-- items, and a notification naming the task on channel toolkit_stream (readers then read
+-- what is new). No row: the fence does not hold, or the stream is full (full says which).
 WITH task AS (
     UPDATE toolkit_tasks t
     SET stream_seq = t.stream_seq + 1
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
+      AND t.stream_seq < %(max_items)s
     RETURNING t.id, t.stream_seq
 ), item AS (
     INSERT INTO toolkit_task_stream (task_id, seq, occurrence, fencing_token, value)
@@ -14,6 +16,9 @@ WITH task AS (
     RETURNING task_id, seq
 )
 SELECT seq, pg_notify('toolkit_stream', task_id::text) IS NULL AS notified FROM item;
+
+-- name: stream_full
+SELECT stream_seq >= %(max_items)s AS full FROM toolkit_tasks WHERE id = %(task_id)s;
 
 -- name: report_progress
 -- ctx.progress: a notification only (channel toolkit_progress, payload JSON {task, value}):
