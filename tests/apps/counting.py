@@ -8,11 +8,9 @@ ground truth for "no completed effect ran twice".
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-import anyio
-
+from tests.apps.work import blocking_work, slow_call
 from toolkit import App, EffectContext
 
 app = App("counting")
@@ -40,7 +38,7 @@ async def record_call(ctx: EffectContext) -> None:
 async def work(ctx: EffectContext, seconds: float = 0.0, value: Any = None) -> dict[str, Any]:
     await record_call(ctx)
     if seconds:
-        await anyio.sleep(seconds)
+        await slow_call(seconds)
     return {"step": ctx.step, "value": value, "attempt": ctx.attempt}
 
 
@@ -66,7 +64,7 @@ async def tag(ctx: EffectContext, tags: dict[str, str], fail: bool = False) -> d
 
 @app.effect("count.sync_work")
 def sync_work(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
-    time.sleep(seconds)
+    blocking_work(seconds)
     return {"step": ctx.step, "thread": True}
 
 
@@ -92,7 +90,7 @@ async def concurrent(ctx: EffectContext, seconds: float = 0.05, value: Any = Non
     CONCURRENCY["now"] += 1
     CONCURRENCY["most"] = max(CONCURRENCY["most"], CONCURRENCY["now"])
     try:
-        await anyio.sleep(seconds)
+        await slow_call(seconds)
     finally:
         CONCURRENCY["now"] -= 1
     return value
@@ -153,5 +151,5 @@ async def stream(ctx: EffectContext, count: int = 5, seconds: float = 0.05) -> d
     for n in range(count):
         await ctx.progress({"at": n})
         await ctx.publish({"token": n})
-        await anyio.sleep(seconds)
+        await slow_call(seconds)
     return {"tokens": count}

@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 
+from tests.apps.work import slow_call
 from toolkit import App, EffectContext
 
 app = App("golden")
@@ -61,7 +62,7 @@ async def callback(ctx: EffectContext, **args: Any) -> dict[str, Any]:
 @app.effect("golden.slow")
 async def slow(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
     """Answer after ``seconds``."""
-    await anyio.sleep(seconds)
+    await slow_call(seconds)
     return {"step": ctx.step, "slow": seconds}
 
 

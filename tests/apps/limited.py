@@ -8,8 +8,7 @@ let through, kept outside the task rows. The tables are created by :data:`CREATE
 
 from __future__ import annotations
 
-import anyio
-
+from tests.apps.work import slow_call
 from toolkit import App, EffectContext
 
 app = App("limited")
@@ -59,7 +58,7 @@ async def call(
         )
         row = await cursor.fetchone()
     assert row is not None
-    await anyio.sleep(hang_first if hang_first and ctx.attempt == 1 else seconds or 0.0)
+    await slow_call(hang_first if hang_first and ctx.attempt == 1 else seconds or 0.0)
     async with ctx.connection() as conn:
         await conn.execute(_LEAVE, (limit,))
         await conn.execute(

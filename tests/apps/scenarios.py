@@ -8,13 +8,12 @@ times an effect really ran, whatever the store says about it.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-import anyio
 import psycopg
 
 from tests.apps.counting import RECORD_CALL
+from tests.apps.work import blocking_work, slow_call
 from toolkit import App, EffectContext, faults
 
 app = App("scenarios")
@@ -57,7 +56,7 @@ async def slow_first_call(ctx: EffectContext, seconds: float = 0.0) -> dict[str,
     """Sleep ``seconds`` (without blocking the loop) on the first call of a key only."""
     calls = await record_call(ctx)
     if calls == 1 and seconds:
-        await anyio.sleep(seconds)
+        await slow_call(seconds)
     return {"step": ctx.step, "calls": calls}
 
 
@@ -66,7 +65,7 @@ async def block_loop_first_call(ctx: EffectContext, seconds: float = 0.0) -> dic
     """Block the event loop (``time.sleep`` inside ``async def``) on the first call only."""
     calls = await record_call(ctx)
     if calls == 1 and seconds:
-        time.sleep(seconds)  # deliberately blocks the worker's event loop: heartbeats stall
+        blocking_work(seconds)  # deliberately blocks the worker's event loop: heartbeats stall
     return {"step": ctx.step, "calls": calls}
 
 
@@ -75,7 +74,7 @@ async def poison(ctx: EffectContext, poison: bool = False, delay: float = 0.5) -
     """Crash the whole worker process on a poison input (after ``delay`` s), else return."""
     await record_call(ctx)
     if poison:
-        await anyio.sleep(delay)  # let the healthy tasks of the same batch commit first
+        await slow_call(delay)  # let the healthy tasks of the same batch commit first
         os._exit(POISON_EXIT_CODE)
     return {"ok": True}
 
@@ -90,7 +89,7 @@ def units(ctx: EffectContext, units: int = 10, seconds: float = 1.0) -> dict[str
     for _ in range(units):
         ctx.check_cancelled()
         record_call_sync(ctx, f"{ctx.idempotency_key}/units")
-        time.sleep(seconds)
+        blocking_work(seconds)
         done += 1
     return {"units": done}
 
@@ -100,7 +99,7 @@ def never_returns(ctx: EffectContext) -> dict[str, Any]:
     """A sync handler that never returns and never checks ``ctx.cancelled``."""
     record_call_sync(ctx, ctx.idempotency_key)
     while True:
-        time.sleep(0.5)
+        blocking_work(0.5)
 
 
 @app.effect("scn.ignores_cancellation")
@@ -109,6 +108,6 @@ async def ignores_cancellation(ctx: EffectContext) -> dict[str, Any]:
     await record_call(ctx)
     while True:
         try:
-            await anyio.sleep(0.2)
+            await slow_call(0.2)
         except BaseException:
             continue

@@ -1,6 +1,6 @@
 """A handler that never gives up cannot hold a worker (issue 15, item 3), with real processes.
 
-A sync handler that never returns (``while True: time.sleep()``, never checking
+A sync handler that never returns (a loop of blocking sleeps, never checking
 ``ctx.cancelled``) is abandoned at its step's timeout or at shutdown, in a daemon thread
 that does not keep the process alive. An async handler that swallows its cancellation is
 given up ``--call-grace`` seconds past its step's timeout or its cancellation: its lease is

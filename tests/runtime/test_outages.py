@@ -267,8 +267,13 @@ async def test_server_restart_mid_run(
                 return bool(await sql(dsn, "SELECT 1 FROM test_calls LIMIT 1"))
 
             await eventually(running, what="a handler running")
+            async def outage_noticed() -> bool:
+                return any(
+                    r.__dict__.get("action") == "database_unavailable" for r in caplog.records
+                )
+
             await anyio.to_thread.run_sync(private_server.stop)
-            await anyio.sleep(1.0)
+            await eventually(outage_noticed, what="the worker to notice the outage")
             await anyio.to_thread.run_sync(private_server.start)
 
         async with anyio.create_task_group() as tg:

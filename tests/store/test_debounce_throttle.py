@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 import pytest
 
 from tests.helpers.inprocess import sql
+from tests.helpers.processes import eventually
 from tests.helpers.workflows import definition
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import DefinitionError, InputError, Throttled
@@ -83,9 +83,13 @@ async def test_a_burst_starts_by_max_wait_however_often_it_is_submitted(store: S
 async def test_a_submit_after_the_task_started_makes_a_new_task(store: Store) -> None:
     d = await _deployed(store, DEBOUNCED.replace("QUIET", "0.2s").replace("MAX_WAIT", "1m"))
     (first,) = await store.tasks.submit(d, [{"document": "a"}])
-    with anyio.fail_after(10):
-        while not (claimed := await store.leases.claim("w", [d.digest], 10, 30)):
-            await anyio.sleep(0.05)
+    claimed = []
+
+    async def claimed_once_quiet() -> bool:
+        claimed.extend(await store.leases.claim("w", [d.digest], 10, 30))
+        return bool(claimed)
+
+    await eventually(claimed_once_quiet, timeout=10, what="the debounced task claimed")
     assert [task.id for task in claimed] == [first]
     assert claimed[0].input == {"document": "a"}
     (second,) = await store.tasks.submit(d, [{"document": "a", "later": True}])

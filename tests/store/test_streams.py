@@ -56,22 +56,22 @@ async def test_follow_reads_items_progress_and_the_end(store: Store) -> None:
     fence = task.fence("w1")
     await store.streams.publish(fence, "first#1", 1)
     seen: list[StreamEvent] = []
-    following = anyio.Event()
+    caught_up, progressed = anyio.Event(), anyio.Event()
 
     async def follow() -> None:
         async for event in store.streams.follow(task.id, poll=0.2):
             seen.append(event)
-            following.set()
+            if len(seen) == 2:  # the state, then the item published before
+                caught_up.set()
+            if event.kind == "progress":
+                progressed.set()
 
     with anyio.fail_after(20):
         async with anyio.create_task_group() as group:
             group.start_soon(follow)
-            await following.wait()
-            while len(seen) < 2:  # the state, then the item published before
-                await anyio.sleep(0.01)
+            await caught_up.wait()
             await store.streams.progress(task.id, {"done": 50})
-            while not any(event.kind == "progress" for event in seen):
-                await anyio.sleep(0.01)
+            await progressed.wait()
             await store.streams.publish(fence, "first#1", 2)
             write = FencedWrite(fence, {"cursor": None}, state="succeeded", result={"ok": True})
             await store.leases.commit(write)

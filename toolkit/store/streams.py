@@ -12,18 +12,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal, LiteralString
 
-import anyio
-import psycopg
 from psycopg.types.json import Jsonb
 
 from toolkit.errors import InputError, LeaseLost, PayloadRefused, UnknownTask
 from toolkit.payload import PayloadLimits, check_payload
-from toolkit.store.database import Database, translated_errors
+from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
+from toolkit.store.task_notices import listen, task_news
 from toolkit.store.task_reads import TERMINAL_STATES
 
 #: Largest published item, bytes of JSON text.
@@ -143,7 +141,7 @@ class Streams:
         Raises:
             UnknownTask: no such task.
         """
-        listening = await self._listen()
+        listening = await listen(self._db, _CHANNELS, "runifold-watch")
         try:
             row = await self._db.fetch_one("await_task", {"task_id": task_id})
             if row is None:
@@ -160,51 +158,14 @@ class Streams:
                 if row["state"] in TERMINAL_STATES:
                     yield StreamEvent("state", row["state"], detail=_ending(row))
                     return
-                async for value in self._wait(listening, task_id, poll, progress):
-                    yield StreamEvent("progress", value)
+                async for value in task_news(listening, task_id, poll):
+                    if progress:
+                        yield StreamEvent("progress", value)
                 row = await self._db.fetch_one("get_task", {"task_id": task_id})
                 assert row is not None
         finally:
             if listening is not None:
                 await listening.close()
-
-    async def _listen(self) -> psycopg.AsyncConnection[Any] | None:
-        """A connection listening on the stream channels, or None (then reads poll)."""
-        try:
-            with translated_errors(self._db.dsn):
-                conn = await psycopg.AsyncConnection.connect(
-                    self._db.dsn, autocommit=True, application_name="runifold-watch"
-                )
-                for channel in _CHANNELS:
-                    await conn.execute(channel)
-                return conn
-        except Exception:  # no notifications: the polls still find everything
-            return None
-
-    async def _wait(
-        self,
-        listening: psycopg.AsyncConnection[Any] | None,
-        task_id: int,
-        seconds: float,
-        progress: bool,
-    ) -> AsyncIterator[Any]:
-        """Wait for news of the task (an item, its end) or ``seconds``; yield its progress."""
-        if listening is None:
-            await anyio.sleep(seconds)
-            return
-        wanted = str(task_id)
-        end = time.monotonic() + seconds
-        try:
-            while (left := end - time.monotonic()) > 0:
-                async for notice in listening.notifies(timeout=left):
-                    if notice.channel == "toolkit_progress":
-                        news = json.loads(notice.payload)
-                        if progress and news.get("task") == task_id:
-                            yield news.get("value")
-                    elif notice.payload == wanted:
-                        return
-        except psycopg.Error:  # the connection dropped: wait out the poll interval
-            await anyio.sleep(max(0.0, end - time.monotonic()))
 
 
 def _wait(row: dict[str, Any]) -> dict[str, Any]:

@@ -14,13 +14,13 @@ import time
 from collections.abc import Sequence
 from typing import Any, LiteralString
 
-import anyio
 import psycopg
 
 from toolkit.errors import TaskCancelled, TaskFailed, UnknownTask, WaitTimedOut
 from toolkit.lifecycle import TaskState
-from toolkit.store.database import Database, translated_errors
+from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
+from toolkit.store.task_notices import listen, task_news
 
 #: States a task never leaves.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -221,14 +221,7 @@ class TaskReads:
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         listening: psycopg.AsyncConnection[Any] | None = None
         try:
-            try:
-                with translated_errors(self._db.dsn):
-                    listening = await psycopg.AsyncConnection.connect(
-                        self._db.dsn, autocommit=True, application_name="runifold-wait"
-                    )
-                    await listening.execute(ENDED_CHANNEL)
-            except Exception:  # no notifications: the polls still find the end
-                listening = None
+            listening = await listen(self._db, [ENDED_CHANNEL], "runifold-wait")
             row = await self._db.fetch_one("await_task", {"task_id": task_id})
             while True:
                 if row is None:
@@ -243,29 +236,12 @@ class TaskReads:
                         task_id=task_id,
                         state=row["state"],
                     )
-                await _notified(listening, task_id, min(poll, left))
+                async for _ in task_news(listening, task_id, min(poll, left)):
+                    pass  # progress values are not wanted here
                 row = await self._db.fetch_one("get_task", {"task_id": task_id})
         finally:
             if listening is not None:
                 await listening.close()
-
-
-async def _notified(
-    listening: psycopg.AsyncConnection[Any] | None, task_id: int, seconds: float
-) -> None:
-    """Return when ``task_id``'s ending is announced or after ``seconds``, whichever first."""
-    if listening is None:
-        await anyio.sleep(seconds)
-        return
-    wanted = str(task_id)
-    end = time.monotonic() + seconds
-    try:
-        while (left := end - time.monotonic()) > 0:
-            async for notice in listening.notifies(timeout=left):
-                if notice.payload == wanted:
-                    return
-    except psycopg.Error:  # the LISTEN connection dropped: wait out the poll interval
-        await anyio.sleep(max(0.0, end - time.monotonic()))
 
 
 def _outcome(task_id: int, row: dict[str, Any]) -> Any:
