@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -76,11 +76,17 @@ class Exited:
 
 
 def worker_command(
-    dsn: str, definitions: Path, concurrency: int, worker_id: str, *, until_idle: bool = True
+    dsn: str,
+    definitions: Path,
+    concurrency: int,
+    worker_id: str,
+    *,
+    until_idle: bool = True,
+    app: str = APP,
 ) -> list[str]:
     """The production worker: ``python -m toolkit run`` (until the queue drains, by default)."""
     command = [
-        sys.executable, "-m", "toolkit", "--dsn", dsn, "run", "--app", APP,
+        sys.executable, "-m", "toolkit", "--dsn", dsn, "run", "--app", app,
         "--definitions", str(definitions), "--concurrency", str(concurrency),
         "--worker-id", worker_id,
     ]  # fmt: skip
@@ -123,11 +129,12 @@ class PeakRss:
 class WorkerProcess:
     """One worker subprocess, its output captured in temporary files, its RSS sampled."""
 
-    def __init__(self, command: Sequence[str]) -> None:
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-        }
+    def __init__(self, command: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """Start ``command``; ``env`` adds to this process's environment (``PYTHONPATH``
+        entries go before the repository's)."""
+        extra = dict(env or {})
+        path = [extra.pop("PYTHONPATH", None), str(REPO), os.environ.get("PYTHONPATH")]
+        env = {**os.environ, **extra, "PYTHONPATH": os.pathsep.join(filter(None, path))}
         self._out: IO[str] = tempfile.TemporaryFile("w+")
         self._err: IO[str] = tempfile.TemporaryFile("w+")
         self._proc = subprocess.Popen(
@@ -207,9 +214,11 @@ def run_workers(
     processes: int = 1,
     profile: Path | None = None,
     name: str = "bench",
+    app: str = APP,
+    env: Mapping[str, str] | None = None,
 ) -> WorkerRun:
     """Spawn ``processes`` workers (ids ``NAME-1``, ``NAME-2``, ...) with ``--until-idle``
-    and wait for all of them.
+    and wait for all of them; they run ``app`` with ``env`` added to their environment.
 
     With ``profile``, py-spy attaches to the first worker by pid (the measured process tree
     stays the production one) and writes raw collapsed stacks there.
@@ -217,7 +226,9 @@ def run_workers(
     py_spy = None if profile is None else find_py_spy()
     started = time.perf_counter()
     workers = [
-        WorkerProcess(worker_command(dsn, definitions, concurrency, f"{name}-{index}"))
+        WorkerProcess(
+            worker_command(dsn, definitions, concurrency, f"{name}-{index}", app=app), env
+        )
         for index in range(1, processes + 1)
     ]
     spy = None

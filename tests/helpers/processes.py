@@ -24,19 +24,23 @@ def toolkit_process(dsn: str, *args: str, **kwargs: object) -> subprocess.Popen[
 
     Its stdout and stderr are pipes unless ``kwargs`` (passed to `subprocess.Popen`) say
     otherwise; ``env`` in them adds variables to this process's environment."""
-    env = {
-        **os.environ,
-        **kwargs.pop("env", {}),  # type: ignore[dict-item]
-        "TOOLKIT_DSN": dsn,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
     return subprocess.Popen(
         [sys.executable, "-m", "toolkit", *args],
-        env=env,
+        env=toolkit_env(dsn, kwargs.pop("env", {})),  # type: ignore[arg-type]
         cwd=REPO,
         text=True,
         **{"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs},  # type: ignore[arg-type]
     )
+
+
+def toolkit_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a toolkit process: this one's, ``extra``, the store, the apps."""
+    return {
+        **os.environ,
+        **(extra or {}),
+        "TOOLKIT_DSN": dsn,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def wait_for(

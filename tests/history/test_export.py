@@ -33,7 +33,7 @@ pytestmark = pytest.mark.anyio
 def test_the_export_schema_is_pinned() -> None:
     """Changing a column is a new export schema version: update this test, the docs and
     EXPORT_SCHEMA_VERSION together."""
-    assert EXPORT_SCHEMA_VERSION == 3
+    assert EXPORT_SCHEMA_VERSION == 4
     assert {table: [name for name, _ in cols] for table, cols in EXPORT_COLUMNS.items()} == {
         "tasks": [
             "id", "tenant", "definition_name", "definition_version", "definition_digest",
@@ -60,6 +60,7 @@ def test_the_export_schema_is_pinned() -> None:
             "id", "tenant", "name", "key", "payload", "emitted_at", "started", "delivered",
             "cancelled",
         ],
+        "stream": ["task_id", "seq", "occurrence", "fencing_token", "value", "published_at"],
     }  # fmt: skip
     page = (Path(__file__).parent.parent.parent / "docs" / "history.md").read_text()
     for table, cols in EXPORT_COLUMNS.items():
@@ -113,6 +114,7 @@ async def test_a_second_export_adds_only_newer_rows(store: Store, tmp_path: Path
     assert again.since == first.until
     assert again.rows == {
         "tasks": 0, "events": 0, "effects": 0, "checkpoints": 0, "schedules": 0, "emitted": 0,
+        "stream": 0,
     }  # fmt: skip
 
     await submit_and_run(store, flows=1, broken=0)
@@ -336,3 +338,20 @@ async def test_the_events_emitted_are_exported_with_what_they_did(
     assert [(r[2], r[3], json.loads(r[6])) for r in rows] == [
         ("order.placed", "k", list(placed.started)), ("payment.settled", None, []),
     ]  # fmt: skip
+
+
+async def test_the_items_handlers_published_are_exported_in_order(
+    store: Store, tmp_path: Path
+) -> None:
+    await deploy(store)
+    await store.tasks.submit(FLOW, [{"n": 1}])
+    (task,) = await store.leases.claim("w1", [FLOW.digest], 1, 30)
+    for n in range(3):
+        await store.streams.publish(task.fence("w1"), "generate#1", {"token": n})
+    run = await export_history(store.db, tmp_path / "hist")
+    assert run.rows["stream"] == 3
+    with history.open(tmp_path / "hist") as h:
+        rows = h.table("stream").order("seq").fetchall()
+    assert [(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows] == [
+        (task.id, n + 1, "generate#1", 1, {"token": n}) for n in range(3)
+    ]

@@ -82,7 +82,7 @@ async def test_scheduled_tasks_export_their_schedule_tick_and_tags(
 ) -> None:
     await scheduled(store)
     run = await export_history(store.db, tmp_path)
-    assert run.schema_version == 3 and run.rows["schedules"] == 3
+    assert run.schema_version == 4 and run.rows["schedules"] == 3
 
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
@@ -219,7 +219,7 @@ async def test_a_version_1_folder_still_opens_and_reports(store: Store, tmp_path
     assert "throughput (tasks ended)" in report
 
 
-async def test_a_version_3_run_appends_to_a_version_1_folder(store: Store, tmp_path: Path) -> None:
+async def test_a_version_4_run_appends_to_a_version_1_folder(store: Store, tmp_path: Path) -> None:
     await scheduled(store)
     first = await export_history(store.db, tmp_path)
     as_version_1(tmp_path)
@@ -228,11 +228,11 @@ async def test_a_version_3_run_appends_to_a_version_1_folder(store: Store, tmp_p
     # The next run adds only what changed since: the new trigger's task.
     second = await export_history(store.db, tmp_path)
     manifest = read_manifest(tmp_path)
-    assert manifest.schema_version == 3
-    assert [run.schema_version for run in manifest.runs] == [1, 3]
+    assert manifest.schema_version == 4
+    assert [run.schema_version for run in manifest.runs] == [1, 4]
     assert "schedules" not in manifest.runs[0].files and second.rows["schedules"] == 3
     saved = json.loads((tmp_path / "manifest.json").read_text())
-    assert saved["schema_version"] == 3 and saved["runs"][0]["schema_version"] == 1
+    assert saved["schema_version"] == 4 and saved["runs"][0]["schema_version"] == 1
     with history.open(tmp_path) as h:
         rows = {row[0]: row[1:] for row in h.schedules().fetchall()}
     assert rows["daily"][1] == 1  # its run has the columns

@@ -4,12 +4,14 @@ and the history dashboard plots an export (the drawings: ``tests/definition/test
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from tests.helpers.golden import EXAMPLES
 from tests.helpers.history import deploy, run_until_idle, submit_and_run
+from tests.helpers.processes import eventually
 from tests.helpers.workflows import DEFINITIONS, FLOW, WAITER
 from toolkit import history
 from toolkit.application import App
@@ -20,6 +22,7 @@ from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
 from toolkit.store.filters import TaskFilter
+from toolkit.store.writes import FencedWrite
 
 # --- the task browser -------------------------------------------------------------------------
 
@@ -275,3 +278,48 @@ async def test_the_browser_shows_the_events_that_started_and_reached_a_task(
     assert [(e["id"], e["how"]) for e in detail.emitted] == [
         (placed.event_id, "started"), (settled.event_id, "delivered"),
     ]  # fmt: skip
+
+
+@pytest.mark.anyio
+async def test_an_open_live_task_updates_without_refresh_until_it_ends(store: Store) -> None:
+    """The live view (issue 23): while the open task runs, what it publishes and its state
+    show in the detail, its progress on the line below; at its end the view stops."""
+    await deploy(store)
+    await store.tasks.submit(FLOW, [{"n": 1}])
+    (task,) = await store.leases.claim("w1", [FLOW.digest], 1, 30)
+    fence = task.fence("w1")
+    await store.streams.publish(fence, "first#1", {"token": 0})
+    browser = TaskBrowser(store)
+    await browser.refresh()
+    opened = await browser.open(task.id)
+    assert [item.value for item in opened.stream] == [{"token": 0}], opened.text()
+    assert browser.live.following == task.id
+
+    async def shows(check: Any) -> None:
+        async def holds() -> bool:
+            return browser.detail is not None and bool(check(browser.detail))
+
+        await eventually(holds, timeout=15, what=f"the detail to change: {browser.live.line.value}")
+
+    await store.streams.publish(fence, "first#1", {"token": 1})
+    await shows(lambda d: [i.seq for i in d.stream] == [1, 2])
+    assert "&quot;token&quot;: 1" in browser.detail_pane.value  # the pane shows it
+    await store.streams.progress(task.id, {"done": 50})
+
+    async def progressed() -> bool:
+        return browser.live.progress == {"done": 50}
+
+    await eventually(progressed, timeout=15, what="the progress line")
+    assert "50" in browser.live.line.value
+    write = FencedWrite(fence, {"cursor": None}, state="succeeded", result={"ok": True})
+    await store.leases.commit(write)
+    await shows(lambda d: d.task.state == "succeeded")
+
+    async def stopped() -> bool:
+        return browser.live.following is None
+
+    await eventually(stopped, timeout=15, what="the live view to stop at the task's end")
+    assert browser.live.line.value == ""
+    # An ended task opens without a live view.
+    await browser.open(task.id)
+    assert browser.live.following is None

@@ -37,6 +37,7 @@ from toolkit.cli.session import Settings, choose_home
 from toolkit.errors import ToolkitError
 from toolkit.ops.log_format import JsonFormatter, TextFormatter
 from toolkit.payload import DEFAULT_MAX_BYTES
+from toolkit.tracing import environment_context
 
 
 class ToolkitGroup(click.Group):
@@ -183,6 +184,11 @@ for _command in _COMMANDS:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    Run in the trace of the ``TRACEPARENT`` environment variable when it is set (and the
+    ``otel`` extra installed): what the command submits joins that trace (docs/tracing.md).
+    """
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    cli()
+    with environment_context():
+        cli()

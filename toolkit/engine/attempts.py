@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
-from toolkit import faults
+from toolkit import faults, tracing
 from toolkit.application import EffectContext, Handler, SpendMeter
 from toolkit.checkpoint import CallbackState, Compensable, Frame
 from toolkit.definition import EffectStep
@@ -118,6 +118,10 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         if deferral is not None:
             return Attempt(AttemptKind.DEFERRED, occurrence, deferral=deferral)
     number = frame.attempts.get(occurrence, 0) + 1
+    span = tracing.current()  # the step's span: this attempt is its work
+    span.set("step.attempt", number)
+    span.set("effect.handler", step.handler)
+    span.set("effect.idempotent", step.idempotent)
     if args is None:
         context = {**scope["context"], "attempt": number}
         args = step.args.render({**scope, "context": context})

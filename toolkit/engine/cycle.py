@@ -177,6 +177,8 @@ class Cycle:
         #: What concurrent calls reported and is not charged yet (see `SpendLedger`).
         self.spend_ledger = SpendLedger()
         self.cancelled_at_commit = False
+        #: The traceparent of this cycle's span, carried by its next write (tracing on).
+        self.trace_attempt: str | None = None
         self.writes = 0
         #: Branches of a parallel or map step run now, concurrently: writes take turns
         #: (``lock``), a write begun is finished even if its branch is cancelled, and the
@@ -322,8 +324,10 @@ class Cycle:
             budget_released=dict(self.budget_released) or None,
             clear_deadline=self.clear_deadline,
             tags=dict(self.tags) or None,
+            trace_attempt=self.trace_attempt,
             **fields,
         )
+        self.trace_attempt = None
         self.tags.clear()
         self.evidence.clear()
         self.events.clear()

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from toolkit import tracing
 from toolkit.application import App
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.cycle import Cycle, CycleControl, CycleOutcome, Services, retrying
@@ -75,9 +76,42 @@ class Interpreter:
             than leaving it to be claimed again and again.
         """
         control = control or CycleControl()
+        with tracing.span(
+            f"run {definition.name}",
+            functools.partial(self._attributes, task, definition),
+            parent=task.trace_parent,
+            links=_earlier_attempt(task),
+            consumer=True,
+        ) as span:
+            outcome = await self._execute(task, definition, control, span)
+            span.outcome(outcome.value)
+            return outcome
+
+    def _attributes(self, task: ClaimedTask, definition: WorkflowDefinition) -> tracing.Attributes:
+        """The attributes of a cycle's span (docs/tracing.md)."""
+        return {
+            "task.id": task.id,
+            "task.tenant": task.tenant,
+            "workflow.name": definition.name,
+            "workflow.version": definition.version,
+            "fencing_token": task.token,
+            "worker.id": self._services.worker_id,
+            "task.claims": task.attempts,
+            "task.recovered": task.recovered,
+        }
+
+    async def _execute(
+        self,
+        task: ClaimedTask,
+        definition: WorkflowDefinition,
+        control: CycleControl,
+        span: tracing.Span,
+    ) -> CycleOutcome:
         try:
             cycle = Cycle(task, definition, control, self._services)
             graph = TaskGraph(cycle, KINDS)
+            if span.recording:  # its first write records it: the next attempt links to it
+                cycle.trace_attempt = span.traceparent()
             if task.cancel_requested:
                 return await graph.cancel(task.cancel_requested)
             outcome = await graph.run()
@@ -161,3 +195,10 @@ class Interpreter:
                 await cycle.commit(state=TaskState.QUEUED, delay_seconds=0)
         except (LeaseLost, DatabaseUnavailable):
             pass  # the lease lapses on its own; the next claim resumes from the checkpoint
+
+
+def _earlier_attempt(task: ClaimedTask) -> list[tuple[str, tracing.Attributes]]:
+    """The link from a cycle's span to the previous attempt's: lost (a takeover) or ended."""
+    if task.trace_attempt is None:
+        return []
+    return [(task.trace_attempt, {"link.reason": "takeover" if task.recovered else "resumed"})]

@@ -14,10 +14,11 @@ one loop both levels run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from toolkit import faults
+from toolkit import faults, tracing
 from toolkit.application import SpendLimits
 from toolkit.checkpoint import Frame
 from toolkit.checkpoint import Wait as WaitState
@@ -210,8 +211,40 @@ async def run_graph(level: Level) -> CycleOutcome | None:
                 faults.fault_point(faults.PURE_STEP, step.id)
         else:
             ctx.cycle.unpaced()
-        transition = await kind.run(ctx, step)
-        outcome = await level.apply(step, transition)
+        attributes = functools.partial(_step_attributes, ctx, step)
+        with tracing.span(f"step {step.id}", attributes) as span:
+            transition = await kind.run(ctx, step)
+            _traced(span, transition)
+            outcome = await level.apply(step, transition)
         if outcome is not None:
             return outcome
     return None
+
+
+def _step_attributes(ctx: StepContext, step: Step) -> tracing.Attributes:
+    """The attributes of a step's span (docs/tracing.md): its kind adds its own."""
+    attributes: dict[str, str | int | float | bool] = {
+        "task.id": ctx.cycle.task.id,
+        "step.name": step.id,
+        "step.kind": type(step).__name__.removesuffix("Step").lower(),
+        "step.occurrence": ctx.frame.occurrence(step.id),
+    }
+    if ctx.address is not None:
+        attributes["branch"] = ctx.address
+    return attributes
+
+
+#: What a step came to, as its span's ``runifold.outcome``.
+_OUTCOMES: Mapping[type, str] = {
+    Advance: "completed", Goto: "moved", Finish: "finished", Failed: "failed",
+    Wait: "waiting", Retry: "retrying", Reconcile: "reconciliation",
+}  # fmt: skip
+
+
+def _traced(span: tracing.Span, transition: Transition) -> None:
+    """Record on ``span`` what its step came to."""
+    error = getattr(transition, "error", None)
+    message = str(error.get("message") or error.get("name")) if error else None
+    span.outcome(_OUTCOMES[type(transition)], message)
+    if isinstance(transition, Wait):
+        span.set("wait.reason", str(transition.reason))

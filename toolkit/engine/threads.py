@@ -9,6 +9,7 @@ its thread until it returns, and its result is dropped.
 
 from __future__ import annotations
 
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -95,9 +96,11 @@ async def in_thread(func: Callable[[], T]) -> T:
     finished = anyio.Event()
     outcome: list[tuple[bool, Any]] = []
 
+    context = contextvars.copy_context()  # the caller's: its trace span, the app's own
+
     def job() -> None:
         try:
-            outcome.append((True, func()))
+            outcome.append((True, context.run(func)))
         except BaseException as exc:  # handed to the awaiting task, or dropped
             outcome.append((False, exc))
         try:

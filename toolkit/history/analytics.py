@@ -11,6 +11,7 @@ connection with one view per exported table, each row once however many runs exp
 - ``schedules``: the newest exported snapshot of each schedule (its tick counters);
 - ``emitted``: every event emitted (docs/events.md), with the tasks it started, was
   delivered to and cancelled;
+- ``stream``: every item handlers published (docs/progress.md);
 
 and derived views: ``queue_delays`` (one row per counted claim), ``effect_calls`` (one row
 per effect outcome, with its duration), ``wait_spans`` (one row per durable wait) and
@@ -38,7 +39,7 @@ from toolkit.errors import HistoryError
 from toolkit.history.export import EXPORT_COLUMNS, TABLES, Manifest, read_manifest
 from toolkit.store.queries import parse_named_blocks
 
-VIEWS = ("tasks", "events", "effects", "checkpoints", "schedules", "emitted")
+VIEWS = ("tasks", "events", "effects", "checkpoints", "schedules", "emitted", "stream")
 """The table views of a history, one per exported table."""
 
 DERIVED_VIEWS = ("queue_delays", "effect_calls", "wait_spans", "schedule_lags")

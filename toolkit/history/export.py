@@ -33,15 +33,16 @@ from toolkit.errors import HistoryError
 from toolkit.store.database import Database
 from toolkit.store.queries import query
 
-EXPORT_SCHEMA_VERSION = 3
+EXPORT_SCHEMA_VERSION = 4
 """Version of the export layout: the tables, their columns and types, and the manifest.
 
 1: tasks, events, effects, checkpoints. 2: ``tasks`` gains ``schedule_name``,
 ``scheduled_at`` and ``tags``; a ``schedules`` snapshot table; each run records its version.
-3: an ``emitted`` table, the events emitted (docs/events.md).
+3: an ``emitted`` table, the events emitted (docs/events.md). 4: a ``stream`` table, the
+items handlers published (docs/progress.md).
 """
 
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, EXPORT_SCHEMA_VERSION})
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, EXPORT_SCHEMA_VERSION})
 """Export schema versions this toolkit reads and appends runs to (newer ones are refused)."""
 
 MANIFEST_NAME = "manifest.json"
@@ -140,6 +141,14 @@ EXPORT_COLUMNS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("delivered", "JSON"),
         ("cancelled", "JSON"),
     ),
+    "stream": (
+        ("task_id", "BIGINT"),
+        ("seq", "INTEGER"),
+        ("occurrence", "VARCHAR"),
+        ("fencing_token", "BIGINT"),
+        ("value", "JSON"),
+        ("published_at", "TIMESTAMPTZ"),
+    ),
 }
 """The export schema: table name to its ``(column, DuckDB type)`` pairs, in file order.
 
@@ -157,6 +166,7 @@ _QUERIES = {
     "checkpoints": "export_checkpoints",
     "schedules": "export_schedules",
     "emitted": "export_emitted",
+    "stream": "export_stream",
 }
 
 SNAPSHOT_TABLES = frozenset({"schedules"})

@@ -25,6 +25,7 @@ from toolkit.errors import ConfigError, DefinitionError, UnknownDefinition
 from toolkit.history.analytics import History, render_table
 from toolkit.history.bulk_panel import BulkPanel
 from toolkit.history.filter_bar import FilterBar
+from toolkit.history.live_view import LiveView
 from toolkit.history.redrive_panel import RedrivePanel
 from toolkit.history.schedule_board import ScheduleBoard as ScheduleBoard
 from toolkit.history.schedule_view import ScheduleRow as ScheduleRow
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 
 
 # --- the task browser -------------------------------------------------------------------------
+
+#: The newest stream items the detail pane shows.
+STREAM_SHOWN = 20
 
 
 class TaskBrowser(WidgetWork):
@@ -77,6 +81,8 @@ class TaskBrowser(WidgetWork):
         redrive: the open task's redrive
             (:class:`~toolkit.history.redrive_panel.RedrivePanel`).
         detail: the open task, or None.
+        live: the live view of the open task while it has not ended
+            (:class:`~toolkit.history.live_view.LiveView`).
         widget: the root widget.
         status: the status line's last text.
     """
@@ -126,6 +132,7 @@ class TaskBrowser(WidgetWork):
             store, lambda: self.filters.where, operator, self._reload, self._say
         )
         self.redrive = RedrivePanel(store, self._open_id, operator, self._after_action)
+        self.live = LiveView(store, self._show)
         self.refresh_button.on_click(lambda _: self._schedule(self.refresh()))
         self.newer_button.on_click(lambda _: self._schedule(self.previous_page()))
         self.older_button.on_click(lambda _: self._schedule(self.next_page()))
@@ -155,6 +162,7 @@ class TaskBrowser(WidgetWork):
                 widgets.HBox([self.refresh_button, self.newer_button, self.older_button]),
                 self.task_list,
                 self.detail_pane,
+                self.live.line,
                 actions,
                 widgets.Accordion([self.bulk.widget], titles=("Bulk actions on the filter",)),
                 self.status_line,
@@ -266,6 +274,10 @@ class TaskBrowser(WidgetWork):
     async def open(self, task_id: int) -> TaskDetail:
         """Load one task into the detail pane, with the definition it is pinned to.
 
+        While the task has not ended, the pane stays current without Refresh (the live
+        view, :class:`~toolkit.history.live_view.LiveView`): its state changes and the items
+        its handlers publish show as they happen, its progress on the line below.
+
         Returns:
             The task's detail (its ``definition`` None when that version is no longer
             registered).
@@ -273,6 +285,15 @@ class TaskBrowser(WidgetWork):
         Raises:
             UnknownTask: no task has that id.
         """
+        detail = await self._show(task_id)
+        if TaskState(detail.task.state).terminal:
+            self.live.stop()
+        else:
+            self.live.follow(task_id, after=detail.task.stream_seq)
+        return detail
+
+    async def _show(self, task_id: int) -> TaskDetail:
+        """Read the task and show it in the detail pane (what ``open`` and the live view do)."""
         task = await self.store.tasks.get(task_id)
         detail = TaskDetail(
             task=task,
@@ -282,6 +303,9 @@ class TaskBrowser(WidgetWork):
             definition=await self._definition(task),
             branches=await self.store.branches.of_task(task_id),
             emitted=await self.store.events.of_task(task_id),
+            stream=await self.store.streams.items(
+                task_id, after=max(0, task.stream_seq - STREAM_SHOWN)
+            ),
         )
         self.detail = detail
         self.detail_pane.value = detail.html()

@@ -21,6 +21,7 @@ from toolkit.history.analytics import cell_text, render_table
 from toolkit.history.task_path import StepMark, task_path
 from toolkit.lifecycle import cursor_text, received_signal, received_text
 from toolkit.store.branches import StoredBranch
+from toolkit.store.streams import StreamEvent
 from toolkit.store.tasks import TaskRecord
 
 
@@ -38,6 +39,7 @@ class TaskDetail:
         branches: the branches of its parallel or map step in progress (their rows).
         emitted: the events that started it, were delivered to it or cancelled it
             (``store.events.of_task``: ``id``, ``name``, ``emitted_at``, ``how``).
+        stream: the newest items its handlers published (``ctx.publish``), oldest first.
     """
 
     task: TaskRecord
@@ -47,6 +49,7 @@ class TaskDetail:
     definition: WorkflowDefinition | None = None
     branches: Sequence[StoredBranch] = ()
     emitted: Sequence[dict[str, Any]] = ()
+    stream: Sequence[StreamEvent] = ()
 
     @property
     def path(self) -> dict[str, StepMark] | None:
@@ -130,6 +133,9 @@ class TaskDetail:
         if self.emitted:
             emitted = [[e["id"], e["name"], e["how"]] for e in self.emitted]
             found.append(("events emitted", ["event", "name", "how"], emitted))
+        if self.stream:
+            items = [[i.seq, i.occurrence, json.dumps(i.value)] for i in self.stream]
+            found.append(("stream", ["item", "published by", "value"], items))
         branches = [
             [b.name, b.status, b.frame.get("cursor") or "-", ", ".join(b.waits_for) or "-",
              b.run_at or "-"]

@@ -20,6 +20,7 @@ from toolkit.errors import LeaseLost
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
 from toolkit.store.tags import MAX_TAGS
+from toolkit.tracing import current_traceparent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +94,7 @@ class Children:
                 ),
                 "timeout": definition.timeout,
                 "priority": definition.priority,
+                "trace_parent": current_traceparent(),  # the parent's step span
                 "concurrency_key": None,
                 "concurrency_limit": None,
                 **(concurrency or {}),

@@ -67,6 +67,8 @@ class ClaimedTask:
             None when the task has none.
         tags: the task's tags when claimed.
         child: the task is a child (a ``workflow`` step started it).
+        trace_parent: the W3C traceparent the task was submitted under (None: untraced).
+        trace_attempt: the traceparent of the span of its previous attempt, if traced.
     """
 
     id: int
@@ -82,6 +84,8 @@ class ClaimedTask:
     deadline_in: float | None = None
     tags: Mapping[str, str] = dataclasses.field(default_factory=dict)
     child: bool = False
+    trace_parent: str | None = None
+    trace_attempt: str | None = None
 
     def fence(self, worker_id: str) -> Fence:
         """The fence of this lease, held by ``worker_id``."""
@@ -174,6 +178,8 @@ class Leases:
                 deadline_in=row["deadline_in"],
                 tags=row["tags"],
                 child=row["child"],
+                trace_parent=row["trace_parent"],
+                trace_attempt=row["trace_attempt"],
             )
             for row in rows
         ]

@@ -38,6 +38,7 @@ from toolkit.store.schedule_values import (
 from toolkit.store.submission import concurrency_params
 from toolkit.store.tags import check_tags
 from toolkit.store.tick_plan import TickPlan, plan_ticks
+from toolkit.tracing import current_traceparent
 
 __all__ = ["MAX_BACKFILL", "Fired", "Schedule", "Schedules", "UnknownSchedule", "tick_key"]
 
@@ -332,6 +333,7 @@ class Schedules:
             "timeout": definition.timeout,
             "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
             "priority": definition.priority,
+            "trace_parent": current_traceparent(),
             "runs": Jsonb(runs),
             "expected_next": schedule.next_tick if plan else None,
             "expected_buffered": Jsonb([t.isoformat() for t in schedule.buffered]),

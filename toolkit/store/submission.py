@@ -21,6 +21,7 @@ from toolkit.store.concurrency_keys import Cancel, apply_policy, refused_or_canc
 from toolkit.store.database import Database
 from toolkit.store.names import check_tenant
 from toolkit.store.tags import check_tags, merged_tags
+from toolkit.tracing import current_traceparent
 
 #: The largest budget amount a submit may give (and a tenant budget may have): past it,
 #: amounts lose their precision as floating point.
@@ -128,6 +129,7 @@ async def task_params(
         "checkpoint": Jsonb(await initial_checkpoint(db, definition, tenant, budget)),
         "timeout": task_timeout(definition, timeout),
         "priority": task_priority(definition, priority),
+        "trace_parent": current_traceparent(),
     }
 
 
@@ -255,6 +257,7 @@ async def queue_tasks(
             "priority": task_priority(definition, priority),
             "concurrency_keys": Jsonb(keys),
             "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
+            "trace_parent": current_traceparent(),
             **start_params(start_at, delay),
         },
     )

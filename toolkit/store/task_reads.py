@@ -62,6 +62,8 @@ class TaskRecord:
     key_held: bool = False
     #: 0 (lowest) to 9: the order of due tasks inside the tenant's share
     priority: int = 0
+    #: items its handlers published so far (``ctx.publish``, docs/progress.md)
+    stream_seq: int = 0
 
 
 class TaskReads:

@@ -106,6 +106,8 @@ class FencedWrite:
             are deleted (none of ``branches`` belongs to one).
         ends_child: the write ends a child task (a ``workflow`` step's): a branch of its
             parent waiting for it is woken in the same transaction.
+        trace_attempt: the W3C traceparent of the span of the attempt (cycle) writing, on its
+            first write with tracing on (docs/tracing.md); None: unchanged.
 
     A signal or callback wait (``waiting``, reason ``signal`` or ``callback``) is made due
     at once, in the transaction that commits it, when a signal it waits for is stored and not
@@ -131,6 +133,7 @@ class FencedWrite:
     branches: Sequence[BranchRow] = ()
     branches_ended: Sequence[str] = ()
     ends_child: bool = False
+    trace_attempt: str | None = None
 
 
 def write_json(write: FencedWrite) -> dict[str, Any]:
@@ -168,6 +171,7 @@ def write_json(write: FencedWrite) -> dict[str, Any]:
         "budget_released": write.budget_released,
         "clear_deadline": write.clear_deadline,
         "tags": write.tags,
+        "trace_attempt": write.trace_attempt,
         "branches": [
             {
                 "fanout": b.fanout, "name": b.name, "position": b.position, "status": b.status,

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from toolkit import tracing
 from toolkit.application import SpendLimits
 from toolkit.checkpoint import BranchesWait, BranchFrame, BranchStatus, ChildWait, FanOut
 from toolkit.definition import Branch, MapStep, ParallelStep, Step, catch_target
@@ -270,7 +271,11 @@ class Branches:
 
     async def _run_branch(self, name: str, frame: BranchFrame) -> None:
         try:
-            await run_graph(self.level(name, frame))
+            kind = "branch" if self.items is None else "item"
+            attributes = functools.partial(self._span_attributes, kind, name)
+            with tracing.span(f"{kind} {name}", attributes) as span:
+                await run_graph(self.level(name, frame))
+                span.outcome(str(frame.status))
             decided = self._settle(name, frame)
             # The branch's end (or its wait) is durable as it happens, and with it what the
             # end decided (a race's winner, the failure of the step), before all else.
@@ -280,6 +285,10 @@ class Branches:
         finally:
             self.running -= 1
             self.stopped.set()
+
+    def _span_attributes(self, kind: str, name: str) -> tracing.Attributes:
+        """The attributes of the span of branch (or item) ``name`` in this cycle."""
+        return {"task.id": self.cycle.task.id, "step.name": self.step.id, kind: name}
 
     def _settle(self, name: str, frame: BranchFrame) -> bool:
         """A branch stopped (ended, parked or blocked): count it and record what it decided.

@@ -1,6 +1,6 @@
 -- DuckDB SQL over an export folder (toolkit/history.py, docs/history.md). Not run by the
 -- store: it reads the views tasks_raw, events_raw, effects_raw, checkpoints_raw,
--- schedules_raw and emitted_raw, which toolkit.history.analytics makes from the Parquet files of every export
+-- schedules_raw, emitted_raw and stream_raw, which toolkit.history.analytics makes from the Parquet files of every export
 -- run (a column an older run's files lack is NULL; export_run is the run a row came from).
 -- Times are UTC; durations are in seconds (double); $bucket is a bucket width in seconds.
 
@@ -46,6 +46,12 @@ QUALIFY row_number() OVER (PARTITION BY name ORDER BY exported_at DESC, export_r
 CREATE OR REPLACE VIEW emitted AS
 SELECT * EXCLUDE (export_run) FROM emitted_raw
 QUALIFY row_number() OVER (PARTITION BY id ORDER BY export_run DESC) = 1;
+
+-- name: view_stream
+-- Every item handlers published once (docs/progress.md), numbered per task.
+CREATE OR REPLACE VIEW stream AS
+SELECT * EXCLUDE (export_run) FROM stream_raw
+QUALIFY row_number() OVER (PARTITION BY task_id, seq ORDER BY export_run DESC) = 1;
 
 -- name: view_queue_delays
 -- One row per claim whose delay the history records. A claim event carries its queue delay

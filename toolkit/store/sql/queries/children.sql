@@ -11,11 +11,12 @@ WITH parent AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          parent_id, parent_occurrence, deadline_at, concurrency_key, concurrency_limit,
-         priority, tags)
+         priority, trace_parent, tags)
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, %(input)s::jsonb,
            %(checkpoint)s::jsonb, parent.id, %(occurrence)s,
            clock_timestamp() + %(timeout)s::float8 * interval '1 second',
            %(concurrency_key)s::text, %(concurrency_limit)s::int, %(priority)s::smallint,
+           %(trace_parent)s::text,
            -- The parent's tags (first keys first, as many as the limit leaves room for),
            -- then the child's own.
            coalesce((SELECT jsonb_object_agg(p.key, p.value)

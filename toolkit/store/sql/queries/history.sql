@@ -68,6 +68,15 @@ COPY (
     ORDER BY id
 ) TO STDOUT (FORMAT csv);
 
+-- name: export_stream
+-- The items handlers published in the window (ctx.publish, docs/progress.md), in order.
+COPY (
+    SELECT task_id, seq, occurrence, fencing_token, value, published_at
+    FROM toolkit_task_stream
+    WHERE published_at >= %(since)s AND published_at < %(until)s
+    ORDER BY task_id, seq
+) TO STDOUT (FORMAT csv);
+
 -- name: export_checkpoints
 -- The store keeps only each task's latest checkpoint: an export takes a snapshot of the
 -- checkpoints that changed in its window, so a series of exports keeps their history.

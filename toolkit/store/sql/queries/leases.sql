@@ -55,7 +55,8 @@ claimed AS (
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, t.cancel_requested, t.tags, t.parent_id, c.previous_state,
+              t.attempts, t.cancel_requested, t.tags, t.parent_id, t.trace_parent,
+              t.trace_attempt, c.previous_state,
               c.previous_owner,
               extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
               extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
@@ -72,7 +73,7 @@ claimed AS (
     FROM claimed
 )
 SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, tags, parent_id IS NOT NULL AS child,
+       cancel_requested, tags, parent_id IS NOT NULL AS child, trace_parent, trace_attempt,
        previous_state = 'leased' AS recovered, queue_delay, deadline_in,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
@@ -194,4 +195,3 @@ LEFT JOIN (
     UNION ALL
     SELECT id, NULL, true FROM released
 ) r ON true;
-

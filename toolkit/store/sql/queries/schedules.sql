@@ -112,12 +112,12 @@ WITH s AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          idempotency_key, deadline_at, tags, schedule_name, scheduled_at, concurrency_key,
-         concurrency_limit, priority)
+         concurrency_limit, priority, trace_parent)
     SELECT s.tenant, %(definition_name)s, %(version)s, %(digest)s, r.input, %(checkpoint)s,
            r.key, clock_timestamp() + %(timeout)s::float8 * interval '1 second', r.tags,
            s.name, r.tick, r.concurrency_key,
            CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency_limit)s::int END,
-           %(priority)s::smallint
+           %(priority)s::smallint, %(trace_parent)s::text
     FROM s, jsonb_to_recordset(%(runs)s::jsonb) AS r(tick timestamptz, input jsonb,
                                                       tags jsonb, key text,
                                                       concurrency_key text)

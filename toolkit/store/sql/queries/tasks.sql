@@ -16,11 +16,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, priority, concurrency_key, concurrency_limit, state, wait_reason,
-         run_at)
+         deadline_at, tags, priority, trace_parent, concurrency_key, concurrency_limit,
+         state, wait_reason, run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
            clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
-           %(priority)s,
+           %(priority)s, %(trace_parent)s,
            k.key ->> 0, CASE WHEN k.key ->> 0 IS NOT NULL THEN %(concurrency_limit)s::int END,
            -- include: start_at
     FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
@@ -46,11 +46,11 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         idempotency_key, deadline_at, tags, priority, concurrency_key, concurrency_limit,
-         state, wait_reason, run_at)
+         idempotency_key, deadline_at, tags, priority, trace_parent, concurrency_key,
+         concurrency_limit, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
             clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
-            %(priority)s,
+            %(priority)s, %(trace_parent)s,
             %(concurrency_key)s, %(concurrency_limit)s,
             -- include: start_at
             )
@@ -75,7 +75,8 @@ SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_dig
        t.lease_expires_at, t.attempts, t.result, t.error, t.cancel_requested,
        t.idempotency_key, t.tags, t.schedule_name, t.scheduled_at, t.created_at,
        t.updated_at, t.finished_at, t.concurrency_key,
-       t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held, t.priority
+       t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held, t.priority,
+       t.stream_seq
 
 -- fragment: task_filter
 -- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
@@ -493,10 +494,10 @@ WITH tenant AS (
 ), submitted AS (
     INSERT INTO toolkit_tasks AS t
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, priority, debounce_key, state, wait_reason, run_at)
+         deadline_at, tags, priority, trace_parent, debounce_key, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
             clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
-            %(priority)s,
+            %(priority)s, %(trace_parent)s,
             %(debounce_key)s, 'waiting', 'debounce',
             clock_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
                                       %(timeout)s::float8) * interval '1 second')

@@ -18,7 +18,8 @@
 -- Completed or failed evidence releases the downstream-limit slots of its occurrence and
 -- wakes a task waiting for each (docs/limits.md).
 -- A write without a checkpoint keeps the stored one, its cursor cleared. A write's tags
--- (set by handlers with ctx.tag) are added to the task's.
+-- (set by handlers with ctx.tag) are added to the task's; its trace_attempt (the first write
+-- of a traced cycle) replaces the task's.
 -- A write's branches replace the stored rows of those branches of parallel or map steps
 -- (toolkit_branches: one row per branch, so a branch's end writes that branch alone), and
 -- its branches_ended (step occurrences that ended) delete theirs. (A child that ends wakes
@@ -33,7 +34,7 @@ WITH w AS (
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
         budget_released jsonb, clear_deadline boolean, tags jsonb, branches jsonb,
-        branches_ended jsonb)
+        branches_ended jsonb, trace_attempt text)
 ), replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
@@ -60,6 +61,7 @@ WITH w AS (
         state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
+        trace_attempt = coalesce(w.trace_attempt, t.trace_attempt),
         run_at = LEAST(CASE
             WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason IN ('child', 'branches')
                  AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
