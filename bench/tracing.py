@@ -139,9 +139,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             rounds.append(
                 {v: drain(server, v, args.tasks, args.concurrency, Path(hook)) for v in VARIANTS}
             )
+    print(report(rounds))
     print(f"{args.tasks} five-step no-op workflows, one worker at concurrency "
           f"{args.concurrency}, {args.rounds} rounds")  # fmt: skip
-    print(report(rounds))
 
 
 if __name__ == "__main__":

@@ -38,11 +38,6 @@ _TRACER: Any = trace.get_tracer(TRACER_NAME) if trace is not None else None
 Attributes = Mapping[str, str | int | float | bool]
 
 
-def enabled() -> bool:
-    """Whether the OpenTelemetry API is installed (the ``otel`` extra)."""
-    return trace is not None
-
-
 def current_traceparent() -> str | None:
     """The W3C traceparent of the caller's current span, to store with a task it submits.
 

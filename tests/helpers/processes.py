@@ -44,15 +44,22 @@ def toolkit_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]
 
 
 def wait_for(
-    condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition"
+    condition: Callable[[], bool],
+    *,
+    timeout: float = 30.0,
+    what: str | Callable[[], str] = "condition",
 ) -> None:
-    """Poll a store condition until it holds, failing the test past ``timeout`` seconds."""
+    """Poll a store condition until it holds, failing the test past ``timeout`` seconds.
+
+    ``what`` says what was awaited; a callable is asked at the timeout (the state then).
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    said = what() if callable(what) else what
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {said}")
 
 
 def query(dsn: str, sql: str, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:

@@ -24,10 +24,12 @@ def test_the_throughput_benchmark_runs_end_to_end(server_dsn: str, tmp_path: Pat
 
 
 def test_the_event_and_bulk_redrive_benchmarks_run(server_dsn: str) -> None:
-    """``bench/events.py`` and ``bench/bulk_redrive.py`` in small: their tables come out."""
+    """``bench/events.py``, ``bench/bulk_redrive.py`` and ``bench/tracing.py`` in small:
+    their tables come out."""
     for script, args in (
         ("bench/events.py", ["--waiting", "10,20", "--emits", "3", "--repeat", "1"]),
         ("bench/bulk_redrive.py", ["--sizes", "3", "--repeat", "1"]),
+        ("bench/tracing.py", ["--tasks", "10", "--rounds", "1"]),
     ):
         command = [sys.executable, script, "--dsn", server_dsn, *args]
         done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -32,10 +32,11 @@ def items(dsn: str, task_id: int) -> list[tuple[int, int, dict[str, int]]]:
     return [(int(seq), int(token), value) for seq, token, value in rows]  # type: ignore[call-overload]
 
 
-def worker(dsn: str, definitions: Path) -> subprocess.Popen[str]:
+def worker(dsn: str, definitions: Path, worker_id: str) -> subprocess.Popen[str]:
+    """A worker of its own id (a stopped process keeps its id: another may not take it)."""
     return toolkit_process(
         dsn, "run", "--app", "tests.apps.counting", "--definitions", str(definitions),
-        "--lease", "2", "--heartbeat", "0.5",
+        "--lease", "2", "--heartbeat", "0.5", "--worker-id", worker_id,
     )  # fmt: skip
 
 
@@ -44,15 +45,16 @@ def test_a_publish_after_the_lease_was_taken_over_is_not_visible(
 ) -> None:
     (tmp_path / "streaming.yaml").write_text(STREAMING)
     (task_id,) = submit_tasks(dsn, STREAMING, [{}])
-    stale = worker(dsn, tmp_path)
+    stale = worker(dsn, tmp_path, "stale")
     fresh: subprocess.Popen[str] | None = None
     try:
         wait_for(lambda: bool(items(dsn, task_id)), what="the first worker's first item")
         stale.send_signal(signal.SIGSTOP)
-        fresh = worker(dsn, tmp_path)
+        fresh = worker(dsn, tmp_path, "fresh")
         wait_for(
             lambda: any(token == 2 for _, token, _ in items(dsn, task_id)),
-            what="the second worker's first item, under fencing token 2",
+            what=lambda: "the second worker's first item, under fencing token 2 (task "
+            f"{task_row(dsn, task_id)}, stream {items(dsn, task_id)})",
         )
         before_continue = [item for item in items(dsn, task_id) if item[1] == 1]
         stale.send_signal(signal.SIGCONT)  # its step wakes and publishes again: refused

@@ -103,6 +103,7 @@ def submit_under(
 
 
 def worker(dsn: str, definitions: Path, spans: Path, *args: str) -> subprocess.Popen[str]:
+    """A worker of ``tests.apps.traced`` writing its spans under ``spans``."""
     return toolkit_process(
         dsn, "run", "--app", "tests.apps.traced", "--definitions", str(definitions),
         "--lease", "2", "--heartbeat", "0.5", *args, env={SPAN_DIR: str(spans)},
@@ -190,7 +191,7 @@ def test_the_attempt_after_a_crash_links_to_the_attempt_that_was_lost(
     (task_id,) = submit_under(
         dsn, definitions, [HANGS_ONCE], [("traced-crash", submitter(0xC1 << 64, 0xD1))]
     )
-    first = worker(dsn, definitions, folder)
+    first = worker(dsn, definitions, folder, "--worker-id", "first")
     try:
         wait_for(
             lambda: bool(query(dsn, "SELECT 1 FROM test_calls WHERE step = 'second'")),
@@ -199,7 +200,7 @@ def test_the_attempt_after_a_crash_links_to_the_attempt_that_was_lost(
     finally:
         first.send_signal(signal.SIGKILL)
         first.communicate(timeout=30)
-    second = worker(dsn, definitions, folder)
+    second = worker(dsn, definitions, folder, "--worker-id", "second")
     try:
         wait_for(lambda: task_row(dsn, task_id)["state"] == "succeeded", timeout=60,
                  what=f"task {task_id} succeeded")  # fmt: skip

@@ -2,7 +2,7 @@
 
 While a task that has not ended is open, :class:`LiveView` follows it
 (``store.streams.follow``, woken by LISTEN/NOTIFY): a state change or a published item
-renders the detail again, at most once per ``interval`` seconds however fast they come; a
+renders the detail again, at most once per `RENDER_INTERVAL` seconds however fast they come; a
 progress value only updates the progress line. Opening another task, or the task's end,
 stops it. Runs on the notebook's event loop, like every other piece of widget work.
 """
@@ -85,10 +85,8 @@ class LiveView:
             with contextlib.suppress(asyncio.CancelledError):
                 await renderer
             if self.following == task_id:  # it ended: nothing more to follow
-                self.following = None
                 self._follower = None
-                self.progress = None
-                self.line.value = ""
+                self.stop()
 
     async def _rendering(self, task_id: int, changed: asyncio.Event) -> None:
         while True:

@@ -1,0 +1,1 @@
+"""Peers run beside runifold on the same server (``bench/peers/compare.py``)."""
