@@ -1,7 +1,8 @@
 """DBOS's no-op processing, for ``bench/peers/compare.py`` (run in the peers' virtualenv).
 
-``seed DSN N STEPS CONCURRENCY``: launch DBOS on the database (its system tables) and
-enqueue N workflows of STEPS no-op steps on queue ``bench``. ``drain DSN N STEPS
+``seed DSN N STEPS CONCURRENCY``: launch DBOS on the database (its system tables), then
+enqueue N workflows of STEPS no-op steps on queue ``bench`` with a ``DBOSClient`` (which
+runs none of them). ``drain DSN N STEPS
 CONCURRENCY``: launch DBOS with that queue (``worker_concurrency``, polled every 0.1 s
 rather than its 1 s default) and exit once no workflow is enqueued or pending; it prints
 the number that succeeded.
@@ -13,7 +14,7 @@ import sys
 import time
 
 import psycopg
-from dbos import DBOS, DBOSConfig
+from dbos import DBOS, DBOSClient, DBOSConfig, EnqueueOptions
 
 QUEUE = "bench"
 
@@ -49,15 +50,17 @@ def main() -> None:
     config: DBOSConfig = {"name": "bench-peer", "system_database_url": url(dsn),
                           "log_level": "WARNING"}  # fmt: skip
     DBOS(config=config)
-    DBOS.launch()
-    queue = DBOS.register_queue(
-        QUEUE, worker_concurrency=concurrency, polling_interval_sec=0.1
-    )
+    DBOS.launch()  # creates or migrates the system tables
     if command == "seed":
-        for _ in range(jobs):
-            queue.enqueue(noop_workflow, steps)
+        # Enqueued by a client, which runs nothing: only the drain's process executes them.
         DBOS.destroy()
+        client = DBOSClient(system_database_url=url(dsn))
+        options: EnqueueOptions = {"queue_name": QUEUE, "workflow_name": "noop_workflow"}
+        for _ in range(jobs):
+            client.enqueue(options, steps)
+        client.destroy()
         return
+    DBOS.register_queue(QUEUE, worker_concurrency=concurrency, polling_interval_sec=0.1)
     while True:
         now = counts(dsn)
         if now.get("ENQUEUED", 0) + now.get("PENDING", 0) == 0:
