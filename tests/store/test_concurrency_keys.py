@@ -182,3 +182,18 @@ async def test_a_free_key_is_taken_at_submit_and_a_batch_tries_at_most_32(store:
     assert await sql(store, "SELECT count(*) FROM toolkit_key_wakes") == [(8,)]
     claimed = await _claim(store, d, 40)  # the admission first, then the claim
     assert sorted(t.id for t in claimed) == ids
+
+
+async def test_a_worker_is_not_idle_while_a_key_has_room_for_a_waiting_task(
+    store: Store,
+) -> None:
+    """A key released with a task waiting for it leaves a wake the next claim consumes:
+    until then `toolkit run --until-idle` must not stop (it did, with the task stranded)."""
+    d = await _deployed(store, keyed())
+    first, second = await store.tasks.submit(d, [{"account": "a"}] * 2)
+    (claimed,) = await _claim(store, d)
+    await _end(store, claimed)
+    pending, _ = await store.tasks.idle_state([d.digest])
+    assert pending, await _states(store, [first, second])
+    assert [task.id for task in await _claim(store, d)] == [second]
+    assert await store.tasks.idle_state([d.digest]) == (True, None)  # it is leased

@@ -187,8 +187,9 @@ class TaskReads:
         """What an idle worker of these definitions needs to know, in one statement.
 
         Returns:
-            ``(pending, next_due)``: whether a task is queued or leased, and the seconds until
-            the earliest future ``run_at`` of a queued or waiting task (None if there is none).
+            ``(pending, next_due)``: whether a task is queued, leased or due, or a
+            concurrency key has room for a task waiting for it; and the seconds until the
+            earliest future ``run_at`` of a queued or waiting task (None if there is none).
         """
         row = await self._db.fetch_one("idle_state", {"digests": list(digests)})
         assert row is not None

@@ -166,8 +166,9 @@ GROUP BY record;
 
 -- name: idle_state
 -- Read by an idle worker after an empty claim. pending: a task of these definitions is
--- queued (due or not), leased, or waiting and due, which `toolkit run --until-idle` waits
--- for (a timer or signal wait not yet due does not count). next_due: seconds until the
+-- queued (due or not), leased, or waiting and due, or a concurrency key has a wake not yet
+-- consumed (its admission may have been skipped under contention), which `toolkit run
+-- --until-idle` waits for (a timer or signal wait not yet due does not count). next_due: seconds until the
 -- earliest future run_at of a queued or waiting task (a retry or a timer), or a little
 -- sooner, so the worker wakes for it instead of polling. Tasks of paused tenants count for
 -- neither (no worker may claim them). The waiting and future parts read index ranges tenant
@@ -205,7 +206,10 @@ SELECT EXISTS (
                LIMIT 1
            ) due
            WHERE NOT tn.paused
-       ) AS pending,
+       )
+       -- a concurrency key has room for a task waiting for it (its wake is not consumed
+       -- yet): the next claim admits it
+       OR EXISTS (SELECT 1 FROM toolkit_key_wakes) AS pending,
        (SELECT extract(epoch FROM least(min(first_claim.at_utc AT TIME ZONE 'UTC'),
                                          min(ahead.at)) - clock_timestamp())::float8
         FROM toolkit_tenants tn
