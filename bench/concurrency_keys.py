@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ import anyio
 
 from bench.noop_app import NOOP_HANDLER
 from bench.processes import run_workers
+from bench.side_by_side import Drain, ratio_table
 from bench.workload import (
     SUBMIT_CHUNK,
     bench_server,
@@ -74,20 +74,6 @@ class OneStep:
         return parse_definition(self.yaml(), source=f"<{self.name}>")
 
 
-@dataclasses.dataclass(frozen=True)
-class Drain:
-    """One variant's drain in one round."""
-
-    variant: str
-    tasks: int
-    wall: float
-    cpu: float
-
-    @property
-    def rate(self) -> float:
-        return self.tasks / self.wall
-
-
 async def _seed(dsn: str, workload: OneStep, inputs: list[dict[str, str]]) -> None:
     db = await Database.connect(dsn)
     try:
@@ -119,21 +105,6 @@ def drain(server: str, variant: str, tasks: int, keys: int, concurrency: int) ->
     return Drain(variant, tasks, run.wall, run.cpu)
 
 
-def report(rounds: Sequence[dict[str, Drain]]) -> str:
-    """The table: median rate, CPU per task and ratio to plain in the same round."""
-    lines = [
-        "| variant | rate (tasks/s), median | worker CPU per task (ms) | of plain, same round |",
-        "| --- | --- | --- | --- |",
-    ]
-    for variant in VARIANTS:
-        runs = [r[variant] for r in rounds]
-        rate = statistics.median(run.rate for run in runs)
-        cpu = statistics.median(run.cpu / run.tasks * 1000 for run in runs)
-        ratio = statistics.median(r[variant].rate / r["plain"].rate for r in rounds)
-        lines.append(f"| {variant} | {rate:,.0f} | {cpu:.3f} | {ratio:.2f} |")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", type=int, default=10_000)
@@ -151,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     print(f"{args.tasks} one-step tasks, one worker at concurrency {args.concurrency}, "
           f"{args.rounds} rounds (shared: {args.keys} keys)")  # fmt: skip
-    print(report(rounds))
+    print(ratio_table(rounds, "task", "plain"))
     if args.json:
         args.json.write_text(json.dumps([{k: dataclasses.asdict(v) for k, v in r.items()}
                                          for r in rounds], indent=2))  # fmt: skip

@@ -22,8 +22,6 @@ Run: ``.venv/bin/python bench/tracing.py [--tasks 2000] [--rounds 3] [--concurre
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import statistics
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -36,6 +34,7 @@ import anyio
 
 from bench.noop_app import NOOP_HANDLER
 from bench.processes import APP, run_workers
+from bench.side_by_side import Drain, ratio_table
 from bench.workload import SUBMIT_CHUNK, bench_server, scratch_database, task_states
 from toolkit.definition import parse_definition
 from toolkit.store import Store
@@ -63,20 +62,6 @@ class _Unimportable:
 
 sys.meta_path.insert(0, _Unimportable())
 """
-
-
-@dataclasses.dataclass(frozen=True)
-class Drain:
-    """One variant's drain in one round."""
-
-    variant: str
-    tasks: int
-    wall: float
-    cpu: float
-
-    @property
-    def rate(self) -> float:
-        return self.tasks / self.wall
 
 
 async def _seed(dsn: str, tasks: int) -> None:
@@ -110,21 +95,6 @@ def drain(server: str, variant: str, tasks: int, concurrency: int, hook: Path) -
     return Drain(variant, tasks, run.wall, run.cpu)
 
 
-def report(rounds: Sequence[dict[str, Drain]]) -> str:
-    """The table: median rate, CPU per workflow and ratio to ``absent`` in the same round."""
-    lines = [
-        "| variant | workflows/s, median | worker CPU per workflow (ms) | of absent, same round |",
-        "| --- | --- | --- | --- |",
-    ]
-    for variant in VARIANTS:
-        runs = [r[variant] for r in rounds]
-        rate = statistics.median(run.rate for run in runs)
-        cpu = statistics.median(run.cpu / run.tasks * 1000 for run in runs)
-        ratio = statistics.median(r[variant].rate / r["absent"].rate for r in rounds)
-        lines.append(f"| {variant} | {rate:,.0f} | {cpu:.3f} | {ratio:.2f} |")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2_000)
@@ -139,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             rounds.append(
                 {v: drain(server, v, args.tasks, args.concurrency, Path(hook)) for v in VARIANTS}
             )
-    print(report(rounds))
+    print(ratio_table(rounds, "workflow", "absent"))
     print(f"{args.tasks} five-step no-op workflows, one worker at concurrency "
           f"{args.concurrency}, {args.rounds} rounds")  # fmt: skip
 

@@ -29,9 +29,7 @@ Run: ``.venv/bin/python bench/peers/compare.py [--jobs 10000] [--rounds 3]
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +41,7 @@ if __package__ in {None, ""}:  # run as a script: make `bench` and `toolkit` imp
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.processes import WorkerProcess, run_workers
+from bench.side_by_side import Drain, ratio_table
 from bench.workload import (
     Workload,
     bench_server,
@@ -59,21 +58,6 @@ DEFAULT_VENV = Path(tempfile.gettempdir()) / "runifold-bench-peers"
 SYSTEMS = ("runifold", "pgqueuer", "procrastinate", "dbos", "runifold 5-step", "dbos 5-step")
 #: What each system is compared with: the one-step runifold, or the five-step.
 BASELINE = {"dbos 5-step": "runifold 5-step", "runifold 5-step": "runifold 5-step"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Drain:
-    """One system's drain in one round."""
-
-    system: str
-    jobs: int
-    wall: float
-    cpu: float
-    server_cpu: float | None
-
-    @property
-    def rate(self) -> float:
-        return self.jobs / self.wall
 
 
 def peers_python(venv: Path) -> Path:
@@ -163,26 +147,6 @@ DRAINS: dict[str, Callable[[str, int, int, Path, int], Drain]] = {
 }
 
 
-def report(rounds: Sequence[dict[str, Drain]]) -> str:
-    """The table: median rate and CPU per job of each system, runifold's ratio to each."""
-    lines = [
-        "| system | jobs/s, median | worker CPU per job (ms) | server CPU per job (ms) "
-        "| runifold / system, same round: median (min-max) |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for system in SYSTEMS:
-        runs = [r[system] for r in rounds]
-        rate = statistics.median(run.rate for run in runs)
-        cpu = statistics.median(run.cpu / run.jobs * 1000 for run in runs)
-        server = [run.server_cpu / run.jobs * 1000 for run in runs if run.server_cpu is not None]
-        baseline = BASELINE.get(system, "runifold")
-        ratios = [r[baseline].rate / r[system].rate for r in rounds]
-        spread = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
-        server_text = f"{statistics.median(server):.3f}" if server else "-"
-        lines.append(f"| {system} | {rate:,.0f} | {cpu:.3f} | {server_text} | {spread} |")
-    return "\n".join(lines)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
@@ -210,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"five-step workflows, one worker process each, concurrency {args.concurrency} "
           f"(five-step: {args.five_concurrency}; PgQueuer: its default batch of 10), "
           f"{args.rounds} rounds; jobs/s counts workflows")  # fmt: skip
-    print(report(rounds))
+    print(ratio_table(rounds, "job", lambda name: BASELINE.get(name, "runifold"),
+                      baseline_over=True))  # fmt: skip
 
 
 if __name__ == "__main__":
