@@ -59,40 +59,56 @@ class LiveView:
         self._follower = asyncio.get_running_loop().create_task(self._follow(task_id, after))
 
     def stop(self) -> None:
-        """Stop following (nothing happens when nothing is followed)."""
-        if self._follower is not None:
-            self._follower.cancel()
+        """Stop following (nothing happens when nothing is followed).
+
+        The follower is not cancelled (a query cancelled mid-flight costs its pooled
+        connection): it sees at its next wake-up that it is not followed any more and ends,
+        rendering nothing more.
+        """
         self._follower = None
         self.following = None
         self.progress = None
         self.line.value = ""
 
+    def _current(self, task_id: int) -> bool:
+        return self.following == task_id
+
     async def _follow(self, task_id: int, after: int) -> None:
-        changed = asyncio.Event()
-        renderer = asyncio.get_running_loop().create_task(self._rendering(task_id, changed))
+        changed, done = asyncio.Event(), asyncio.Event()
+        renderer = asyncio.get_running_loop().create_task(
+            self._rendering(task_id, changed, done)
+        )
         try:
             async for event in self._store.streams.follow(task_id, after=after, poll=self._poll):
+                if not self._current(task_id):
+                    break  # another task was opened, or the view stopped
                 if event.kind == "progress":
                     self.progress = event.value
                     self._say(f"live: task {task_id}, progress {json.dumps(event.value)}")
                 else:
                     changed.set()
-            await self._render(task_id)  # its end, shown at once
         except Exception as exc:  # the database or the store went away: say so, keep the pane
-            self._say(f"live view stopped: {exc}")
+            if self._current(task_id):
+                self._say(f"live view stopped: {exc}")
+                self.following = self._follower = None
         finally:
-            renderer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await renderer
-            if self.following == task_id:  # it ended: nothing more to follow
-                self._follower = None
-                self.stop()
+            done.set()
+            changed.set()
+            await renderer
+        if self._current(task_id):  # it ended: show its end, nothing more to follow
+            with contextlib.suppress(Exception):
+                await self._render(task_id)
+            self.stop()
 
-    async def _rendering(self, task_id: int, changed: asyncio.Event) -> None:
+    async def _rendering(self, task_id: int, changed: asyncio.Event, done: asyncio.Event) -> None:
+        """Render on each change, at most once per `RENDER_INTERVAL`, until ``done``."""
         while True:
             await changed.wait()
             changed.clear()
-            await self._render(task_id)
+            if done.is_set() or not self._current(task_id):
+                return
+            with contextlib.suppress(Exception):  # the follower reports the database's faults
+                await self._render(task_id)
             await asyncio.sleep(RENDER_INTERVAL)  # what comes meanwhile: one render after
 
     def _say(self, text: str) -> None:
