@@ -323,3 +323,28 @@ async def test_an_open_live_task_updates_without_refresh_until_it_ends(store: St
     # An ended task opens without a live view.
     await browser.open(task.id)
     assert browser.live.following is None
+
+
+@pytest.mark.anyio
+async def test_a_live_render_of_the_task_open_before_does_not_replace_the_open_one(
+    store: Store,
+) -> None:
+    """Regression (CI): the live view's render of a task still in flight when the operator
+    opened another replaced the open task in the pane and forgot its redrive preview, so
+    *Redrive task* said "preview the redrive first"."""
+    await deploy(store)
+    await submit_and_run(store, flows=0, broken=1)
+    (failed,) = [t.id for t in await store.tasks.list(TaskFilter(state="failed"))]
+    (live,) = await store.tasks.submit(FLOW, [{"n": 1}])  # queued: followed once opened
+    browser = TaskBrowser(store, operator="alice")
+    await browser.refresh()
+    await browser.open(live)
+    assert browser.live.following == live
+    await browser.open(failed)
+    preview = await browser.redrive.preview()
+    # What the live view calls when the task it followed changed, finishing late.
+    await browser.live._render(live)
+    assert browser.detail is not None and browser.detail.task.id == failed, browser.detail
+    assert browser.redrive.plan == preview and not browser.redrive.apply_button.disabled
+    await browser.redrive.apply("fixed")
+    assert (await store.tasks.get(failed)).state == "queued"

@@ -45,6 +45,8 @@ class LiveView:
         self._render = render
         self._poll = poll
         self._follower: asyncio.Task[None] | None = None
+        #: Counts follows and stops: a follower whose number is not the latest ends.
+        self._generation = 0
         self.line = widgets.HTML()
         self.following: int | None = None
         self.progress: Any = None
@@ -56,7 +58,9 @@ class LiveView:
         self.stop()
         self.following = task_id
         self._say(f"live: following task {task_id}")
-        self._follower = asyncio.get_running_loop().create_task(self._follow(task_id, after))
+        self._follower = asyncio.get_running_loop().create_task(
+            self._follow(task_id, after, self._generation)
+        )
 
     def stop(self) -> None:
         """Stop following (nothing happens when nothing is followed).
@@ -65,22 +69,27 @@ class LiveView:
         connection): it sees at its next wake-up that it is not followed any more and ends,
         rendering nothing more.
         """
+        self._generation += 1
         self._follower = None
         self.following = None
         self.progress = None
         self.line.value = ""
 
-    def _current(self, task_id: int) -> bool:
-        return self.following == task_id
+    def _current(self, generation: int) -> bool:
+        """Whether the follower started as ``generation`` is still the one wanted.
 
-    async def _follow(self, task_id: int, after: int) -> None:
+        A task opened again gets a new follower; the old one must not render alongside it.
+        """
+        return self._generation == generation
+
+    async def _follow(self, task_id: int, after: int, generation: int) -> None:
         changed, done = asyncio.Event(), asyncio.Event()
         renderer = asyncio.get_running_loop().create_task(
-            self._rendering(task_id, changed, done)
+            self._rendering(task_id, generation, changed, done)
         )
         try:
             async for event in self._store.streams.follow(task_id, after=after, poll=self._poll):
-                if not self._current(task_id):
+                if not self._current(generation):
                     break  # another task was opened, or the view stopped
                 if event.kind == "progress":
                     self.progress = event.value
@@ -88,24 +97,27 @@ class LiveView:
                 else:
                     changed.set()
         except Exception as exc:  # the database or the store went away: say so, keep the pane
-            if self._current(task_id):
+            if self._current(generation):
                 self._say(f"live view stopped: {exc}")
+                self._generation += 1
                 self.following = self._follower = None
         finally:
             done.set()
             changed.set()
             await renderer
-        if self._current(task_id):  # it ended: show its end, nothing more to follow
+        if self._current(generation):  # it ended: show its end, nothing more to follow
             with contextlib.suppress(Exception):
                 await self._render(task_id)
             self.stop()
 
-    async def _rendering(self, task_id: int, changed: asyncio.Event, done: asyncio.Event) -> None:
+    async def _rendering(
+        self, task_id: int, generation: int, changed: asyncio.Event, done: asyncio.Event
+    ) -> None:
         """Render on each change, at most once per `RENDER_INTERVAL`, until ``done``."""
         while True:
             await changed.wait()
             changed.clear()
-            if done.is_set() or not self._current(task_id):
+            if done.is_set() or not self._current(generation):
                 return
             with contextlib.suppress(Exception):  # the follower reports the database's faults
                 await self._render(task_id)

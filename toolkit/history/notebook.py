@@ -101,6 +101,9 @@ class TaskBrowser(WidgetWork):
         self.operator = operator
         self.tasks: list[TaskRecord] = []
         self.detail: TaskDetail | None = None
+        #: The task last asked for by ``open``: a render of any other (a live render that was
+        #: in flight when another task was opened) is dropped.
+        self._opened: int | None = None
         self._definitions: dict[tuple[str, int, str], WorkflowDefinition] = {}
         self._updating = False
 
@@ -285,6 +288,7 @@ class TaskBrowser(WidgetWork):
         Raises:
             UnknownTask: no task has that id.
         """
+        self._opened = task_id
         detail = await self._show(task_id)
         if TaskState(detail.task.state).terminal:
             self.live.stop()
@@ -293,7 +297,12 @@ class TaskBrowser(WidgetWork):
         return detail
 
     async def _show(self, task_id: int) -> TaskDetail:
-        """Read the task and show it in the detail pane (what ``open`` and the live view do)."""
+        """Read the task and show it in the detail pane (what ``open`` and the live view do).
+
+        A task other than the one last opened is read but not shown: the live view's render
+        of the task open before may finish after another was opened, and must not replace it
+        (nor forget the redrive preview made meanwhile).
+        """
         task = await self.store.tasks.get(task_id)
         detail = TaskDetail(
             task=task,
@@ -307,6 +316,8 @@ class TaskBrowser(WidgetWork):
                 task_id, after=max(0, task.stream_seq - STREAM_SHOWN)
             ),
         )
+        if task_id != self._opened:
+            return detail
         self.detail = detail
         self.detail_pane.value = detail.html()
         # Offer only what the task can take: an ended task no signal nor cancel, and only a
