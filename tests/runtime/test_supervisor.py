@@ -95,3 +95,18 @@ steps:
     task = await store.tasks.get(task_id)
     assert task.state == "succeeded" and task.result == {"token": 2}
     assert calls_seen == [1, 2]  # the new lease lived through the 4 s call: no third claim
+
+
+async def test_a_worker_that_stops_right_after_starting_cancels_no_statement(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression (tutorial 4's stderr, now and then): an --until-idle worker that found
+    nothing to do cancelled its services inside their first statements; psycopg then logged
+    "query cancellation interrupted" and closed the pooled connection."""
+    worker = Worker(store, app, [definition(FIVE_SLOW_STEPS)])
+    config = SupervisorConfig(until_idle=True, **FAST)
+    with caplog.at_level("WARNING"):
+        for _ in range(15):
+            await WorkflowSupervisor(worker, config).run()
+    noise = [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
+    assert not noise, noise

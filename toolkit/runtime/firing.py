@@ -17,6 +17,7 @@ import anyio
 
 from toolkit.errors import ToolkitError
 from toolkit.metrics import WorkerMetrics
+from toolkit.runtime.statement_gate import StatementGate
 from toolkit.store.schedules import Fired, Schedules
 
 logger = logging.getLogger("toolkit.runtime.supervisor")
@@ -32,12 +33,18 @@ class TickFirer:
         schedules: the store's schedules.
         definitions: the names of the definitions the worker runs.
         metrics: where ticks and their lag are counted.
+        gate: the supervisor's statement gate (each pass runs through it).
     """
 
     def __init__(
-        self, schedules: Schedules, definitions: Sequence[str], metrics: WorkerMetrics
+        self,
+        schedules: Schedules,
+        definitions: Sequence[str],
+        metrics: WorkerMetrics,
+        gate: StatementGate,
     ) -> None:
         self._schedules = schedules
+        self._gate = gate
         self._definitions = sorted(set(definitions))
         self._metrics = metrics
 
@@ -46,9 +53,11 @@ class TickFirer:
         while True:
             wait = PASS_INTERVAL
             try:
-                for fired in await self._schedules.fire_due(self._definitions):
+                async with self._gate.statement():
+                    due = await self._schedules.fire_due(self._definitions)
+                    until = await self._schedules.seconds_to_next_tick(self._definitions)
+                for fired in due:
                     self._count(fired)
-                until = await self._schedules.seconds_to_next_tick(self._definitions)
                 if until is not None:
                     wait = min(PASS_INTERVAL, max(until, 0.01))
             except ToolkitError as exc:

@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.config import SupervisorConfig
+from toolkit.runtime.statement_gate import StatementGate
 from toolkit.store.database import redact_dsn
 
 logger = logging.getLogger("toolkit.runtime.supervisor")
@@ -39,6 +40,7 @@ class Listener:
         config: ``listen_probe`` and the reconnect backoff (``idle_backoff_min`` / ``max``).
         metrics: where reconnects are counted.
         wake: called on every notification, and once each time the connection is opened.
+        gate: the supervisor's statement gate (LISTEN and each probe run through it).
     """
 
     def __init__(
@@ -47,8 +49,10 @@ class Listener:
         config: SupervisorConfig,
         metrics: WorkerMetrics,
         wake: Callable[[], None],
+        gate: StatementGate,
     ) -> None:
         self._dsn = dsn
+        self._gate = gate
         self._config = config
         self._metrics = metrics
         self._wake = wake
@@ -74,7 +78,8 @@ class Listener:
                     listening, autocommit=True, application_name="runifold", connect_timeout=10
                 )
                 async with conn:
-                    await conn.execute(_LISTEN)
+                    async with self._gate.statement():
+                        await conn.execute(_LISTEN)
                     if opened:
                         self._metrics.listen_reconnects.inc()
                     opened = True
@@ -83,8 +88,9 @@ class Listener:
                     while True:
                         async for _ in conn.notifies(timeout=probe):
                             self._wake()
-                        with anyio.fail_after(probe):
-                            await conn.execute(_PROBE)
+                        async with self._gate.statement():
+                            with anyio.fail_after(probe):
+                                await conn.execute(_PROBE)
             except TimeoutError:
                 logger.warning(
                     "the LISTEN connection to %s did not answer its probe within %g s; "

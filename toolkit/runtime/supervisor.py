@@ -35,6 +35,7 @@ from toolkit.runtime.firing import TickFirer
 from toolkit.runtime.listener import Listener
 from toolkit.runtime.outage import Outage
 from toolkit.runtime.report import SupervisorReport
+from toolkit.runtime.statement_gate import StatementGate
 from toolkit.runtime.watches import watch_loop_lag, watch_unavailable
 from toolkit.runtime.worker import Worker
 from toolkit.store.fence import Fence
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds a worker waits at most to record itself stopped when the database is away.
 UNREGISTER_TIMEOUT = 3.0
+#: Seconds a stopping worker lets its service statements in flight end before cancelling.
+STATEMENT_GRACE = 1.0
 
 
 class WorkflowSupervisor:
@@ -87,7 +90,8 @@ class WorkflowSupervisor:
             worker.store, worker.app, worker.worker_id, self.metrics, self._commit
         )
         names = [definition.name for definition in worker.definitions]
-        self._firer = TickFirer(worker.store.schedules, names, self.metrics)
+        self._gate = StatementGate()
+        self._firer = TickFirer(worker.store.schedules, names, self.metrics, self._gate)
 
     async def _commit(self, write: FencedWrite) -> TaskState:
         """The group commit, watched for outages."""
@@ -134,7 +138,9 @@ class WorkflowSupervisor:
                 services.start_soon(self._heartbeats)
                 services.start_soon(self._listen)
                 services.start_soon(watch_loop_lag, self.report, self.metrics)
-                services.start_soon(watch_unavailable, self.worker.store, self.metrics)
+                services.start_soon(
+                    watch_unavailable, self.worker.store, self.metrics, self._gate
+                )
                 services.start_soon(self._firer.run)
                 try:
                     await self._claim_loop(shutdown)
@@ -145,6 +151,8 @@ class WorkflowSupervisor:
                     with anyio.CancelScope(shield=True):
                         await self._stop_cycles()
                 self._group_commit.stop_soon(1.0)
+                # The services end between statements (see toolkit.runtime.statement_gate).
+                await self._gate.close(0.0 if self._outage.down else STATEMENT_GRACE)
                 services.cancel_scope.cancel()
         finally:
             # Bounded: with the database away the worker row simply expires.
@@ -382,8 +390,9 @@ class WorkflowSupervisor:
             sent = anyio.current_time()
             renewal: Renewal | None = None
             try:
-                with anyio.move_on_after(config.heartbeat):  # never skip an interval's check
-                    renewal = await self.worker.renew(list(held.values()), config.lease)
+                async with self._gate.statement():
+                    with anyio.move_on_after(config.heartbeat):  # never skip an interval's check
+                        renewal = await self.worker.renew(list(held.values()), config.lease)
                 if renewal is None:
                     raise DatabaseUnavailable(
                         f"lease renewal took longer than {config.heartbeat:g} s"
@@ -474,7 +483,7 @@ class WorkflowSupervisor:
 
     async def _listen(self) -> None:
         await Listener(
-            self.worker.store.db.dsn, self.config, self.metrics, self._wake_up
+            self.worker.store.db.dsn, self.config, self.metrics, self._wake_up, self._gate
         ).run()
 
     def _wake_up(self) -> None:

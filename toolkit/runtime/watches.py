@@ -10,6 +10,7 @@ import anyio
 from toolkit.errors import ToolkitError
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.report import SupervisorReport
+from toolkit.runtime.statement_gate import StatementGate
 from toolkit.store import Store
 
 #: Seconds between two event-loop lag checks.
@@ -28,12 +29,16 @@ async def watch_loop_lag(report: SupervisorReport, metrics: WorkerMetrics) -> No
         metrics.loop_lag.observe(lag)
 
 
-async def watch_unavailable(store: Store, metrics: WorkerMetrics) -> None:
-    """Refresh the definition-unavailable gauge now and then, until cancelled."""
+async def watch_unavailable(store: Store, metrics: WorkerMetrics, gate: StatementGate) -> None:
+    """Refresh the definition-unavailable gauge now and then, until cancelled.
+
+    Each refresh runs through ``gate``, the supervisor's statement gate.
+    """
     gauge = metrics.definition_unavailable
     while True:
         try:
-            counts = await store.definitions.unavailable()
+            async with gate.statement():
+                counts = await store.definitions.unavailable()
         except ToolkitError:  # the claim loop and heartbeats report outages
             counts = None
         if counts is not None:
