@@ -40,7 +40,7 @@ from bench.workload import (
     wait_for_states,
     write_definitions,
 )
-from toolkit.store import Store
+from toolkit.store import Store, rotation
 from toolkit.store.queries import query
 
 #: The worker's default claim batch (``toolkit run --claim-batch``).
@@ -167,6 +167,7 @@ def probe_statements(
         "limit": CLAIM_BATCH,
         "lease_seconds": LEASE_SECONDS,
         "locked": [],  # no limited tenant locked: the claim's one-statement path
+        "window": rotation.window(CLAIM_BATCH),
     }
     claim_ms: list[float] = []
     idle_ms: list[float] = []
@@ -175,7 +176,8 @@ def probe_statements(
         for index in range(warmup + samples):
             with conn.transaction(force_rollback=True):
                 began = time.perf_counter()
-                claimed = len(conn.execute(query("claim_tasks"), claim_params).fetchall())
+                rows = conn.execute(query("claim_tasks"), claim_params).fetchall()
+                claimed = sum(1 for row in rows if row[0] is not None)
                 claim_took = time.perf_counter() - began
             began = time.perf_counter()
             conn.execute(query("idle_state"), {"digests": list(digests)}).fetchall()

@@ -48,6 +48,7 @@ from psycopg.types.json import Jsonb
 from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
+from toolkit.store import rotation
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import Event, FencedWrite, write_json
@@ -214,6 +215,7 @@ class Worker:
             "limit": self.batch,
             "lease_seconds": LEASE_SECONDS,
             "locked": [],  # the engine's claim: no limited tenant locked (the one-statement path)
+            "window": rotation.window(self.batch),
         }
 
 
@@ -224,7 +226,7 @@ def _claim_minimal(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
 def _claim_engine(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
     cursor = conn.cursor(row_factory=dict_row)
     rows = cursor.execute(query("claim_tasks"), worker.claim_params()).fetchall()
-    return [(row["id"], row["lease_token"]) for row in rows]
+    return [(row["id"], row["lease_token"]) for row in rows if row["id"] is not None]
 
 
 def _write_unnest(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:

@@ -4,6 +4,7 @@ is printed in order, and the exit status is the task's outcome."""
 from __future__ import annotations
 
 import json
+import select
 from pathlib import Path
 
 from tests.helpers.processes import submit_tasks, toolkit_process
@@ -27,17 +28,26 @@ def test_watch_prints_the_published_items_in_order_and_exits_with_the_outcome(
     (tmp_path / "streaming.yaml").write_text(STREAMING)
     (task_id,) = submit_tasks(dsn, STREAMING, [{}])
     watch = toolkit_process(dsn, "watch", str(task_id))
-    worker = toolkit_process(
-        dsn, "run", "--app", "tests.apps.counting", "--definitions", str(tmp_path),
-        "--until-idle",
-    )  # fmt: skip
+    processes = [watch]
     try:
-        out, err = watch.communicate(timeout=60)
-        worker.communicate(timeout=60)
+        # The worker starts once the watch follows the task (its first line is the task's
+        # state): a worker that started first could finish before the watch looked
+        # (regression: seen under load, the first state printed was "succeeded").
+        assert watch.stdout is not None
+        ready, _, _ = select.select([watch.stdout], [], [], 60)
+        assert ready, "toolkit watch printed nothing in 60 s"
+        first = watch.stdout.readline()
+        processes.append(toolkit_process(
+            dsn, "run", "--app", "tests.apps.counting", "--definitions", str(tmp_path),
+            "--until-idle",
+        ))  # fmt: skip
+        rest, err = watch.communicate(timeout=60)
+        processes[1].communicate(timeout=60)
     finally:
-        for process in (watch, worker):
+        for process in processes:
             if process.poll() is None:
                 process.kill()
+    out = first + rest
     assert watch.returncode == 0, (out, err)
     lines = out.splitlines()
     items = [line for line in lines if line.startswith("item ")]

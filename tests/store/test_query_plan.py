@@ -34,6 +34,8 @@ from toolkit.store.queries import query
 pytestmark = pytest.mark.anyio
 
 TERMINAL, QUEUED, LEASED, WAITING = 5_000, 200, 50, 100
+#: Tenants besides the four of the mix (issue 20: the claim reads only those it picks).
+OTHER_TENANTS = 6_000
 #: The types of the claim's named parameters (a prepared statement needs them).
 CLAIM_TYPES = {
     "worker_id": "text",
@@ -41,6 +43,7 @@ CLAIM_TYPES = {
     "limit": "bigint",
     "lease_seconds": "float8",
     "locked": "text[]",
+    "window": "bigint",
 }
 
 _INSERT = """
@@ -91,6 +94,15 @@ async def _mixed(store: Store) -> WorkflowDefinition:
             "INSERT INTO toolkit_tenants (tenant, max_active) SELECT DISTINCT tenant,"
             " CASE WHEN tenant = 'limited' THEN 5 END FROM toolkit_tasks"
         )
+        # Many more tenants, none of them read by a claim: ready ones beyond its window, and
+        # parked ones (not ready, due later or never).
+        await conn.execute(
+            "INSERT INTO toolkit_tenants (tenant, ready, vtime, next_due)"
+            " SELECT format('other-%%s', i), i %% 3 = 0, 1000 + i,"
+            " CASE WHEN i %% 3 = 1 THEN now() + interval '1 hour' END"
+            " FROM generate_series(1, %(tenants)s) i",
+            {"tenants": OTHER_TENANTS},
+        )
         await conn.execute("VACUUM (ANALYZE) toolkit_tasks")
         await conn.execute("VACUUM (ANALYZE) toolkit_tenants")
         cursor = await conn.execute("SELECT state, count(*) FROM toolkit_tasks GROUP BY state")
@@ -105,7 +117,7 @@ async def _mixed(store: Store) -> WorkflowDefinition:
 def _claim_params(d: WorkflowDefinition) -> dict[str, Any]:
     return {
         "worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0,
-        "locked": ["limited"],
+        "locked": ["limited"], "window": 32,
     }  # fmt: skip
 
 
@@ -159,20 +171,49 @@ def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from _nodes(child)
 
 
+def _index(node: dict[str, Any]) -> str | None:
+    """The index a scan reads (a bitmap heap scan's: that of its bitmap index scan)."""
+    if node["Node Type"] == "Bitmap Heap Scan":
+        (child,) = node["Plans"]
+        return _index(child)
+    name: str | None = node.get("Index Name")
+    return name
+
+
 def _task_scans(plan: dict[str, Any]) -> list[tuple[str, str | None]]:
     """``(node type, index)`` of every scan of toolkit_tasks."""
     return [
-        (node["Node Type"], node.get("Index Name"))
+        (node["Node Type"], _index(node))
         for node in _nodes(plan)
         if node.get("Relation Name") == "toolkit_tasks" and "Scan" in node["Node Type"]
     ]
 
 
-def _candidates(plan: dict[str, Any]) -> dict[str, Any]:
-    """The per-tenant read of due tasks: the ``LockRows`` under the lateral ``Limit``."""
-    (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE candidates"]
-    (locked,) = [node for node in _nodes(cte) if node["Node Type"] == "LockRows"]
-    return locked
+def _per_tenant(plan: dict[str, Any]) -> dict[str, Any]:
+    """The per-tenant read of due tasks: the lateral ``Limit`` of the ``due`` CTE."""
+    (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE due"]
+    (limit,) = [
+        node for node in _nodes(cte)
+        if node["Node Type"] == "Limit" and _task_scans(node)
+    ]  # fmt: skip
+    return limit
+
+
+def _tenant_scans(plan: dict[str, Any]) -> set[tuple[str, str | None, float]]:
+    """``(node type, index, rows read at most)`` of every scan of toolkit_tenants; a scan
+    under a ``Limit`` reads at most that limit's rows."""
+    found: set[tuple[str, str | None, float]] = set()
+
+    def walk(node: dict[str, Any], bound: float) -> None:
+        if node["Node Type"] == "Limit":
+            bound = min(bound, node["Plan Rows"])
+        if node.get("Relation Name") == "toolkit_tenants" and "Scan" in node["Node Type"]:
+            found.add((node["Node Type"], _index(node), bound))
+        for child in node.get("Plans", ()):
+            walk(child, bound)
+
+    walk(plan, float("inf"))
+    return found
 
 
 def _assert_claims_through_the_index(plan: dict[str, Any]) -> None:
@@ -184,18 +225,31 @@ def _assert_claims_through_the_index(plan: dict[str, Any]) -> None:
         ("Index Scan", "toolkit_tasks_tenant_due"),  # due tasks, per tenant
         ("Index Only Scan", "toolkit_tasks_tenant_leased"),  # leases, per tenant
         ("Index Scan", "toolkit_tasks_tenant_leased"),
-        ("Index Scan", "toolkit_tasks_pkey"),  # the update of the picked tasks
+        ("Index Scan", "toolkit_tasks_pkey"),  # the lock and update of the chosen tasks
     }, scans
     for node in _nodes(plan):
         if node.get("Index Name") == "toolkit_tasks_tenant_leased":
             assert "tenant" in node["Index Cond"] and "lease_expires_at" in node["Index Cond"]
     # Each tenant's due tasks are read in due order straight off the claim index (a Limit
-    # over a LockRows over an ordered Index Scan): no bitmap scan, no sort of the live tasks.
-    assert _task_scans(_candidates(plan)) == [("Index Scan", "toolkit_tasks_tenant_due")]
-    assert not [node for node in _nodes(_candidates(plan)) if node["Node Type"] == "Sort"]
+    # over an ordered Index Scan): no bitmap scan, no sort of the live tasks.
+    per_tenant = _per_tenant(plan)
+    assert _task_scans(per_tenant) == [("Index Scan", "toolkit_tasks_tenant_due")]
+    assert not [node for node in _nodes(per_tenant) if node["Node Type"] == "Sort"]
     # The per-tenant read is driven by the tenants (a nested loop with the tenant as key).
-    (scan,) = [n for n in _nodes(_candidates(plan)) if n.get("Relation Name") == "toolkit_tasks"]
+    (scan,) = [n for n in _nodes(per_tenant) if n.get("Relation Name") == "toolkit_tasks"]
     assert "tenant" in scan["Index Cond"]
+    # The tenants: only the window (the rotation index), those due for promotion and the
+    # limited ones, each an index range; a whole scan only to find two unpaused tenants.
+    for node_type, index, bound in _tenant_scans(plan):
+        assert index in {
+            "toolkit_tenants_rotation", "toolkit_tenants_next_due", "toolkit_tenants_limited",
+            "toolkit_tenants_pkey",
+        } or (node_type == "Seq Scan" and bound <= 2), (node_type, index, bound)
+    # The chosen tasks are locked by id, last.
+    (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE candidates"]
+    (locking,) = [node for node in _nodes(cte) if node["Node Type"] == "LockRows"]
+    locked_by = set(_task_scans(locking)) - {("Index Scan", "toolkit_tasks_tenant_due")}
+    assert locked_by == {("Index Scan", "toolkit_tasks_pkey")}, locked_by
 
 
 async def test_claim_uses_the_claim_index(store: Store) -> None:
@@ -212,7 +266,7 @@ async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
     d = await _mixed(store)
     (scan,) = [
         node
-        for node in _nodes(_candidates(await _custom_plan(store, "claim_tasks", _claim_params(d))))
+        for node in _nodes(_per_tenant(await _custom_plan(store, "claim_tasks", _claim_params(d))))
         if node.get("Index Name") == "toolkit_tasks_tenant_due"
     ]
     assert "Index Cond" in scan

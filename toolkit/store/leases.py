@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from toolkit.errors import LeaseLost
 from toolkit.lifecycle import TaskState, WaitReason
 from toolkit.payload import PayloadLimits
+from toolkit.store import rotation
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
@@ -106,6 +107,8 @@ class Leases:
         # Whether tasks may wait for a concurrency key that has room, as the last claim saw
         # it: a claim then admits them first (see :meth:`admit_keys`). Starts True.
         self._key_wakes = True
+        # Whether one unpaused tenant is all there is, as the last claim saw it.
+        self._alone = False
 
     @property
     def database(self) -> Database:
@@ -156,13 +159,12 @@ class Leases:
             "limit": limit,
             "lease_seconds": lease_seconds,
             "locked": [],
+            "window": rotation.window(limit),
         }
         admitted = await self.admit_keys() if self._key_wakes else 0
         rows = await self._claim_rows(params)
         if not rows and not admitted and await self.admit_keys():
             rows = await self._claim_rows(params)  # nothing due, but a key had room
-        if rows:
-            self._key_wakes = bool(rows[0]["key_wakes"])
         return [
             ClaimedTask(
                 id=row["id"],
@@ -203,36 +205,51 @@ class Leases:
         return int(row["admitted"])
 
     async def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
-        """The claim statement(s): the one tenant's range while it is alone, else fair."""
-        rows: list[Any] = []
+        """The claim statement(s): the one tenant's range while it is alone, else fair.
+
+        Returns the rows of the tasks claimed; notes what the claim's summary says.
+        """
+        claimed: list[Any] = []
         if self._one_tenant is not None:
-            rows = await self._db.fetch_all(
+            claimed = self._summarised(await self._db.fetch_all(
                 "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
-            )
-            if not rows:
+            ))  # fmt: skip
+            if not claimed:
                 self._one_tenant = None  # not alone any more, or nothing due: the fair claim
-        if not rows:
-            rows = await self._fair_claim(params)
-        if rows and rows[0]["tenants"] == 1 and not rows[0]["limits"]:
-            self._one_tenant = rows[0]["tenant"]
-        return rows
+        if not claimed:
+            claimed = await self._fair_claim(params)
+        if claimed and self._alone:
+            self._one_tenant = claimed[0]["tenant"]
+        return claimed
 
     async def _fair_claim(self, params: dict[str, Any]) -> list[Any]:
-        """The claim across tenants: one statement, or locking the limited tenants first."""
+        """The claim across tenants: one statement, or locking the limited tenants first.
+
+        Then what it leaves the rotation to do (:func:`toolkit.store.rotation.settle`).
+        """
         if not self._limits:
             rows = await self._db.fetch_all("claim_tasks", params)
-            # Nothing claimed tells nothing: take the locking path until a claim says.
-            self._limits = not rows or bool(rows[0]["limits"])
-            return rows
-        async with self._db.transaction() as conn:
-            cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(query("lock_limited_tenants"))
-            params["locked"] = [row["tenant"] for row in await cursor.fetchall()]
-            await cursor.execute(query("claim_tasks"), params)
-            rows = await cursor.fetchall()
-        if rows and not params["locked"]:
-            self._limits = bool(rows[0]["limits"])
-        return rows
+        else:
+            async with self._db.transaction() as conn:
+                cursor = conn.cursor(row_factory=dict_row)
+                await cursor.execute(query("lock_limited_tenants"), params)
+                params["locked"] = [row["tenant"] for row in await cursor.fetchall()]
+                await cursor.execute(query("claim_tasks"), params)
+                rows = await cursor.fetchall()
+        claimed = self._summarised(rows)
+        summary = rows[0]
+        await rotation.settle(
+            self._db, [row["tenant"] for row in claimed], summary["dry"], summary["window_full"]
+        )
+        return claimed
+
+    def _summarised(self, rows: list[Any]) -> list[Any]:
+        """Note what a claim's summary says (every row carries it); its claimed rows."""
+        summary = rows[0]
+        self._limits = bool(summary["limits"])
+        self._key_wakes = bool(summary["key_wakes"])
+        self._alone = summary["tenants"] == 1 and not self._limits
+        return [row for row in rows if row["id"] is not None]
 
     async def renew(
         self, worker_id: str, incarnation: str, fences: Sequence[Fence], lease_seconds: float

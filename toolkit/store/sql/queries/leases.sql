@@ -1,23 +1,29 @@
 -- name: lock_limited_tenants
--- The first statement of a claim when tenants have a max_active (docs/tenants.md): lock
--- every such tenant that no other claimer holds. The claim that follows in the same
+-- The first statement of a claim when tenants have a max_active (docs/tenants.md): lock the
+-- limited tenants of the claim's window (the %(window)s ready, unpaused tenants of lowest
+-- vtime, migration 0020) that no other claimer holds. The claim that follows in the same
 -- transaction (a fresh snapshot, taken after these locks) counts their leases and takes at
 -- most max_active minus that; a tenant another claimer holds is skipped this round. NO KEY
 -- UPDATE: claimers exclude each other, budget rows (FOR KEY SHARE of their tenant) do not.
 SELECT tenant
 FROM toolkit_tenants
-WHERE max_active IS NOT NULL AND NOT paused
+WHERE tenant IN (SELECT tenant FROM toolkit_tenants
+                 WHERE ready AND NOT paused
+                 ORDER BY vtime, tenant
+                 LIMIT %(window)s)
+  AND max_active IS NOT NULL
 ORDER BY tenant
 FOR NO KEY UPDATE SKIP LOCKED;
 
 -- fragment: due_tasks
 -- The claimable tasks of tenant tn.tenant, in claim-time order (due time less a minute per
--- priority level, migration 0017), at most tn.slots of them, locked with SKIP LOCKED: queued
--- or waiting tasks whose run_at has come, and leased ones whose lease expired (recoverable),
--- of the claiming worker's definitions. A leased task is due at its lease expiry, so one
--- range of the claim index finds every claimable task and never steps over live leases; the
--- range ends at now in claim time, and the due filter leaves out what a priority's credit
--- reaches ahead (tasks above priority 0 due within 9 minutes).
+-- priority level, migration 0017), at most tn.slots of them: queued or waiting tasks whose
+-- run_at has come, and leased ones whose lease expired (recoverable), of the claiming
+-- worker's definitions. A leased task is due at its lease expiry, so one range of the claim
+-- index finds every claimable task and never steps over live leases; the range ends at now
+-- in claim time, and the due filter leaves out what a priority's credit reaches ahead
+-- (tasks above priority 0 due within 9 minutes). Not locked here: the statement locks what
+-- it chooses.
 SELECT id, state AS previous_state, lease_owner AS previous_owner,
        CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at,
        (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
@@ -34,15 +40,17 @@ WHERE tenant = tn.tenant
 ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
          - priority * interval '1 minute', id
 LIMIT tn.slots
-FOR UPDATE SKIP LOCKED
 
 -- fragment: take_leases
 -- The claim of the candidate rows (id, previous_state, previous_owner, due_at): each becomes
 -- leased by %(worker_id)s until database now + %(lease_seconds)s, its fencing token one
 -- higher (DESIGN §2), with a claimed (or recovered, for an expired lease) event carrying its
--- queue delay. Every row tells whether tenants with a max_active exist (limits), how many
--- tenants are unpaused and whether tasks may wait for a concurrency key that has room
--- (key_wakes), so that the claimer knows which claim to make next.
+-- queue delay. One row per task claimed, or a single row with a NULL id when none was; each
+-- carries the claim's summary (dry: the picked tenants that had nothing due for this
+-- worker; window_full: the window held as many tenants as it may), whether tenants with a
+-- max_active exist (limits), whether more than one tenant is unpaused (tenants: 1 or 2) and
+-- whether tasks may wait for a concurrency key that has room (key_wakes), so that the
+-- claimer knows what to do next.
 claimed AS (
     UPDATE toolkit_tasks t
     SET state = 'leased',
@@ -72,55 +80,94 @@ claimed AS (
                 ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
     FROM claimed
 )
-SELECT id, tenant, definition_digest, input, checkpoint, lease_token, attempts,
-       cancel_requested, tags, parent_id IS NOT NULL AS child, trace_parent, trace_attempt,
-       previous_state = 'leased' AS recovered, queue_delay, deadline_in,
+SELECT c.id, c.tenant, c.definition_digest, c.input, c.checkpoint, c.lease_token, c.attempts,
+       c.cancel_requested, c.tags, c.parent_id IS NOT NULL AS child, c.trace_parent,
+       c.trace_attempt, c.previous_state = 'leased' AS recovered, c.queue_delay,
+       c.deadline_in, s.dry, s.window_full,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
-       (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) AS tenants,
+       (SELECT count(*) FROM (SELECT 1 FROM toolkit_tenants WHERE NOT paused LIMIT 2) two)
+           AS tenants,
        EXISTS (SELECT 1 FROM toolkit_key_wakes) AS key_wakes
-FROM claimed
-ORDER BY id
+FROM summary s
+LEFT JOIN claimed c ON true
+ORDER BY c.id
 
 -- name: claim_tasks
 -- Claims up to %(limit)s due tasks of the given definitions, fairly across tenants
--- (docs/tenants.md). For each tenant that is not paused, its due tasks (due_tasks) up to the
--- batch or to the tenant's free slots. A tenant with a max_active is read only when it is in
--- %(locked)s (this transaction holds its row, see lock_limited_tenants); its free slots are
--- max_active minus its unexpired leases (an expired lease holds no slot). The batch then
--- goes to the tenants with the fewest unexpired leases per unit of weight, counting the
--- tasks of this batch as they are picked (a weighted fair share of the leased slots), ties by
--- claim time (due time less a minute per priority level); a tenant's leases are only counted
--- when it has a limit or shares the queue with other tenants.
-WITH candidates AS (
-    SELECT c.*
+-- (docs/tenants.md), reading only the tenants it picks (docs/decisions.md, "The fair claim
+-- at any number of tenants"). The window: the %(window)s ready, unpaused tenants of lowest
+-- vtime, and those promoted by this claim (not ready, their next_due come: at most
+-- %(window)s, soonest first). For each, its due tasks (due_tasks) up to the batch or to the
+-- tenant's free slots; a tenant with a max_active is read only when it is in %(locked)s
+-- (this transaction holds its row, see lock_limited_tenants), its free slots max_active
+-- minus its unexpired leases (an expired lease holds no slot). The batch then goes to the
+-- tenants of lowest vtime plus unexpired leases per unit of weight, counting the tasks of
+-- this batch as they are picked (a weighted fair share of the leased slots; vtime is the
+-- same for every tenant until more are ready than a window holds), ties by claim time (due
+-- time less a minute per priority level); a tenant's leases are only counted when it has a
+-- limit or shares the queue with other tenants. The chosen rows are locked last, in
+-- that order, skipping those another claimer holds and re-checked as due.
+WITH promoted AS (
+    -- (an array: the planner then reads these rows by key, never joining every tenant)
+    UPDATE toolkit_tenants tn
+    SET ready = true, next_due = NULL
+    WHERE tn.tenant = ANY(ARRAY(SELECT tenant FROM toolkit_tenants
+                                WHERE NOT ready AND next_due <= (SELECT clock_timestamp())
+                                ORDER BY next_due
+                                LIMIT %(window)s
+                                FOR NO KEY UPDATE SKIP LOCKED))
+    RETURNING tn.tenant, tn.weight, tn.max_active, tn.paused, tn.vtime
+), rotation AS (
+    SELECT tenant, weight, max_active, vtime
+    FROM toolkit_tenants
+    WHERE ready AND NOT paused
+    ORDER BY vtime, tenant
+    LIMIT %(window)s
+), tn AS (
+    SELECT p.tenant, p.weight, p.vtime,
+           CASE WHEN p.max_active IS NULL
+                     AND (SELECT count(*) FROM (SELECT 1 FROM toolkit_tenants
+                                                WHERE NOT paused LIMIT 2) two) < 2
+                THEN 0
+                ELSE (SELECT count(*) FROM toolkit_tasks a
+                      WHERE a.state = 'leased' AND a.tenant = p.tenant
+                        AND a.lease_expires_at > (SELECT clock_timestamp())) END AS active,
+           p.max_active
+    FROM (SELECT tenant, weight, max_active, vtime FROM rotation
+          UNION ALL
+          SELECT tenant, weight, max_active, vtime FROM promoted WHERE NOT paused) p
+    WHERE p.max_active IS NULL OR p.tenant = ANY(%(locked)s::text[])
+), due AS (
+    SELECT d.*, tn.tenant, tn.weight, tn.active, tn.vtime,
+           row_number() OVER (PARTITION BY tn.tenant ORDER BY d.claim_at, d.id) AS rank
     FROM (
         SELECT tn.*,
                -- least() ignores the NULL of a tenant without a limit
                greatest(least(%(limit)s::bigint, tn.max_active - tn.active), 0) AS slots
-        FROM (
-            SELECT tn.tenant, tn.weight, tn.max_active,
-                   CASE WHEN tn.max_active IS NULL
-                             AND (SELECT count(*) < 2 FROM toolkit_tenants WHERE NOT paused)
-                        THEN 0
-                        ELSE (SELECT count(*) FROM toolkit_tasks a
-                              WHERE a.state = 'leased' AND a.tenant = tn.tenant
-                                AND a.lease_expires_at > (SELECT clock_timestamp())) END
-                       AS active
-            FROM toolkit_tenants tn
-            WHERE NOT tn.paused
-              AND (tn.max_active IS NULL OR tn.tenant = ANY(%(locked)s::text[]))
-        ) tn
+        FROM tn
     ) tn
     CROSS JOIN LATERAL (
-        SELECT due.*, tn.weight, tn.active,
-               row_number() OVER (ORDER BY due.claim_at, due.id) AS rank
-        FROM (
-            -- include: due_tasks
-        ) due
-    ) c
-    ORDER BY (c.active + c.rank - 1)::float8 / c.weight, c.claim_at, c.id
+        -- include: due_tasks
+    ) d
+), candidates AS (
+    SELECT t.id, t.state AS previous_state, t.lease_owner AS previous_owner,
+           CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END AS due_at
+    FROM due
+    JOIN toolkit_tasks t ON t.id = due.id
+    -- Read by key, never a scan of the live tasks: the ids as an array, and "not ended"
+    -- spelled so that the planner cannot use the claim index's predicate instead.
+    WHERE t.id = ANY(ARRAY(SELECT id FROM due))
+      AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
+      AND CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END
+          <= clock_timestamp()
+    ORDER BY due.vtime + (due.active + due.rank - 1)::float8 / due.weight, due.claim_at, due.id
     LIMIT %(limit)s
+    FOR UPDATE OF t SKIP LOCKED
+), summary AS (
+    SELECT ARRAY(SELECT tenant FROM tn
+                 WHERE tenant NOT IN (SELECT tenant FROM due)) AS dry,
+           (SELECT count(*) FROM rotation) >= %(window)s AS window_full
 ),
 -- include: take_leases
 ;
@@ -128,23 +175,109 @@ WITH candidates AS (
 -- name: claim_tasks_one_tenant
 -- claim_tasks when one tenant is all there is (no other unpaused tenant, no max_active):
 -- fairness has nothing to share, so the claim is one range of that tenant's claim index, as
--- in a single-tenant queue. It claims nothing once another tenant is registered, the tenant
--- is paused or limited; the claimer then makes the fair claim at once, and keeps to it until
--- a claim sees one tenant alone again.
+-- in a single-tenant queue, locked as it is read. It claims nothing once another tenant is
+-- registered, the tenant is paused or limited; the claimer then makes the fair claim at
+-- once, and keeps to it until a claim sees one tenant alone again.
 WITH candidates AS (
     SELECT due.*
     FROM (
         SELECT %(tenant)s::text AS tenant, %(limit)s::bigint AS slots
         WHERE NOT EXISTS (SELECT 1 FROM toolkit_tenants
                           WHERE tenant = %(tenant)s AND (paused OR max_active IS NOT NULL))
-          AND (SELECT count(*) FROM toolkit_tenants WHERE NOT paused) = 1
+          AND (SELECT count(*) FROM (SELECT 1 FROM toolkit_tenants
+                                     WHERE NOT paused LIMIT 2) two) = 1
     ) tn
     CROSS JOIN LATERAL (
         -- include: due_tasks
+        FOR UPDATE SKIP LOCKED
     ) due
+), summary AS (
+    SELECT '{}'::text[] AS dry, false AS window_full
 ),
 -- include: take_leases
 ;
+
+-- name: advance_rotation
+-- After a claim whose window was full: each tenant served moves on in the rotation by the
+-- tasks it got per unit of weight (%(tenants)s, %(counts)s). Its own short transaction,
+-- after the claim committed: it holds no task lock, so it waits (rows locked in tenant
+-- order: two claimers never deadlock) for nobody who waits for it.
+WITH locked AS (
+    SELECT tenant
+    FROM toolkit_tenants
+    WHERE tenant = ANY(%(tenants)s::text[])
+    ORDER BY tenant
+    FOR NO KEY UPDATE
+)
+UPDATE toolkit_tenants tn
+SET vtime = tn.vtime + s.n::float8 / tn.weight
+FROM unnest(%(tenants)s::text[], %(counts)s::int[]) AS s(tenant, n)
+WHERE tn.tenant = s.tenant
+  AND tn.tenant = ANY(ARRAY(SELECT tenant FROM locked));
+
+-- name: lock_dry_tenants
+-- The first statement of a demotion (after a claim that found %(tenants)s dry): lock those
+-- still ready FOR UPDATE, skipping any row locked otherwise. FOR UPDATE conflicts with the
+-- KEY SHARE that every write making a task due sooner takes first (migration 0020): a tenant
+-- with such a write in flight is not demoted this time.
+SELECT tenant
+FROM toolkit_tenants
+WHERE tenant = ANY(%(tenants)s::text[]) AND ready
+ORDER BY tenant
+FOR UPDATE SKIP LOCKED;
+
+-- name: demote_dry_tenants
+-- The second statement of a demotion, in lock_dry_tenants' transaction: its snapshot, taken
+-- after those locks, sees every write that locked one of %(tenants)s before. A tenant with a
+-- task due now (of any definition: another worker's, or held back by its max_active) stays
+-- ready and moves on by one task per unit of weight, as if served, so that it cannot hold
+-- the window; any other leaves the rotation until next_due, a lower bound of its live tasks'
+-- due times: the first future entry of its claim index or the first due time of its tasks
+-- above priority 0, whichever is sooner (as idle_state reads them).
+WITH probed AS (
+    SELECT tn.tenant,
+           EXISTS (
+               SELECT 1 FROM toolkit_tasks
+               WHERE tenant = tn.tenant
+                 AND state IN ('queued', 'leased', 'waiting')
+                 AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                      AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                     <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                 AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                     <= (SELECT clock_timestamp())
+               ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                         AT TIME ZONE 'UTC') - priority * interval '1 minute'
+               LIMIT 1
+           ) AS due_now,
+           least(
+               (SELECT ((CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                         AT TIME ZONE 'UTC') - priority * interval '1 minute')
+                       AT TIME ZONE 'UTC'
+                FROM toolkit_tasks
+                WHERE tenant = tn.tenant
+                  AND state IN ('queued', 'leased', 'waiting')
+                  AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                       AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                      > (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                          AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                LIMIT 1),
+               (SELECT CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                FROM toolkit_tasks
+                WHERE tenant = tn.tenant AND priority > 0
+                  AND state IN ('queued', 'leased', 'waiting')
+                ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                LIMIT 1)
+           ) AS next_due
+    FROM toolkit_tenants tn
+    WHERE tn.tenant = ANY(%(tenants)s::text[])
+)
+UPDATE toolkit_tenants tn
+SET ready = p.due_now,
+    next_due = CASE WHEN p.due_now THEN NULL ELSE p.next_due END,
+    vtime = tn.vtime + CASE WHEN p.due_now THEN 1.0 / tn.weight ELSE 0 END
+FROM probed p
+WHERE tn.tenant = p.tenant AND tn.tenant = ANY(%(tenants)s::text[]);
 
 -- name: renew_leases
 -- One statement per heartbeat interval renews this process's registration and every lease it

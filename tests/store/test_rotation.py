@@ -1,0 +1,209 @@
+"""The tenant rotation (issue 20, migration 0020): a claim reads only the tenants it picks,
+promotes those whose next due time came, demotes those it found dry, and never hides a task
+from the claim, even when a submit races the demotion (docs/decisions.md, "The fair claim at
+any number of tenants")."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.helpers.processes import eventually
+from tests.helpers.workflows import THREE_STEPS, definition
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WorkflowDefinition
+from toolkit.store import Store, rotation
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.queries import query
+from toolkit.store.writes import FencedWrite
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 30.0
+
+#: A task row as a submit writes it, in a statement of the test's own transaction.
+_INSERT = (
+    "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+    " definition_digest, input, checkpoint, run_at)"
+    " VALUES (%s, %s, %s, %s, '{}', %s, clock_timestamp() + %s * interval '1 second')"
+    " RETURNING id"
+)
+
+
+async def _deployed(store: Store) -> WorkflowDefinition:
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    return d
+
+
+async def _tenant(store: Store, tenant: str) -> dict[str, Any]:
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT ready, vtime, next_due FROM toolkit_tenants WHERE tenant = %s", (tenant,)
+        )
+        row = await cursor.fetchone()
+    assert row is not None, tenant
+    return {"ready": row[0], "vtime": row[1], "next_due": row[2]}
+
+
+async def _finish(store: Store, tasks: list[ClaimedTask]) -> None:
+    for task in tasks:
+        write = FencedWrite(task.fence("w"), {"cursor": None}, state="succeeded", result={})
+        assert await store.leases.commit(write) == "succeeded"
+
+
+def _insert_args(d: WorkflowDefinition, tenant: str, in_seconds: float = 0.0) -> tuple[Any, ...]:
+    checkpoint = Jsonb(Checkpoint.initial(d.start).to_json())
+    return (tenant, d.name, d.version, d.digest, checkpoint, in_seconds)
+
+
+async def test_a_dry_tenant_leaves_the_rotation_until_its_task_is_due(store: Store) -> None:
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="now")
+    (later,) = await store.tasks.submit(d, [{}], tenant="later", delay=3600)
+    batch = await store.leases.claim("w", [d.digest], 8, LEASE)
+    assert [t.tenant for t in batch] == ["now"]
+    parked = await _tenant(store, "later")
+    task = await store.tasks.get(later)
+    assert not parked["ready"] and parked["next_due"] == task.run_at, (parked, task)
+    # Made due sooner by any write (here: by hand), the task's tenant is due again at once.
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_tasks SET run_at = clock_timestamp() - interval '1 second'"
+            " WHERE id = %s",
+            (later,),
+        )
+    assert (await _tenant(store, "later"))["next_due"] < task.run_at
+    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [later]
+    assert (await _tenant(store, "later"))["ready"]  # promoted by that claim
+
+
+async def test_a_task_due_by_the_clock_alone_is_claimed(store: Store) -> None:
+    """No write makes it due: the promotion reads the tenants whose next_due has come."""
+    d = await _deployed(store)
+    (task_id,) = await store.tasks.submit(d, [{}], tenant="timer", delay=0.5)
+    assert await store.leases.claim("w", [d.digest], 8, LEASE) == []
+    assert not (await _tenant(store, "timer"))["ready"]
+
+    async def claimed() -> bool:
+        return [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
+
+    await eventually(claimed, timeout=15, what=f"task {task_id} claimed once due")
+
+
+async def test_a_submit_in_flight_keeps_its_tenant_from_being_demoted(
+    store: Store, dsn: str
+) -> None:
+    """The race of docs/decisions.md: the demotion's snapshot cannot see a task inserted by a
+    transaction not yet committed. The insert's KEY SHARE on the tenant row makes the
+    demotion skip that tenant; without it the task would be hidden from every claim."""
+    d = await _deployed(store)
+    await store.tenants.set("racing")  # ready, nothing queued: a claim finds it dry
+    async with await psycopg.AsyncConnection.connect(dsn) as submitter:
+        cursor = await submitter.execute(_INSERT, _insert_args(d, "racing"))
+        (task_id,) = await cursor.fetchone() or (None,)
+        await rotation.settle(store.db, [], ["racing"], False)  # the demotion, meanwhile
+        assert (await _tenant(store, "racing"))["ready"]
+        await submitter.commit()
+    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
+
+
+async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
+    store: Store, dsn: str
+) -> None:
+    """The other order: the demotion locked the tenant first; the insert's trigger waits for
+    it to commit, then finds the tenant not ready and lowers next_due to its task."""
+    d = await _deployed(store)
+    await store.tenants.set("racing")
+    inserted: list[int] = []
+    async with await psycopg.AsyncConnection.connect(dsn) as demoter:
+        locked = await demoter.execute(query("lock_dry_tenants"), {"tenants": ["racing"]})
+        assert await locked.fetchall() == [("racing",)]
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as submitter:
+            pid = submitter.info.backend_pid
+
+            async def submit() -> None:
+                cursor = await submitter.execute(_INSERT, _insert_args(d, "racing"))
+                row = await cursor.fetchone()
+                assert row is not None
+                inserted.append(row[0])
+
+            async def blocked() -> bool:
+                async with store.db.connection() as conn:
+                    cursor = await conn.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                        (pid,),
+                    )
+                    row = await cursor.fetchone()
+                return bool(row and row[0])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit)
+                await eventually(blocked, timeout=15, what="the insert to wait for the lock")
+                await demoter.execute(query("demote_dry_tenants"), {"tenants": ["racing"]})
+                await demoter.commit()
+    (task_id,) = inserted
+    task = await store.tasks.get(task_id)
+    state = await _tenant(store, "racing")
+    assert not state["ready"] and state["next_due"] == task.run_at, (state, task)
+    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
+
+
+async def test_a_tenant_with_work_for_other_workers_stays_ready_and_moves_on(
+    store: Store,
+) -> None:
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="other")
+    before = await _tenant(store, "other")
+    assert await store.leases.claim("w", ["not-this-definition"], 8, LEASE) == []
+    after = await _tenant(store, "other")
+    assert after["ready"] and after["vtime"] == before["vtime"] + 1, (before, after)
+    assert len(await store.leases.claim("w", [d.digest], 8, LEASE)) == 1
+
+
+async def test_a_tenant_joins_the_rotation_at_the_lowest_vtime(store: Store) -> None:
+    """No credit for time away: a new, promoted or resumed tenant starts where the ready
+    tenant furthest behind is, not at zero."""
+    await store.tenants.set("a")
+    await store.tenants.set("b")
+    async with store.db.connection() as conn:
+        await conn.execute("UPDATE toolkit_tenants SET vtime = 40 WHERE tenant = 'a'")
+        await conn.execute("UPDATE toolkit_tenants SET vtime = 50 WHERE tenant = 'b'")
+    await store.tenants.set("new")
+    assert (await _tenant(store, "new"))["vtime"] == 40
+    await store.tenants.set("b", paused=True)
+    async with store.db.connection() as conn:
+        await conn.execute("UPDATE toolkit_tenants SET vtime = 0 WHERE tenant = 'b'")
+        await conn.execute("UPDATE toolkit_tenants SET vtime = 45 WHERE tenant = 'a'")
+    await store.tenants.set("b", paused=False)
+    assert (await _tenant(store, "b"))["vtime"] == 40  # the lowest of "new" (40) and "a" (45)
+
+
+async def test_every_tenant_starts_soon_with_many_more_tenants_than_a_window(
+    store: Store,
+) -> None:
+    """300 tenants with 3 tasks each and a hot one with 3,000, claims of 16 (a window of 32
+    tenants): every tenant's first task starts within the first 300 / 16 claims and a few
+    more, and the hot tenant gets no more than its share meanwhile."""
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}] * 3000, tenant="hot")
+    for n in range(300):
+        await store.tasks.submit(d, [{}] * 3, tenant=f"t{n:03}")
+    started: set[str] = set()
+    got: Counter[str] = Counter()
+    claims = 0
+    while len(started) < 301:
+        batch = await store.leases.claim("w", [d.digest], 16, LEASE)
+        claims += 1
+        waiting = sorted({f"t{n:03}" for n in range(300)} - started)
+        assert batch, f"nothing claimed; not started: {waiting[:10]}"
+        started |= {t.tenant for t in batch}
+        got.update(t.tenant for t in batch)
+        await _finish(store, batch)
+        assert claims <= 300 // 16 + 4, (claims, len(started), got.most_common(3))
+    assert got["hot"] <= claims, got["hot"]  # about one task per claim, as any other tenant
