@@ -76,14 +76,17 @@ def call_counts(dsn: str) -> dict[str, int]:
 # --- helpers of the crash-matrix and acceptance tests -------------------------------------------
 
 
-def submit_tasks(dsn: str, text: str, inputs: Sequence[Any]) -> list[int]:
-    """Deploy the definition ``text`` and submit one task per input; return their ids."""
+def submit_tasks(
+    dsn: str, text: str, inputs: Sequence[Any], tenant: str = "default"
+) -> list[int]:
+    """Deploy the definition ``text`` and submit one task per input (of ``tenant``); return
+    their ids."""
 
     async def main() -> list[int]:
         async with await Store.open(dsn, migrate_schema=False) as store:
             d = definition(text)
             await store.definitions.deploy(d)
-            return await store.tasks.submit(d, inputs)
+            return await store.tasks.submit(d, inputs, tenant=tenant)
 
     return anyio.run(main)
 

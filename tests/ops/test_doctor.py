@@ -71,3 +71,14 @@ def test_doctor_names_the_hottest_concurrency_keys(dsn: str) -> None:
     assert [(v["key"], v["waiting"]) for v in keys["value"]] == [("hot", 2)], keys
     assert keys["level"] == "ok"
     assert "slow-keyed 'hot' (tenant default): 2 waiting" in keys["message"]
+
+
+def test_doctor_names_the_hottest_tenants(dsn: str) -> None:
+    submit_tasks(dsn, SLOW, [{}] * 3, tenant="hot")
+    submit_tasks(dsn, SLOW, [{}], tenant="cold")
+    result = CliRunner().invoke(cli, ["doctor", "--json"], env={"TOOLKIT_DSN": dsn})
+    tenants = {f["check"]: f for f in json.loads(result.stdout)}["tenants"]
+    assert [(v["tenant"], v["due"], v["active"]) for v in tenants["value"]] == [
+        ("hot", 3, 0), ("cold", 1, 0),
+    ], tenants  # fmt: skip
+    assert tenants["level"] == "ok" and "hot: 3 due" in tenants["message"], tenants

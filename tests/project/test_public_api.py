@@ -63,6 +63,7 @@ DOCUMENTED = [
     "toolkit.definition.diagram",
     "toolkit.definition.diagram.mermaid",
     "toolkit.definition.diagram.step_kind",
+    "toolkit.definition.flow_overrides.FlowOverrides",
     "toolkit.definition.schema_path",
     "toolkit.definition.svg",
     "toolkit.definition.svg.STATUS_COLOURS",

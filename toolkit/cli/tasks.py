@@ -17,6 +17,7 @@ from toolkit.cli.options import duration_option, json_option, resource_amounts, 
 from toolkit.cli.output import echo_json
 from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
+from toolkit.definition.flow_overrides import FlowOverrides
 from toolkit.errors import ConfigError, UnknownSignal
 from toolkit.store import Store
 from toolkit.store.filters import TaskFilter
@@ -62,6 +63,18 @@ F = TypeVar("F", bound=Callable[..., Any])
     help="Override the definition's priority: 0 (lowest) to 9.",
 )
 @click.option(
+    "--max-active",
+    type=click.IntRange(min=1),
+    help="Override the concurrency key's max_active for this task.",
+)
+@click.option("--quiet", "quiet_text", metavar="DURATION",
+              help="Override the debounce's quiet period, e.g. 30s.")
+@click.option("--max-wait", "max_wait_text", metavar="DURATION",
+              help="Override the debounce's max_wait, e.g. 5m.")
+@click.option("--rate", metavar="RATE", help="Override the throttle's rate, e.g. 10/min.")
+@click.option("--excess", type=click.Choice(["delay", "refuse"]),
+              help="Override the throttle's excess.")
+@click.option(
     "--wait", "wait_for", is_flag=True, help="Wait for the task to end; print its output."
 )
 @click.option(
@@ -85,10 +98,18 @@ def submit(
     at_text: str | None,
     delay_text: str | None,
     priority: int | None,
+    max_active: int | None,
+    quiet_text: str | None,
+    max_wait_text: str | None,
+    rate: str | None,
+    excess: Literal["delay", "refuse"] | None,
     wait_for: bool,
     wait_text: str | None,
 ) -> None:
     """Submit a task of definition NAME (default: its latest version); prints the task id.
+
+    --max-active, --quiet, --max-wait, --rate and --excess change the values of the
+    definition's concurrency, debounce and throttle for this task (docs/flow-control.md).
 
     With --wait it prints the task's output as JSON once it ends instead, with the exit
     status of `toolkit wait`: 0 succeeded, 3 failed, 4 cancelled, 5 still running when
@@ -117,9 +138,19 @@ def submit(
     source = "--input-file" if input_file is not None else "--input"
     text = input_file.read() if input_file is not None else (input_json or "{}")
     value = json_option(text, source)
+    flow = FlowOverrides(
+        max_active=max_active,
+        quiet=duration_option(quiet_text, f"--quiet {quiet_text}") if quiet_text else None,
+        max_wait=(
+            duration_option(max_wait_text, f"--max-wait {max_wait_text}")
+            if max_wait_text else None
+        ),
+        rate=rate,
+        excess=excess,
+    )  # fmt: skip
 
     async def submit_task(store: Store) -> int:
-        definition = await store.definitions.submittable(name, version)
+        definition = flow.applied(await store.definitions.submittable(name, version))
         options: dict[str, Any] = dict(
             tenant=tenant, budget=budget, timeout=timeout, tags=task_tags, start_at=start_at,
             delay=delay, priority=priority,

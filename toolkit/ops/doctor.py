@@ -74,6 +74,7 @@ async def diagnose(dsn: str) -> list[Finding]:
         findings.extend(_worker_findings(await db.fetch_all("health_workers")))
         findings.extend(_limit_findings(await db.fetch_all("limit_health")))
         findings.append(_key_finding(await db.fetch_all("key_health")))
+        findings.append(_tenant_finding(await db.fetch_all("tenant_health")))
         return findings
     finally:
         await db.close()
@@ -199,6 +200,27 @@ def _key_finding(rows: list[dict[str, Any]]) -> Finding:
         for row in rows
     ]  # fmt: skip
     return Finding("concurrency_keys", level, "hottest keys: " + "; ".join(keys), value)
+
+
+def _tenant_finding(rows: list[dict[str, Any]]) -> Finding:
+    """The hottest tenants: most due tasks not running (docs/tenants.md).
+
+    Informational: ``oldest_queued`` judges the wait.
+    """
+    if not rows:
+        return Finding("tenants", "ok", "no tenant has due tasks waiting for a worker", [])
+    tenants = [
+        f"{row['tenant']}: {row['due']} due (the oldest for {row['oldest_due']:.0f} s), "
+        f"{row['active']} running" + (f" of {row['max_active']}" if row["max_active"] else "")
+        + (f", weight {row['weight']}" if row["weight"] != 1 else "")
+        for row in rows
+    ]  # fmt: skip
+    value = [
+        {"tenant": row["tenant"], "due": row["due"], "oldest_due": row["oldest_due"],
+         "active": row["active"], "max_active": row["max_active"], "weight": row["weight"]}
+        for row in rows
+    ]  # fmt: skip
+    return Finding("tenants", "ok", "hottest tenants: " + "; ".join(tenants), value)
 
 
 def _worker_findings(rows: list[dict[str, Any]]) -> list[Finding]:

@@ -16,10 +16,14 @@ claim committed (so that it holds no task lock while it waits for a tenant row):
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 
+from toolkit.errors import ToolkitError
 from toolkit.store.database import Database
+
+logger = logging.getLogger("toolkit.store.rotation")
 
 #: Tenants in a claim's window per task it may claim (the window of a batch of 16: 32).
 WINDOW_PER_TASK = 2
@@ -41,9 +45,22 @@ async def settle(
         dry: the picked tenants in which it found nothing due for its worker.
         window_full: the window held as many tenants as it may.
 
-    Raises:
-        DatabaseUnavailable: the database cannot be reached.
+    Never raises: the claim before it has committed and its tasks must run. A settle that
+    fails (the database away, a statement rolled back) is logged and left: a tenant not
+    moved on is served a little early, one not demoted is probed again by a later claim.
     """
+    try:
+        await _settle(db, claimed_tenants, dry, window_full)
+    except ToolkitError as exc:
+        logger.warning(
+            "the tenant rotation was not updated after a claim (the claim stands): %s", exc,
+            extra={"action": "rotation_failed"},
+        )
+
+
+async def _settle(
+    db: Database, claimed_tenants: Sequence[str], dry: Sequence[str], window_full: bool
+) -> None:
     if window_full and claimed_tenants:
         served = Counter(claimed_tenants)
         await db.execute(

@@ -562,6 +562,31 @@ GROUP BY tenant, definition_name, concurrency_key
 ORDER BY count(*) DESC, min(created_at)
 LIMIT 5;
 
+-- name: tenant_health
+-- For `toolkit doctor`: the unpaused tenants with the most due tasks not running (at most
+-- 5): how many, how long the oldest has been due (seconds, database time), their unexpired
+-- leases, max_active and weight. Reads the live tasks once: an operator's command, not a
+-- worker's path.
+WITH due AS (
+    SELECT tenant, count(*) AS due,
+           extract(epoch FROM clock_timestamp()
+                   - min(CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END)
+           )::float8 AS oldest_due
+    FROM toolkit_tasks
+    WHERE state IN ('queued', 'leased', 'waiting')
+      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END <= clock_timestamp()
+    GROUP BY tenant
+)
+SELECT d.tenant, d.due, d.oldest_due, tn.max_active, tn.weight,
+       (SELECT count(*) FROM toolkit_tasks a
+        WHERE a.tenant = d.tenant AND a.state = 'leased'
+          AND a.lease_expires_at > clock_timestamp()) AS active
+FROM due d
+JOIN toolkit_tenants tn ON tn.tenant = d.tenant
+WHERE NOT tn.paused
+ORDER BY d.due DESC, d.tenant
+LIMIT 5;
+
 -- name: task_queue_position
 -- For `toolkit show`: whether a task is due for a claim, and why it is not running yet. Its tenant's settings and
 -- unexpired leases, how many due tasks of its tenant come before it in claim order (at most
