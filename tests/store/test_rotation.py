@@ -107,7 +107,7 @@ async def test_a_submit_in_flight_keeps_its_tenant_from_being_demoted(
     async with await psycopg.AsyncConnection.connect(dsn) as submitter:
         cursor = await submitter.execute(_INSERT, _insert_args(d, "racing"))
         (task_id,) = await cursor.fetchone() or (None,)
-        await rotation.settle(store.db, [], ["racing"], False)  # the demotion, meanwhile
+        await rotation.Rotation(store.db).settle([], ["racing"], False)  # demotion, meanwhile
         assert (await _tenant(store, "racing"))["ready"]
         await submitter.commit()
     assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
@@ -122,8 +122,9 @@ async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
     await store.tenants.set("racing")
     inserted: list[int] = []
     async with await psycopg.AsyncConnection.connect(dsn) as demoter:
-        locked = await demoter.execute(query("lock_dry_tenants"), {"tenants": ["racing"]})
-        assert await locked.fetchall() == [("racing",)]
+        # The demotion, its transaction left open: it holds the tenant row FOR UPDATE.
+        demoted = await demoter.execute(query("demote_dry_tenants"), {"tenants": ["racing"]})
+        assert await demoted.fetchall() == [(1,)]
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as submitter:
             pid = submitter.info.backend_pid
 
@@ -145,7 +146,6 @@ async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(submit)
                 await eventually(blocked, timeout=15, what="the insert to wait for the lock")
-                await demoter.execute(query("demote_dry_tenants"), {"tenants": ["racing"]})
                 await demoter.commit()
     (task_id,) = inserted
     task = await store.tasks.get(task_id)
@@ -207,3 +207,20 @@ async def test_every_tenant_starts_soon_with_many_more_tenants_than_a_window(
         await _finish(store, batch)
         assert claims <= 300 // 16 + 4, (claims, len(started), got.most_common(3))
     assert got["hot"] <= claims, got["hot"]  # about one task per claim, as any other tenant
+
+
+async def test_a_tenant_row_held_elsewhere_is_moved_on_by_a_later_claim(
+    store: Store, dsn: str
+) -> None:
+    """The advance waits for no lock: a tenant row another statement holds is skipped, and
+    what it is owed is added by the claimer's next settle."""
+    await store.tenants.set("held")
+    before = (await _tenant(store, "held"))["vtime"]
+    turn = rotation.Rotation(store.db)
+    async with await psycopg.AsyncConnection.connect(dsn) as other:
+        await other.execute("SELECT 1 FROM toolkit_tenants WHERE tenant = 'held' FOR UPDATE")
+        with anyio.fail_after(10):  # it must not wait for the lock
+            await turn.settle(["held", "held"], [], True)
+        assert (await _tenant(store, "held"))["vtime"] == before
+    await turn.settle([], [], True)
+    assert (await _tenant(store, "held"))["vtime"] == before + 2

@@ -109,6 +109,7 @@ class Leases:
         self._key_wakes = True
         # Whether one unpaused tenant is all there is, as the last claim saw it.
         self._alone = False
+        self._rotation = rotation.Rotation(db)
 
     @property
     def database(self) -> Database:
@@ -225,7 +226,7 @@ class Leases:
     async def _fair_claim(self, params: dict[str, Any]) -> list[Any]:
         """The claim across tenants: one statement, or locking the limited tenants first.
 
-        Then what it leaves the rotation to do (:func:`toolkit.store.rotation.settle`).
+        Then what it leaves the rotation to do (:meth:`toolkit.store.rotation.Rotation.settle`).
         """
         if not self._limits:
             rows = await self._db.fetch_all("claim_tasks", params)
@@ -238,8 +239,8 @@ class Leases:
                 rows = await cursor.fetchall()
         claimed = self._summarised(rows)
         summary = rows[0]
-        await rotation.settle(
-            self._db, [row["tenant"] for row in claimed], summary["dry"], summary["window_full"]
+        await self._rotation.settle(
+            [row["tenant"] for row in claimed], summary["dry"], summary["window_full"]
         )
         return claimed
 

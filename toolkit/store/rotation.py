@@ -2,16 +2,17 @@
 
 A claim reads only its window: the ready, unpaused tenants of lowest vtime and those it
 promoted (migration 0020; docs/decisions.md, "The fair claim at any number of tenants").
-Two things then keep the rotation true, each in a short transaction of its own after the
-claim committed (so that it holds no task lock while it waits for a tenant row):
+Two things then keep the rotation true, each one statement of its own after the claim
+committed, neither waiting for a lock nor holding one across a round trip:
 
 - the tenants served move on by the tasks they got per unit of weight, when the window was
   full (with fewer ready tenants than a window, every one of them is read anyway, and the
-  order among them does not matter);
-- the picked tenants that had nothing due for this worker are demoted: locked, then probed
-  in a snapshot taken after the locks; one with work due (another worker's, or held back
-  by its ``max_active``) moves on as if served, any other leaves the rotation until its
-  next due time.
+  order among them does not matter); a tenant row another statement holds is skipped, and
+  what it is owed waits for the next claim (:class:`Rotation` keeps it);
+- the picked tenants that had nothing due for this worker are demoted
+  (``toolkit_demote_tenants``): locked, then probed in a snapshot taken after the locks; one
+  with work due (another worker's, or held back by its ``max_active``) moves on as if
+  served, any other leaves the rotation until its next due time.
 """
 
 from __future__ import annotations
@@ -34,45 +35,53 @@ def window(limit: int) -> int:
     return max(WINDOW_PER_TASK * limit, 2)
 
 
-async def settle(
-    db: Database, claimed_tenants: Sequence[str], dry: Sequence[str], window_full: bool
-) -> None:
-    """Move the served tenants on (when the window was full) and demote the dry ones.
+class Rotation:
+    """One claimer's side of the rotation: what its claims leave to do.
 
     Args:
         db: the store's database.
-        claimed_tenants: the tenant of each task the claim took.
-        dry: the picked tenants in which it found nothing due for its worker.
-        window_full: the window held as many tenants as it may.
-
-    Never raises: the claim before it has committed and its tasks must run. A settle that
-    fails (the database away, a statement rolled back) is logged and left: a tenant not
-    moved on is served a little early, one not demoted is probed again by a later claim.
     """
-    try:
-        await _settle(db, claimed_tenants, dry, window_full)
-    except ToolkitError as exc:
-        logger.warning(
-            "the tenant rotation was not updated after a claim (the claim stands): %s", exc,
-            extra={"action": "rotation_failed"},
-        )
 
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        #: Tasks served per tenant whose vtime was not moved on yet (its row was locked).
+        self._owed: Counter[str] = Counter()
 
-async def _settle(
-    db: Database, claimed_tenants: Sequence[str], dry: Sequence[str], window_full: bool
-) -> None:
-    if window_full and claimed_tenants:
-        served = Counter(claimed_tenants)
-        await db.execute(
-            "advance_rotation", {"tenants": list(served), "counts": list(served.values())}
-        )
-    if dry:
-        await db.fetch_all_then(
-            "lock_dry_tenants",
-            {"tenants": list(dry)},
-            lambda rows: (
-                ("demote_dry_tenants", {"tenants": [row["tenant"] for row in rows]})
-                if rows
-                else None
-            ),
-        )
+    async def settle(
+        self, claimed_tenants: Sequence[str], dry: Sequence[str], window_full: bool
+    ) -> None:
+        """Move the served tenants on (when the window was full) and demote the dry ones.
+
+        Args:
+            claimed_tenants: the tenant of each task the claim took.
+            dry: the picked tenants in which it found nothing due for its worker.
+            window_full: the window held as many tenants as it may.
+
+        Never raises: the claim before it has committed and its tasks must run. A settle
+        that fails (the database away) is logged and left: a tenant not moved on is served a
+        little early, one not demoted is probed again by a later claim.
+        """
+        try:
+            await self._settle(claimed_tenants, dry, window_full)
+        except ToolkitError as exc:
+            logger.warning(
+                "the tenant rotation was not updated after a claim (the claim stands): %s",
+                exc, extra={"action": "rotation_failed"},
+            )  # fmt: skip
+
+    async def _settle(
+        self, claimed_tenants: Sequence[str], dry: Sequence[str], window_full: bool
+    ) -> None:
+        if not window_full:
+            self._owed.clear()  # every ready tenant is read: the order among them is moot
+        else:
+            self._owed.update(claimed_tenants)
+        if self._owed:
+            rows = await self._db.fetch_all(
+                "advance_rotation",
+                {"tenants": list(self._owed), "counts": list(self._owed.values())},
+            )
+            for row in rows:
+                del self._owed[row["tenant"]]
+        if dry:
+            await self._db.fetch_one("demote_dry_tenants", {"tenants": list(dry)})

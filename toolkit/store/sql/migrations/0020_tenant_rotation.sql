@@ -104,6 +104,79 @@ CREATE TRIGGER toolkit_tasks_due_sooner
                          ELSE OLD.run_at END))
     EXECUTE FUNCTION toolkit_task_due_sooner();
 
+-- The demotion of tenants a claim found dry. One statement, so that no client can hold its
+-- lock between the two steps (a worker stopped there would block every submit of the
+-- tenant); in a VOLATILE function each query takes its own snapshot:
+-- 1. lock those still ready FOR UPDATE, skipping any row locked otherwise: FOR UPDATE
+--    conflicts with the KEY SHARE of the due-sooner triggers, so a tenant with such a write
+--    in flight is not demoted this time;
+-- 2. in a snapshot taken after those locks (every write that locked before is committed and
+--    seen), a tenant with a task due now (of any definition: another worker's, or held back
+--    by its max_active) stays ready and moves on by one task per unit of weight, as if
+--    served, so that it cannot hold the window; any other leaves the rotation until
+--    next_due, a lower bound of its live tasks' due times: the first future entry of its
+--    claim index or the first due time of its tasks above priority 0, whichever is sooner
+--    (as idle_state reads them).
+-- Returns how many tenants it locked.
+CREATE FUNCTION toolkit_demote_tenants(dry text[]) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    locked text[];
+BEGIN
+    locked := ARRAY(SELECT tenant FROM toolkit_tenants
+                    WHERE tenant = ANY(dry) AND ready
+                    ORDER BY tenant
+                    FOR UPDATE SKIP LOCKED);
+    IF cardinality(locked) = 0 THEN
+        RETURN 0;
+    END IF;
+    WITH probed AS (
+        SELECT tn.tenant,
+               EXISTS (
+                   SELECT 1 FROM toolkit_tasks
+                   WHERE tenant = tn.tenant
+                     AND state IN ('queued', 'leased', 'waiting')
+                     AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                          AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                         <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                     AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                         <= (SELECT clock_timestamp())
+                   ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                             AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                   LIMIT 1
+               ) AS due_now,
+               least(
+                   (SELECT ((CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                             AT TIME ZONE 'UTC') - priority * interval '1 minute')
+                           AT TIME ZONE 'UTC'
+                    FROM toolkit_tasks
+                    WHERE tenant = tn.tenant
+                      AND state IN ('queued', 'leased', 'waiting')
+                      AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                           AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                          > (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                    ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                              AT TIME ZONE 'UTC') - priority * interval '1 minute'
+                    LIMIT 1),
+                   (SELECT CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                    FROM toolkit_tasks
+                    WHERE tenant = tn.tenant AND priority > 0
+                      AND state IN ('queued', 'leased', 'waiting')
+                    ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+                    LIMIT 1)
+               ) AS next_due
+        FROM toolkit_tenants tn
+        WHERE tn.tenant = ANY(locked)
+    )
+    UPDATE toolkit_tenants tn
+    SET ready = p.due_now,
+        next_due = CASE WHEN p.due_now THEN NULL ELSE p.next_due END,
+        vtime = tn.vtime + CASE WHEN p.due_now THEN 1.0 / tn.weight ELSE 0 END
+    FROM probed p
+    WHERE tn.tenant = p.tenant AND tn.tenant = ANY(locked);
+    RETURN cardinality(locked);
+END $$;
+
 -- The tenants of today: those without a live task leave the rotation until they have one.
 UPDATE toolkit_tenants tn
 SET ready = false

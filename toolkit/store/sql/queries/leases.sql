@@ -199,85 +199,26 @@ WITH candidates AS (
 
 -- name: advance_rotation
 -- After a claim whose window was full: each tenant served moves on in the rotation by the
--- tasks it got per unit of weight (%(tenants)s, %(counts)s). Its own short transaction,
--- after the claim committed: it holds no task lock, so it waits (rows locked in tenant
--- order: two claimers never deadlock) for nobody who waits for it.
+-- tasks it got per unit of weight (%(tenants)s, %(counts)s). Its own statement, after the
+-- claim committed; it waits for no lock (a tenant row another statement holds is skipped,
+-- and the claimer owes it to the next one). Returns the tenants moved on.
 WITH locked AS (
     SELECT tenant
     FROM toolkit_tenants
     WHERE tenant = ANY(%(tenants)s::text[])
-    ORDER BY tenant
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE SKIP LOCKED
 )
 UPDATE toolkit_tenants tn
 SET vtime = tn.vtime + s.n::float8 / tn.weight
 FROM unnest(%(tenants)s::text[], %(counts)s::int[]) AS s(tenant, n)
 WHERE tn.tenant = s.tenant
-  AND tn.tenant = ANY(ARRAY(SELECT tenant FROM locked));
-
--- name: lock_dry_tenants
--- The first statement of a demotion (after a claim that found %(tenants)s dry): lock those
--- still ready FOR UPDATE, skipping any row locked otherwise. FOR UPDATE conflicts with the
--- KEY SHARE that every write making a task due sooner takes first (migration 0020): a tenant
--- with such a write in flight is not demoted this time.
-SELECT tenant
-FROM toolkit_tenants
-WHERE tenant = ANY(%(tenants)s::text[]) AND ready
-ORDER BY tenant
-FOR UPDATE SKIP LOCKED;
+  AND tn.tenant = ANY(ARRAY(SELECT tenant FROM locked))
+RETURNING tn.tenant;
 
 -- name: demote_dry_tenants
--- The second statement of a demotion, in lock_dry_tenants' transaction: its snapshot, taken
--- after those locks, sees every write that locked one of %(tenants)s before. A tenant with a
--- task due now (of any definition: another worker's, or held back by its max_active) stays
--- ready and moves on by one task per unit of weight, as if served, so that it cannot hold
--- the window; any other leaves the rotation until next_due, a lower bound of its live tasks'
--- due times: the first future entry of its claim index or the first due time of its tasks
--- above priority 0, whichever is sooner (as idle_state reads them).
-WITH probed AS (
-    SELECT tn.tenant,
-           EXISTS (
-               SELECT 1 FROM toolkit_tasks
-               WHERE tenant = tn.tenant
-                 AND state IN ('queued', 'leased', 'waiting')
-                 AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                      AT TIME ZONE 'UTC') - priority * interval '1 minute'
-                     <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')
-                 AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                     <= (SELECT clock_timestamp())
-               ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                         AT TIME ZONE 'UTC') - priority * interval '1 minute'
-               LIMIT 1
-           ) AS due_now,
-           least(
-               (SELECT ((CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                         AT TIME ZONE 'UTC') - priority * interval '1 minute')
-                       AT TIME ZONE 'UTC'
-                FROM toolkit_tasks
-                WHERE tenant = tn.tenant
-                  AND state IN ('queued', 'leased', 'waiting')
-                  AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                       AT TIME ZONE 'UTC') - priority * interval '1 minute'
-                      > (SELECT clock_timestamp() AT TIME ZONE 'UTC')
-                ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                          AT TIME ZONE 'UTC') - priority * interval '1 minute'
-                LIMIT 1),
-               (SELECT CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                FROM toolkit_tasks
-                WHERE tenant = tn.tenant AND priority > 0
-                  AND state IN ('queued', 'leased', 'waiting')
-                ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                LIMIT 1)
-           ) AS next_due
-    FROM toolkit_tenants tn
-    WHERE tn.tenant = ANY(%(tenants)s::text[])
-)
-UPDATE toolkit_tenants tn
-SET ready = p.due_now,
-    next_due = CASE WHEN p.due_now THEN NULL ELSE p.next_due END,
-    vtime = tn.vtime + CASE WHEN p.due_now THEN 1.0 / tn.weight ELSE 0 END
-FROM probed p
-WHERE tn.tenant = p.tenant AND tn.tenant = ANY(%(tenants)s::text[]);
+-- After a claim that found %(tenants)s dry: demote them (toolkit_demote_tenants, migration
+-- 0020: its lock and its probe in one statement, so no client can hold the lock between).
+SELECT toolkit_demote_tenants(%(tenants)s::text[]) AS demoted;
 
 -- name: renew_leases
 -- One statement per heartbeat interval renews this process's registration and every lease it
