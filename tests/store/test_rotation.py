@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.conftest import at_schema_version
 from tests.helpers.processes import eventually
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
@@ -224,3 +225,31 @@ async def test_a_tenant_row_held_elsewhere_is_moved_on_by_a_later_claim(
         assert (await _tenant(store, "held"))["vtime"] == before
     await turn.settle([], [], True)
     assert (await _tenant(store, "held"))["vtime"] == before + 2
+
+
+async def test_tasks_queued_before_the_upgrade_are_claimed_after_it(empty_dsn: str) -> None:
+    """Migration 0020 on a store in use: tenants without live tasks leave the rotation, the
+    others stay in it, and every task queued or parked before is claimed when due."""
+    d = definition(THREE_STEPS)
+    at_schema_version(empty_dsn, 19)
+    checkpoint = Jsonb(Checkpoint.initial(d.start).to_json())
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO toolkit_tenants (tenant) VALUES ('busy'), ('parked'), ('idle')"
+        )
+        conn.execute(
+            "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+            " definition_digest, input, checkpoint, run_at)"
+            " VALUES ('busy', %s, %s, %s, '{}', %s, now()),"
+            " ('parked', %s, %s, %s, '{}', %s, now() + interval '1 hour')",
+            (d.name, d.version, d.digest, checkpoint) * 2,
+        )
+    async with await Store.open(empty_dsn) as store:  # migrates
+        await store.definitions.deploy(d)
+        assert [(await _tenant(store, t))["ready"] for t in ("busy", "parked", "idle")] == [
+            True, True, False,
+        ]  # fmt: skip
+        batch = await store.leases.claim("w", [d.digest], 8, LEASE)
+        assert [t.tenant for t in batch] == ["busy"]
+        parked = await _tenant(store, "parked")
+        assert not parked["ready"] and parked["next_due"] is not None, parked
