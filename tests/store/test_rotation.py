@@ -5,6 +5,7 @@ any number of tenants")."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from typing import Any
 
@@ -253,3 +254,30 @@ async def test_tasks_queued_before_the_upgrade_are_claimed_after_it(empty_dsn: s
         assert [t.tenant for t in batch] == ["busy"]
         parked = await _tenant(store, "parked")
         assert not parked["ready"] and parked["next_due"] is not None, parked
+
+
+async def test_a_settle_during_an_outage_warns_nothing_and_keeps_what_is_owed(
+    store: Store, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outage is the supervisor's one warning (a failed stop's CI run counted two: the
+    rotation's and the outage's); the served tenants' advance waits for a later settle."""
+    await store.tenants.set("served")
+    before = (await _tenant(store, "served"))["vtime"]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+        await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    turn = rotation.Rotation(store.db)
+    with caplog.at_level(logging.DEBUG, logger="toolkit.store.rotation"):
+        await turn.settle(["served", "served"], [], True)
+    failed = [r for r in caplog.records if getattr(r, "action", None) == "rotation_failed"]
+    assert [r.levelno for r in failed] == [logging.DEBUG], caplog.text
+    await eventually(
+        lambda: _advanced(turn, store, "served", before + 2), what="the owed advance"
+    )
+
+
+async def _advanced(turn: rotation.Rotation, store: Store, tenant: str, vtime: float) -> bool:
+    await turn.settle([], [], True)
+    return bool((await _tenant(store, tenant))["vtime"] == vtime)

@@ -21,7 +21,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from toolkit.errors import ToolkitError
+from toolkit.errors import DatabaseUnavailable, ToolkitError
 from toolkit.store.database import Database
 
 logger = logging.getLogger("toolkit.store.rotation")
@@ -58,14 +58,17 @@ class Rotation:
             window_full: the window held as many tenants as it may.
 
         Never raises: the claim before it has committed and its tasks must run. A settle
-        that fails (the database away) is logged and left: a tenant not moved on is served a
-        little early, one not demoted is probed again by a later claim.
+        that fails is logged and left: what the served tenants are owed is kept for the next
+        settle, and a tenant not demoted is probed again by a later claim. A failure because
+        the database is away is logged at DEBUG only: the supervisor reports the outage once,
+        as one warning (docs/operations.md).
         """
         try:
             await self._settle(claimed_tenants, dry, window_full)
         except ToolkitError as exc:
-            logger.warning(
-                "the tenant rotation was not updated after a claim (the claim stands): %s",
+            level = logging.DEBUG if isinstance(exc, DatabaseUnavailable) else logging.WARNING
+            logger.log(
+                level, "the tenant rotation was not updated after a claim (the claim stands): %s",
                 exc, extra={"action": "rotation_failed"},
             )  # fmt: skip
 
