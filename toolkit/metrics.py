@@ -124,6 +124,14 @@ class WorkerMetrics:
             "Live tasks whose definition version no live worker has loaded.",
             ["definition", "version"], registry=r,
         )  # fmt: skip
+        self.tasks_held = Gauge(
+            "toolkit_tasks_held",
+            "Live tasks held back now, by definition and reason: concurrency (their key is "
+            "busy), debounce, start (a delayed or throttled start), budget, limit (not due "
+            "yet), tenant_paused, tenant_max_active (due, their tenant paused or at its "
+            "max_active). The whole fleet's, refreshed every 15 s.",
+            ["definition", "reason"], registry=r,
+        )  # fmt: skip
         self.database_outages = Counter(
             "toolkit_database_outages_total", "Times the database became unreachable.",
             registry=r,

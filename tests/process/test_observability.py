@@ -34,6 +34,8 @@ def test_metrics_endpoint_shows_queue_delay_execution_time_and_a_forced_lease_lo
     dsn: str, tmp_path: Path
 ) -> None:
     (task_id,) = submit_tasks(dsn, SLOW, [{}])
+    query(dsn, "INSERT INTO toolkit_tenants (tenant, paused) VALUES ('held', true) RETURNING 1")
+    submit_tasks(dsn, SLOW, [{}], tenant="held")
     path = tmp_path / "slow.yaml"
     path.write_text(SLOW)
     port = _free_port()
@@ -63,6 +65,7 @@ def test_metrics_endpoint_shows_queue_delay_execution_time_and_a_forced_lease_lo
     assert "toolkit_db_pool_wait_seconds_total" in text
     assert "toolkit_event_loop_lag_seconds_bucket" in text
     assert _value(text, "toolkit_cycles_in_flight") == 0
+    assert 'toolkit_tasks_held{definition="slow-metrics",reason="tenant_paused"} 1.0' in text, text
 
 
 def test_json_logs_carry_a_stable_action_key(dsn: str, tmp_path: Path) -> None:

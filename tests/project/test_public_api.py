@@ -116,6 +116,7 @@ DOCUMENTED = [
     "toolkit.store.bulk.Plan",
     "toolkit.store.definitions.DefinitionCatalog",
     "toolkit.store.embedded",
+    "toolkit.store.rotation",
     "toolkit.store.tasks.TaskRecord",
     "toolkit.store.tasks.Tasks",
     "toolkit.store.tenants.Budget",

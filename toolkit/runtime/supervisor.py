@@ -36,7 +36,7 @@ from toolkit.runtime.listener import Listener
 from toolkit.runtime.outage import Outage
 from toolkit.runtime.report import SupervisorReport
 from toolkit.runtime.statement_gate import StatementGate
-from toolkit.runtime.watches import watch_loop_lag, watch_unavailable
+from toolkit.runtime.watches import watch_fleet, watch_loop_lag
 from toolkit.runtime.worker import Worker
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
@@ -139,7 +139,7 @@ class WorkflowSupervisor:
                 services.start_soon(self._listen)
                 services.start_soon(watch_loop_lag, self.report, self.metrics)
                 services.start_soon(
-                    watch_unavailable, self.worker.store, self.metrics, self._gate
+                    watch_fleet, self.worker.store, self.metrics, self._gate
                 )
                 services.start_soon(self._firer.run)
                 try:

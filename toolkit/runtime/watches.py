@@ -1,6 +1,7 @@
 """The watches a supervisor runs beside its claim loop.
 
-Event-loop lag, and definitions no worker can run (DESIGN §5).
+Event-loop lag; definitions no worker can run (DESIGN §5) and tasks held back by flow
+control (docs/flow-control.md), as gauges of the whole fleet.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from toolkit.store import Store
 
 #: Seconds between two event-loop lag checks.
 LAG_INTERVAL = 0.1
-#: Seconds between two refreshes of the definition-unavailable gauge.
-UNAVAILABLE_REFRESH = 15.0
+#: Seconds between two refreshes of the fleet gauges (definitions unavailable, tasks held).
+FLEET_REFRESH = 15.0
 
 
 async def watch_loop_lag(report: SupervisorReport, metrics: WorkerMetrics) -> None:
@@ -29,20 +30,26 @@ async def watch_loop_lag(report: SupervisorReport, metrics: WorkerMetrics) -> No
         metrics.loop_lag.observe(lag)
 
 
-async def watch_unavailable(store: Store, metrics: WorkerMetrics, gate: StatementGate) -> None:
-    """Refresh the definition-unavailable gauge now and then, until cancelled.
+async def watch_fleet(store: Store, metrics: WorkerMetrics, gate: StatementGate) -> None:
+    """Refresh the fleet gauges every :data:`FLEET_REFRESH` seconds, until cancelled.
 
-    Each refresh runs through ``gate``, the supervisor's statement gate.
+    ``toolkit_definition_unavailable_tasks`` and ``toolkit_tasks_held``; each refresh runs
+    through ``gate``, the supervisor's statement gate. A refresh that fails keeps the last
+    values (the claim loop and heartbeats report outages).
     """
-    gauge = metrics.definition_unavailable
     while True:
         try:
             async with gate.statement():
-                counts = await store.definitions.unavailable()
-        except ToolkitError:  # the claim loop and heartbeats report outages
-            counts = None
-        if counts is not None:
-            gauge.clear()
-            for (name, version), n in counts.items():
-                gauge.labels(name, str(version)).set(n)
-        await anyio.sleep(UNAVAILABLE_REFRESH)
+                unavailable = await store.definitions.unavailable()
+            async with gate.statement():
+                held = await store.tasks.held()
+        except ToolkitError:
+            pass
+        else:
+            metrics.definition_unavailable.clear()
+            for (name, version), n in unavailable.items():
+                metrics.definition_unavailable.labels(name, str(version)).set(n)
+            metrics.tasks_held.clear()
+            for (name, reason), n in held.items():
+                metrics.tasks_held.labels(name, reason).set(n)
+        await anyio.sleep(FLEET_REFRESH)

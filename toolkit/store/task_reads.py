@@ -183,6 +183,17 @@ class TaskReads:
         rows = await self._db.fetch_all("count_evidence")
         return {row["record"]: row["n"] for row in rows}
 
+    async def held(self) -> dict[tuple[str, str], int]:
+        """Live tasks held back now, per (definition name, reason) (query ``held_tasks``).
+
+        Reasons: ``concurrency``, ``debounce``, ``start``, ``budget``, ``limit`` (waiting, not
+        due yet), ``tenant_paused`` and ``tenant_max_active`` (due, their tenant holds them);
+        pairs with no task are absent. Reads every live task: for a periodic gauge
+        (``toolkit_tasks_held``), not a hot path.
+        """
+        rows = await self._db.fetch_all("held_tasks")
+        return {(row["definition_name"], row["reason"]): row["n"] for row in rows}
+
     async def idle_state(self, digests: Sequence[str]) -> tuple[bool, float | None]:
         """What an idle worker of these definitions needs to know, in one statement.
 

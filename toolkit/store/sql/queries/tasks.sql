@@ -613,3 +613,30 @@ SELECT t.state IN ('queued', 'waiting') AND t.run_at <= clock_timestamp() AS due
 FROM toolkit_tasks t
 JOIN toolkit_tenants tn ON tn.tenant = t.tenant
 WHERE t.id = %(task_id)s;
+
+-- name: held_tasks
+-- Live tasks held back now, by definition and why (the toolkit_tasks_held gauge, refreshed
+-- every 15 s with the definition-unavailable one): not due yet, waiting for their
+-- concurrency key, a debounce, a delayed or throttled start, a budget or a limit (their
+-- run_at, 'infinity' for a key, not passed); due but their tenant paused,
+-- or at its max_active (unexpired leases, counted once per such tenant). Reads the live tasks
+-- once, as the definition-unavailable count does: a watch's statement, not the claim's.
+SELECT definition_name, wait_reason AS reason, count(*) AS n
+FROM toolkit_tasks
+WHERE state = 'waiting'
+  AND wait_reason IN ('concurrency', 'debounce', 'start', 'budget', 'limit')
+  AND (run_at IS NULL OR run_at > clock_timestamp())
+GROUP BY definition_name, wait_reason
+UNION ALL
+SELECT t.definition_name,
+       CASE WHEN tn.paused THEN 'tenant_paused' ELSE 'tenant_max_active' END AS reason,
+       count(*) AS n
+FROM toolkit_tenants tn
+JOIN toolkit_tasks t
+  ON t.tenant = tn.tenant AND t.state IN ('queued', 'waiting') AND t.run_at <= clock_timestamp()
+WHERE tn.paused
+   OR (tn.max_active IS NOT NULL
+       AND tn.max_active <= (SELECT count(*) FROM toolkit_tasks a
+                             WHERE a.tenant = tn.tenant AND a.state = 'leased'
+                               AND a.lease_expires_at > clock_timestamp()))
+GROUP BY t.definition_name, tn.paused;
