@@ -87,38 +87,54 @@ def measure_idle_latency(
     ):
         if waiting:
             park_timers(dsn, Path(folder) / "park", waiting)
-        definitions = write_definitions(
-            Path(folder) / "run", [workload, TIMER] if waiting else [workload]
-        )
-        seed(dsn, workload, 0)
-        command = worker_command(dsn, definitions, concurrency, "bench-idle", until_idle=False)
-        started = time.perf_counter()
-        worker = WorkerProcess(command)
-        try:
-            _wait_until_listening(dsn, worker, timeout=60.0)
-            time.sleep(0.5)  # past its first empty claims, into the idle wait
-            before, cpu_before = counters(dsn), server_cpu(dsn)
-            anyio.run(_submit_spaced, dsn, workload, submits, interval)
-            expected = {"succeeded": submits, **({"waiting": waiting} if waiting else {})}
-            wait_for_states(dsn, expected, timeout=60.0)
-            cpu_after, after = server_cpu(dsn), counters(dsn)
-        finally:
-            worker.terminate()
-            exited = worker.reap()
-        run = summarise([exited], started)
-        return IdleLatency(
-            waiting=waiting,
-            submits=submits,
-            interval_ms=interval * 1000,
-            to_claimed=event_latency(dsn, workload.name, "submitted", "claimed"),
-            to_succeeded=event_latency(dsn, workload.name, "submitted", "succeeded"),
-            worker_peak_rss_mb=run.peak_rss / 2**20,
-            worker_cpu_s=run.cpu,
-            xacts_per_task=(after - before).commits / submits,
-            server_cpu_ms_per_task=None
-            if cpu_before is None or cpu_after is None
-            else (cpu_after - cpu_before) * 1000 / submits,
-        )
+        return idle_latency_on(
+            dsn, Path(folder) / "run", workload, submits=submits, interval=interval,
+            concurrency=concurrency, waiting=waiting,
+        )  # fmt: skip
+
+
+def idle_latency_on(
+    dsn: str,
+    folder: Path,
+    workload: Workload,
+    *,
+    submits: int,
+    interval: float,
+    concurrency: int,
+    waiting: int,
+) -> IdleLatency:
+    """:func:`measure_idle_latency` on a database already holding ``waiting`` parked timers
+    (``folder``: where to write the worker's definitions)."""
+    definitions = write_definitions(folder, [workload, TIMER] if waiting else [workload])
+    seed(dsn, workload, 0)
+    command = worker_command(dsn, definitions, concurrency, "bench-idle", until_idle=False)
+    started = time.perf_counter()
+    worker = WorkerProcess(command)
+    try:
+        _wait_until_listening(dsn, worker, timeout=60.0)
+        time.sleep(0.5)  # past its first empty claims, into the idle wait
+        before, cpu_before = counters(dsn), server_cpu(dsn)
+        anyio.run(_submit_spaced, dsn, workload, submits, interval)
+        expected = {"succeeded": submits, **({"waiting": waiting} if waiting else {})}
+        wait_for_states(dsn, expected, timeout=60.0)
+        cpu_after, after = server_cpu(dsn), counters(dsn)
+    finally:
+        worker.terminate()
+        exited = worker.reap()
+    run = summarise([exited], started)
+    return IdleLatency(
+        waiting=waiting,
+        submits=submits,
+        interval_ms=interval * 1000,
+        to_claimed=event_latency(dsn, workload.name, "submitted", "claimed"),
+        to_succeeded=event_latency(dsn, workload.name, "submitted", "succeeded"),
+        worker_peak_rss_mb=run.peak_rss / 2**20,
+        worker_cpu_s=run.cpu,
+        xacts_per_task=(after - before).commits / submits,
+        server_cpu_ms_per_task=None
+        if cpu_before is None or cpu_after is None
+        else (cpu_after - cpu_before) * 1000 / submits,
+    )
 
 
 def _wait_until_listening(dsn: str, worker: WorkerProcess, *, timeout: float) -> None:

@@ -299,3 +299,36 @@ async def test_idle_state_reads_no_parked_timer_of_a_tenant_that_has_many(store:
     plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
     scans = _task_scans(plan)
     assert ("Seq Scan", None) not in scans, scans
+
+
+async def test_the_demotion_reads_no_parked_timer_of_a_tenant_that_has_many(store: Store) -> None:
+    """Regression (issue 20, migration 0021): the demotion of a dry tenant probed for a due
+    task with EXISTS, whose ORDER BY PostgreSQL drops; the planner then scanned the whole
+    table, and every claim that found a tenant dry read all of its parked tasks (50 ms with
+    100,000 timers). Counted from the transaction's own table statistics."""
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO toolkit_tasks (definition_name, definition_version, definition_digest,"
+            " input, checkpoint, state, wait_reason, run_at) SELECT %s, %s, %s, '{}', '{}',"
+            " 'waiting', 'timer', now() + interval '1 hour' + i * interval '1 ms'"
+            " FROM generate_series(1, 20000) i",
+            (d.name, d.version, d.digest),
+        )
+        await conn.execute("INSERT INTO toolkit_tenants (tenant, ready) VALUES ('default', true)"
+                           " ON CONFLICT (tenant) DO UPDATE SET ready = true")  # fmt: skip
+        await conn.execute("ANALYZE toolkit_tasks")
+        async with conn.transaction(force_rollback=True):
+            await conn.execute("SELECT toolkit_demote_tenants(ARRAY['default'])")
+            cursor = await conn.execute(
+                "SELECT seq_scan, seq_tup_read, idx_tup_fetch FROM pg_stat_xact_user_tables"
+                " WHERE relname = 'toolkit_tasks'"
+            )
+            read = await cursor.fetchone()
+            cursor = await conn.execute(
+                "SELECT ready, next_due > now() FROM toolkit_tenants WHERE tenant = 'default'"
+            )
+            tenant = await cursor.fetchone()
+    assert tenant == (False, True), tenant  # demoted until its first timer
+    assert read is not None and read[0] == 0 and read[2] <= 10, read
