@@ -52,9 +52,10 @@ class Measured:
 
 def measure(server: str, parked: int, submits: int, interval: float) -> Measured:
     """Park ``parked`` timers on a fresh database, probe the idle path, time idle submits."""
-    with scratch_database(server, "bench_parked") as dsn, tempfile.TemporaryDirectory(
-        prefix="bench-parked-"
-    ) as folder:
+    with (
+        scratch_database(server, "bench_parked") as dsn,
+        tempfile.TemporaryDirectory(prefix="bench-parked-") as folder,
+    ):
         park_timers(dsn, Path(folder) / "park", parked, by_worker=PARKED_BY_WORKER)
         digests = [TIMER.definition().digest, WORKLOAD.definition().digest]
         probe = probe_statements(dsn, digests, samples=100)

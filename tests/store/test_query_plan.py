@@ -272,40 +272,8 @@ async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
     assert "Index Cond" in scan
 
 
-async def test_idle_state_reads_no_whole_table(store: Store) -> None:
-    d = await _mixed(store)
-    plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
-    assert ("Seq Scan", None) not in _task_scans(plan)
-
-
-async def test_idle_state_reads_no_parked_timer_of_a_tenant_that_has_many(store: Store) -> None:
-    """Regression (issue 20): with every timer in one tenant and none due, the planner took a
-    scan of the whole table for the "waiting and due" probe (it cannot see the bound's value
-    and expected a first row at once), so an idle worker's check grew with the parked tasks:
-    0.4 ms with 1,000, 30 ms with 100,000. In index order the probe reads the due range."""
-    d = definition(THREE_STEPS)
-    await store.definitions.deploy(d)
-    async with store.db.connection() as conn:
-        await conn.execute(
-            "INSERT INTO toolkit_tasks (definition_name, definition_version, definition_digest,"
-            " input, checkpoint, state, wait_reason, run_at) SELECT %s, %s, %s, '{}', '{}',"
-            " 'waiting', 'timer', now() + interval '1 hour' + i * interval '1 ms'"
-            " FROM generate_series(1, 20000) i",
-            (d.name, d.version, d.digest),
-        )
-        await conn.execute("INSERT INTO toolkit_tenants (tenant) VALUES ('default')"
-                           " ON CONFLICT DO NOTHING")  # fmt: skip
-        await conn.execute("ANALYZE toolkit_tasks")
-    plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
-    scans = _task_scans(plan)
-    assert ("Seq Scan", None) not in scans, scans
-
-
-async def test_the_demotion_reads_no_parked_timer_of_a_tenant_that_has_many(store: Store) -> None:
-    """Regression (issue 20, migration 0021): the demotion of a dry tenant probed for a due
-    task with EXISTS, whose ORDER BY PostgreSQL drops; the planner then scanned the whole
-    table, and every claim that found a tenant dry read all of its parked tasks (50 ms with
-    100,000 timers). Counted from the transaction's own table statistics."""
+async def _parked_timers(store: Store) -> WorkflowDefinition:
+    """20,000 timers of one tenant (``default``, ready), none due, the table analyzed."""
     d = definition(THREE_STEPS)
     await store.definitions.deploy(d)
     async with store.db.connection() as conn:
@@ -319,6 +287,33 @@ async def test_the_demotion_reads_no_parked_timer_of_a_tenant_that_has_many(stor
         await conn.execute("INSERT INTO toolkit_tenants (tenant, ready) VALUES ('default', true)"
                            " ON CONFLICT (tenant) DO UPDATE SET ready = true")  # fmt: skip
         await conn.execute("ANALYZE toolkit_tasks")
+    return d
+
+
+async def test_idle_state_reads_no_whole_table(store: Store) -> None:
+    d = await _mixed(store)
+    plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
+    assert ("Seq Scan", None) not in _task_scans(plan)
+
+
+async def test_idle_state_reads_no_parked_timer_of_a_tenant_that_has_many(store: Store) -> None:
+    """Regression (issue 20): with every timer in one tenant and none due, the planner took a
+    scan of the whole table for the "waiting and due" probe (it cannot see the bound's value
+    and expected a first row at once), so an idle worker's check grew with the parked tasks:
+    0.4 ms with 1,000, 30 ms with 100,000. In index order the probe reads the due range."""
+    d = await _parked_timers(store)
+    plan = await _custom_plan(store, "idle_state", {"digests": [d.digest]})
+    scans = _task_scans(plan)
+    assert ("Seq Scan", None) not in scans, scans
+
+
+async def test_the_demotion_reads_no_parked_timer_of_a_tenant_that_has_many(store: Store) -> None:
+    """Regression (issue 20, migration 0021): the demotion of a dry tenant probed for a due
+    task with EXISTS, whose ORDER BY PostgreSQL drops; the planner then scanned the whole
+    table, and every claim that found a tenant dry read all of its parked tasks (50 ms with
+    100,000 timers). Counted from the transaction's own table statistics."""
+    await _parked_timers(store)
+    async with store.db.connection() as conn:
         async with conn.transaction(force_rollback=True):
             await conn.execute("SELECT toolkit_demote_tenants(ARRAY['default'])")
             cursor = await conn.execute(
