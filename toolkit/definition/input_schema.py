@@ -9,13 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 from jsonschema_specifications import REGISTRY as _SPECIFICATIONS  # type: ignore[import-untyped]
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from toolkit.definition.json_schema import Draft202012Validator, best_match
 from toolkit.definition.paths import JsonPath
 from toolkit.definition.payloads import input_validator
 from toolkit.definition.wording import short

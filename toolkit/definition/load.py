@@ -38,9 +38,8 @@ import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from toolkit.definition.build import _build
+from toolkit.definition.json_schema import Draft202012Validator
 from toolkit.definition.model import WorkflowDefinition
 from toolkit.definition.paths import format_path
 from toolkit.definition.schema_faults import schema_problems

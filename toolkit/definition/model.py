@@ -15,10 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from jsonschema import Draft202012Validator
-
 from toolkit.definition.expressions import Template
 from toolkit.definition.flow_control import Concurrency, Debounce, Throttle
+from toolkit.definition.json_schema import Draft202012Validator
 from toolkit.definition.payloads import _checked, input_validator
 from toolkit.definition.policies import CatchRule, RetryPolicy
 from toolkit.definition.schedules import ScheduleDeclaration

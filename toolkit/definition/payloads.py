@@ -12,10 +12,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry
 
+from toolkit.definition.json_schema import Draft202012Validator, ValidationError, best_match
 from toolkit.definition.wording import json_type
 from toolkit.errors import InputError
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
-
+from toolkit.definition.json_schema import Draft202012Validator, ValidationError, best_match
 from toolkit.definition.paths import JsonPath
 from toolkit.definition.policies import error_name_problem
 from toolkit.definition.wording import json_type, short, suggest
