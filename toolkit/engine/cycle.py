@@ -68,7 +68,7 @@ class CycleControl:
         deadline: event-loop time of the workflow deadline (the supervisor cancels the cycle
             then).
         call_stop: the stop flag of the handler call in progress (``ctx.cancelled``); a new
-            one per call, so a timed-out call does not stop the next.
+            one per call, so a timed-out call does not stop the next; None before the first.
         lease_deadline: event-loop time (``anyio.current_time()``) until which the lease is
             surely held: the time a claim or renewal was sent plus the lease duration. Until
             then a store call that finds the database unreachable is tried again with
@@ -91,7 +91,7 @@ class CycleControl:
     cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
     deadline: float = math.inf
-    call_stop: threading.Event = dataclasses.field(default_factory=threading.Event)
+    call_stop: threading.Event | None = None
     lease_deadline: float = -math.inf
     call_grace: float = 5.0
     calls: dict[int, tuple[float, str]] = dataclasses.field(default_factory=dict)

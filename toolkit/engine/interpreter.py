@@ -140,7 +140,8 @@ class Interpreter:
             )
             return await self._fail_cleanly(task, control, "StoreRefused", str(exc))
         except anyio.get_cancelled_exc_class():
-            control.call_stop.set()
+            if control.call_stop is not None:
+                control.call_stop.set()
             if not control.lease_lost:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     await self._end_interrupted(graph, control)
