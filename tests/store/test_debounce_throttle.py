@@ -11,6 +11,7 @@ from tests.helpers.processes import eventually
 from tests.helpers.workflows import definition
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import DefinitionError, InputError, Throttled
+from toolkit.history.retention import prune
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -144,3 +145,21 @@ async def test_events_of_a_debounced_trigger_start_one_task_per_burst(store: Sto
     assert [len(e.started) for e in emitted] == [1, 0, 0, 0, 0]
     (task_id,) = emitted[0].started
     assert (await store.tasks.get(task_id)).input == {"document": "a", "n": 4}
+
+
+async def test_prune_deletes_the_throttle_keys_whose_next_start_has_passed(store: Store) -> None:
+    """Such a key holds no state: a submit after the prune starts as it would have before."""
+    d = await _deployed(store, throttled("1/h"))
+    await store.tasks.submit(d, [{"customer": c} for c in ("a", "b", "c")])
+    await sql(
+        store, "UPDATE toolkit_throttle_keys SET next_at = now() - interval '1 s'"
+        " WHERE throttle_key <> %s RETURNING 1", "c",
+    )  # fmt: skip
+    report = await prune(store.db, older_than=3600, batch_size=1)
+    assert report.throttle_keys == 2 and report.tasks == 0, report
+    keys = await sql(store, "SELECT throttle_key FROM toolkit_throttle_keys")
+    assert keys == [("c",)], keys
+    (again,) = await store.tasks.submit(d, [{"customer": "a"}])
+    (late,) = await store.tasks.submit(d, [{"customer": "c"}])
+    assert (await store.tasks.get(again)).state == "queued"  # starts now, as a new key
+    assert (await store.tasks.get(late)).state == "waiting"  # c still throttled

@@ -112,4 +112,6 @@ def prune(
         f"{counted(report.evidence, 'evidence record')}, {counted(report.signals, 'signal')}) "
         f"in {counted(report.batches, 'batch', 'batches')}"
         + (f"; {counted(report.emitted, 'event')} emitted" if report.emitted else "")
+        + (f"; {counted(report.throttle_keys, 'idle throttle key')}" if report.throttle_keys
+           else "")
     )

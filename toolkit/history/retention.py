@@ -1,7 +1,8 @@
 """Retention: delete terminal tasks and their history once exported (``toolkit prune``).
 
 The events emitted (docs/events.md) are deleted past their own retention (7 days by
-default), once exported too.
+default), once exported too. Throttle keys whose next start has passed hold no state and are
+deleted on every prune (docs/flow-control.md).
 
 Only terminal tasks (``succeeded``, ``failed``, ``cancelled``) that finished longer ago than
 the age limit are candidates, and of those only the tasks whose whole history an export
@@ -44,6 +45,7 @@ class PruneReport:
         refused: old terminal tasks left because no export holds their whole history
             (0 with ``force``).
         emitted: events emitted (``toolkit emit``) deleted, past their retention.
+        throttle_keys: throttle keys deleted whose next start had passed (no state).
     """
 
     tasks: int = 0
@@ -53,6 +55,7 @@ class PruneReport:
     batches: int = 0
     refused: int = 0
     emitted: int = 0
+    throttle_keys: int = 0
 
 
 async def prune(
@@ -77,7 +80,8 @@ async def prune(
         older_than: age limit in seconds, by database time, since the task finished.
         exported_to: the export folder that must hold the history (see `toolkit.history.export`).
         force: delete old terminal tasks whether exported or not.
-        batch_size: tasks per delete statement (each a short transaction).
+        batch_size: tasks (events, throttle keys) per delete statement, each a short
+            transaction.
         event_retention: age, seconds, past which the events emitted are deleted: those
             the export in ``exported_to`` holds, or all of them with ``force`` (none when
             neither).
@@ -158,4 +162,14 @@ async def prune(
                 break
             emitted += count
             batches += 1
-    return PruneReport(batches=batches, emitted=emitted, **totals)
+    throttle_keys = 0
+    while True:
+        pruned = await db.fetch_one("prune_throttle_keys", {"batch": batch_size})
+        count = int(pruned["throttle_keys"]) if pruned is not None else 0
+        if not count:
+            break
+        throttle_keys += count
+        batches += 1
+    return PruneReport(
+        batches=batches, emitted=emitted, throttle_keys=throttle_keys, **totals
+    )

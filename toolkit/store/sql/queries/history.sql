@@ -168,3 +168,20 @@ WITH doomed AS (
     RETURNING 1
 )
 SELECT count(*) AS emitted FROM gone;
+
+-- name: prune_throttle_keys
+-- Deletes one batch of throttle keys whose next start has passed (docs/flow-control.md): such
+-- a row holds no state, since a take on a missing key and on a key whose next start has come
+-- both start now (take_throttle_start). Skips rows a submit holds.
+WITH doomed AS (
+    SELECT tenant, definition_name, throttle_key FROM toolkit_throttle_keys
+    WHERE next_at < clock_timestamp()
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM toolkit_throttle_keys k USING doomed d
+    WHERE k.tenant = d.tenant AND k.definition_name = d.definition_name
+      AND k.throttle_key = d.throttle_key
+    RETURNING 1
+)
+SELECT count(*) AS throttle_keys FROM gone;
