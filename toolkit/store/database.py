@@ -121,7 +121,9 @@ _Pools = tuple[psycopg_pool.AsyncConnectionPool[Any], psycopg_pool.AsyncConnecti
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Every pooled connection: autocommit, and no JIT compilation (docs/decisions.md)."""
     await conn.set_autocommit(True)
+    await conn.execute("SET jit = off")
 
 
 async def _probe(dsn: str, timeout: float) -> None:

@@ -180,6 +180,19 @@ GROUP BY record;
 -- and is exact at priority 0. The exact due time of the tasks above priority 0 comes from
 -- their own index. An entry of priority p is thus woken for at most once early, p minutes
 -- before it is due, after which the second range reads it exactly: no busy wake-ups.
+--
+-- Only the tenants of the rotation are probed one by one (migration 0020): the ready ones,
+-- and those not ready whose next_due has come. A tenant not ready has no task due before its
+-- next_due (the rotation's invariant, which the claim relies on too), so for the others
+-- next_due itself bounds their due times from below: an index range of the tenants, however
+-- many there are. Waking at such a bound that turns out early costs one empty claim, which
+-- promotes the tenant and demotes it again with an exact bound.
+WITH probed AS (
+    SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
+    UNION ALL
+    SELECT tenant FROM toolkit_tenants
+    WHERE NOT ready AND NOT paused AND next_due <= (SELECT clock_timestamp())
+)
 SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
            WHERE state IN ('queued', 'leased')
@@ -188,7 +201,7 @@ SELECT EXISTS (
        )
        OR EXISTS (
            SELECT 1
-           FROM toolkit_tenants tn
+           FROM probed tn
            CROSS JOIN LATERAL (
                SELECT 1 FROM toolkit_tasks
                WHERE tenant = tn.tenant
@@ -205,14 +218,16 @@ SELECT EXISTS (
                          AT TIME ZONE 'UTC') - priority * interval '1 minute'
                LIMIT 1
            ) due
-           WHERE NOT tn.paused
        )
        -- a concurrency key has room for a task waiting for it (its wake is not consumed
        -- yet): the next claim admits it
        OR EXISTS (SELECT 1 FROM toolkit_key_wakes) AS pending,
        (SELECT extract(epoch FROM least(min(first_claim.at_utc AT TIME ZONE 'UTC'),
-                                         min(ahead.at)) - clock_timestamp())::float8
-        FROM toolkit_tenants tn
+                                         min(ahead.at),
+                                         (SELECT min(next_due) FROM toolkit_tenants
+                                          WHERE NOT ready AND NOT paused))
+                               - clock_timestamp())::float8
+        FROM probed tn
         LEFT JOIN LATERAL (
             -- the first future claim time: a lower bound of the due times after it
             SELECT (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
@@ -238,8 +253,7 @@ SELECT EXISTS (
               AND definition_digest = ANY(%(digests)s::text[])
             ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
             LIMIT 1
-        ) ahead ON true
-        WHERE NOT tn.paused) AS next_due;
+        ) ahead ON true) AS next_due;
 
 -- name: send_signal
 -- Stores a signal for a live task and wakes it when it already waits for that name. Whether
