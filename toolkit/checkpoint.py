@@ -251,6 +251,8 @@ class BranchFrame(Frame):
         spent: resources spent by the branch's effects (``{"tokens": 120}``).
         run_at: when a waiting branch's wait ends at the latest (ISO-8601, database time);
             None for never.
+        fanout: the parallel or map step in progress in this branch (nested fan-out, at
+            most ``MAX_FANOUT_DEPTH`` deep); its branches have rows of their own.
     """
 
     status: BranchStatus = BranchStatus.RUNNING
@@ -258,6 +260,7 @@ class BranchFrame(Frame):
     error: dict[str, Any] | None = None
     spent: dict[str, float] = dataclasses.field(default_factory=dict)
     run_at: str | None = None
+    fanout: FanOut | None = None
 
     @property
     def ended(self) -> bool:
@@ -286,6 +289,7 @@ class BranchFrame(Frame):
             wait=wait_from_json(data.get("wait")),
             run_at=data.get("run_at"),
             due=False,
+            fanout=FanOut.from_json(data["fanout"]) if data.get("fanout") else None,
         )
 
     def to_json(self) -> Json:
@@ -305,6 +309,8 @@ class BranchFrame(Frame):
         if self.wait is not None:
             data["wait"] = self.wait.to_json()
             data["run_at"] = self.run_at
+        if self.fanout is not None:
+            data["fanout"] = self.fanout.to_json()
         return data
 
     def waits_for(self) -> tuple[str, ...]:
@@ -318,6 +324,8 @@ class BranchFrame(Frame):
             return (f"callback:{wait.callback}",)
         if isinstance(wait, ChildWait):
             return (f"child:{wait.child}",)
+        if isinstance(wait, BranchesWait):
+            return ("branches",)  # its own branches' rows say what they wait for
         return ()
 
 

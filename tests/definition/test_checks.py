@@ -85,21 +85,32 @@ steps:
     assert "can never finish" in faults[0].message and "unreachable" in faults[1].message
 
 
-@pytest.mark.parametrize(
-    "kind",
-    ["parallel: {branches: {}}", "map: {items: '${ input.a }'}"],
-)
-def test_no_parallel_or_map_is_allowed_in_a_branch(kind: str) -> None:
-    text = (
-        "name: x\nversion: 1\nstart: fan\nsteps:\n  fan:\n    parallel:\n      branches:\n"
-        "        one:\n          start: a\n          steps:\n"
-        f"            a: {{{kind}}}\n"
+def _nested(depth: int, innermost: str) -> str:
+    """A definition whose parallel steps nest ``depth`` deep around ``innermost``."""
+    step = innermost
+    for level in range(depth):
+        step = f"{{parallel: {{branches: {{b{level}: {{start: s, steps: {{s: {step}}}}}}}}}}}"
+    return f"name: x\nversion: 1\nstart: s\nsteps:\n  s: {step}\n"
+
+
+def test_parallel_and_map_nest_in_branches_at_most_three_deep() -> None:
+    leaf = "{map: {items: '${ input.a }', branch: {start: e, steps: {e: {succeed: {}}}}}}"
+    d = parse_definition(_nested(2, leaf))
+    assert sum(type(s).__name__ in ("ParallelStep", "MapStep") for s in d.all_steps()) == 3
+    (fault,) = faults_of(_nested(3, leaf))
+    assert fault.path == "$.steps.s.parallel.branches.b2.steps.s.parallel.branches.b1.steps.s" \
+        ".parallel.branches.b0.steps.s.map"
+    assert "nested 4 deep" in fault.message and "at most 3 deep" in fault.message
+
+
+def test_a_nested_parallel_or_map_step_reserves_nothing() -> None:
+    leaf = (
+        "{parallel: {reserve: {total: {tokens: 5}}, branches: {a: {start: e, steps:"
+        " {e: {succeed: {}}}}}}}"
     )
-    (fault,) = faults_of(text)
-    name = kind.split(":")[0]
-    assert fault.path == f"$.steps.fan.parallel.branches.one.steps.a.{name}"
-    assert fault.line == 11
-    assert f"a {name} step is not allowed inside a branch" in fault.message
+    (fault,) = faults_of(_nested(1, leaf))
+    assert fault.path.endswith(".steps.s.parallel.reserve")
+    assert "reserve is allowed on a top-level parallel step only" in fault.message
 
 
 def test_checks_apply_inside_branches_as_at_the_top_level() -> None:

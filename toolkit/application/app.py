@@ -12,7 +12,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TypeVar
 
 from toolkit.application.handlers import Handler, HandlerFunc
-from toolkit.definition import Branch, EffectStep, MapStep, ParallelStep, WorkflowDefinition
+from toolkit.definition import (
+    Branch,
+    EffectStep,
+    MapStep,
+    ParallelStep,
+    Step,
+    WorkflowDefinition,
+)
 from toolkit.errors import ConfigError, HandlerNotFound, MissingHandlers, MissingLimits
 from toolkit.store.limits import LimitSpec, parse_rate
 
@@ -242,18 +249,21 @@ class App:
 
 
 def _effect_steps(definition: WorkflowDefinition) -> Iterator[tuple[str, EffectStep]]:
-    """Every effect step of a definition, branches included, with its JSON path."""
-    for step in definition.steps.values():
+    """Every effect step of a definition, branches (nested ones too) included, with its path."""
+    return _effects_in(definition.steps, "$.steps")
+
+
+def _effects_in(steps: Mapping[str, Step], where: str) -> Iterator[tuple[str, EffectStep]]:
+    """The effect steps of ``steps`` (at JSON path ``where``) and of their branches."""
+    for step in steps.values():
         if isinstance(step, EffectStep):
-            yield f"$.steps.{step.id}", step
+            yield f"{where}.{step.id}", step
         branches: Mapping[str, Branch] = {}
         if isinstance(step, ParallelStep):
             branches = step.branches
-            where = f"$.steps.{step.id}.parallel.branches"
+            inner = f"{where}.{step.id}.parallel.branches"
         elif isinstance(step, MapStep):
             branches = {"branch": step.branch}
-            where = f"$.steps.{step.id}.map"
+            inner = f"{where}.{step.id}.map"
         for name, branch in branches.items():
-            for inner in branch.steps.values():
-                if isinstance(inner, EffectStep):
-                    yield f"{where}.{name}.steps.{inner.id}", inner
+            yield from _effects_in(branch.steps, f"{inner}.{name}.steps")

@@ -241,7 +241,11 @@ def tasks(
 @click.option(
     "--force", is_flag=True, help="Store it even if no step of the definition waits for NAME."
 )
-@click.option("--branch", help="For this branch of a parallel step only.")
+@click.option(
+    "--branch",
+    help="For this branch of a parallel step only (in a nested step, the path of branch"
+    " names, e.g. 0/approval: branch approval of map item 0).",
+)
 @click.option("--item", type=click.IntRange(min=0), help="For this item of a map step only.")
 @click.pass_obj
 def send_signal(

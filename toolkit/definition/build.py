@@ -19,7 +19,6 @@ from toolkit.definition.flow_control import build_concurrency, build_debounce, b
 from toolkit.definition.model import (
     DEFAULT_MAX_STEPS,
     Branch,
-    BranchStep,
     Callback,
     ChoiceRule,
     ChoiceStep,
@@ -158,7 +157,7 @@ def _build_step(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) 
             event=wait.get("event"),
             match=_match(wait, f"{path}.wait"),
         )
-    return _build_branch_step(where, raw, defaults)
+    return _build_simple_step(where, raw, defaults)
 
 
 def _wait_event(path: str, raw: Mapping[str, Any]) -> WaitEvent:
@@ -209,9 +208,9 @@ def _until(raw: Mapping[str, Any], path: str) -> Template | None:
     return None if until is None else compile_template(until, path=f"{path}.until")
 
 
-def _build_branch_step(
+def _build_simple_step(
     where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]
-) -> BranchStep:
+) -> Step:
     """Build an effect, choice, succeed, fail or set step."""
     step_id, path = str(where[-1]), format_path(where)
     if "effect" in raw:
@@ -275,11 +274,10 @@ def _build_branch_step(
 
 def _build_branch(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) -> Branch:
     """Build the branch at ``where``; the definition's effect defaults apply inside it too."""
-    steps: dict[str, BranchStep] = {}
-    for step_id, raw_step in raw["steps"].items():
-        step = _build_step((*where, "steps", step_id), raw_step, defaults)
-        assert not isinstance(step, ParallelStep | MapStep), "the schema refuses them"
-        steps[step_id] = step
+    steps = {
+        step_id: _build_step((*where, "steps", step_id), raw_step, defaults)
+        for step_id, raw_step in raw["steps"].items()
+    }
     return Branch(start=raw["start"], steps=types.MappingProxyType(steps))
 
 

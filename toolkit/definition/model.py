@@ -400,15 +400,19 @@ class WorkflowStep:
     catch: tuple[CatchRule, ...] = ()
 
 
-BranchStep = EffectStep | ChoiceStep | SucceedStep | FailStep | SetStep | WaitStep | WorkflowStep
-"""A step allowed inside a branch of a parallel or map step (no nested parallel or map)."""
-
-
 Step = (
     EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep | ParallelStep | MapStep
     | WorkflowStep | SetStep
 )
 """Any step of a definition."""
+
+BranchStep = Step
+"""A step inside a branch of a parallel or map step: any step (a parallel or map step
+nested at most :data:`MAX_FANOUT_DEPTH` deep)."""
+
+MAX_FANOUT_DEPTH = 3
+"""How deep parallel and map steps may nest: a fan-out in a branch of a fan-out in a branch
+of a top-level one (docs/composition.md, nested fan-out)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -507,7 +511,7 @@ class WorkflowDefinition:
     def all_steps(self) -> list[Step]:
         """Every step of the definition: its own, then those of its branches, in order."""
         steps: list[Step] = list(self.steps.values())
-        for step in self.steps.values():
+        for step in steps:  # grows as it goes: the branches' steps, nested ones too
             if isinstance(step, ParallelStep):
                 steps += [s for branch in step.branches.values() for s in branch.steps.values()]
             elif isinstance(step, MapStep):

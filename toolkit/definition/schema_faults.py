@@ -52,62 +52,33 @@ def schema_problems(
 
 
 @dataclass(frozen=True)
-class _Family:
-    """The step kinds of one ``oneOf`` of the schema: any step, or a step inside a branch.
+class _Kinds:
+    """The step kinds of the schema (``$defs.step``; a branch's steps are steps too).
 
     Attributes:
         alternatives: The ``oneOf`` list itself (recognises the errors it causes).
-        kinds: The kind keys, in ``oneOf`` order.
+        all: The kind keys, in ``oneOf`` order.
         defs: The kinds' definitions, in the same order.
-        in_branch: Whether these are the kinds allowed inside a branch.
     """
 
     alternatives: list[Any]
-    kinds: list[str]
-    defs: list[Any]
-    in_branch: bool
-
-    def describe(self) -> str:
-        """Name the allowed kinds, for a message."""
-        if self.in_branch:
-            return f"a branch step is one of {', '.join(self.kinds)}"
-        return f"v1 has {', '.join(self.kinds)}"
-
-
-@dataclass(frozen=True)
-class _Kinds:
-    """Every step kind of the schema, and the families of kinds allowed where."""
-
     all: list[str]
-    families: list[_Family]
+    defs: list[Any]
 
-    def family_of(self, alternatives: Any) -> _Family | None:
-        """The family whose ``oneOf`` is ``alternatives``, or None."""
-        return next((f for f in self.families if f.alternatives == alternatives), None)
-
-    def step_family(self, subschema: Any) -> _Family | None:
-        """The family of which ``subschema`` is a kind's definition, or None."""
-        return next(
-            (f for f in self.families if any(d is subschema or d == subschema for d in f.defs)),
-            None,
-        )
+    def is_step_def(self, subschema: Any) -> bool:
+        """Whether ``subschema`` is a kind's definition."""
+        return any(d is subschema or d == subschema for d in self.defs)
 
 
 def _step_kinds(schema: Any) -> _Kinds:
-    """Step kinds of ``$defs.step`` and ``$defs.branchStep``, in ``oneOf`` order.
+    """Step kinds of ``$defs.step``, in ``oneOf`` order.
 
     Each kind's def lists its key first in ``required``.
     """
     defs = schema["$defs"]
-    families = []
-    for name in ("step", "branchStep"):
-        if name not in defs:
-            continue
-        alternatives = defs[name]["oneOf"]
-        kind_defs = [defs[branch["$ref"].rsplit("/", 1)[1]] for branch in alternatives]
-        kinds = [kind_def["required"][0] for kind_def in kind_defs]
-        families.append(_Family(alternatives, kinds, kind_defs, name == "branchStep"))
-    return _Kinds(families[0].kinds, families)
+    alternatives = defs["step"]["oneOf"]
+    kind_defs = [defs[branch["$ref"].rsplit("/", 1)[1]] for branch in alternatives]
+    return _Kinds(alternatives, [kind_def["required"][0] for kind_def in kind_defs], kind_defs)
 
 
 def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
@@ -116,16 +87,14 @@ def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
     instance, keyword, subschema = error.instance, error.validator, error.schema
     if keyword == "additionalProperties" and isinstance(instance, dict):
         allowed = list(subschema.get("properties", {})) if isinstance(subschema, dict) else []
-        family = kinds.step_family(subschema)
+        step_def = kinds.is_step_def(subschema)
         problems = []
         title = str(subschema.get("title")) if isinstance(subschema, dict) else ""
         for key in (k for k in instance if k not in allowed):
-            if family is not None and family.in_branch and key in kinds.all:
-                message = _not_in_branch(key, family)
-            elif (title, key) in _MISPLACED:
+            if (title, key) in _MISPLACED:
                 message = _MISPLACED[(title, key)]
-            elif family is not None and key == "catch":
-                kind = family.kinds[family.defs.index(subschema)]
+            elif step_def and key == "catch":
+                kind = kinds.all[kinds.defs.index(subschema)]
                 message = (
                     f"unknown field 'catch': a {kind} step cannot fail into catch (only {_CAN_FAIL}"
                     " steps can)"
@@ -140,9 +109,9 @@ def _translate(error: ValidationError, kinds: _Kinds) -> list[Problem]:
             for name in subschema.get("required", [])
             if name not in instance
         ]
-    family = kinds.family_of(error.validator_value) if keyword == "oneOf" else None
-    if family is not None and isinstance(instance, dict):
-        return _translate_step(error, path, instance, family, kinds)
+    if keyword == "oneOf" and error.validator_value == kinds.alternatives:
+        if isinstance(instance, dict):
+            return _translate_step(error, path, instance, kinds)
     if keyword == "oneOf" and isinstance(instance, dict):
         keys = _exclusive_keys(error.validator_value)
         if keys:
@@ -244,16 +213,12 @@ def _exclusive_keys(branches: Any) -> list[str]:
 
 
 def _translate_step(
-    error: ValidationError,
-    path: JsonPath,
-    step: dict[str, Any],
-    family: _Family,
-    kinds: _Kinds,
+    error: ValidationError, path: JsonPath, step: dict[str, Any], kinds: _Kinds
 ) -> list[Problem]:
     """Explain why a step matches no kind: by the kind key it has, not by every alternative."""
     present = [kind for kind in kinds.all if kind in step]
-    if len(present) == 1 and present[0] in family.kinds:
-        alternative = family.kinds.index(present[0])
+    if len(present) == 1:
+        alternative = kinds.all.index(present[0])
         problems = [
             problem
             for sub in error.context or []
@@ -261,17 +226,7 @@ def _translate_step(
             for problem in _translate(sub, kinds)
         ]
         return problems or [Problem(path, f"invalid {present[0]} step")]
-    if len(present) == 1:
-        return [Problem((*path, present[0]), _not_in_branch(present[0], family))]
     if present:
         return [Problem(path, f"a step has exactly one kind, this one has {', '.join(present)}")]
-    hint = next((suggest(key, family.kinds) for key in step if suggest(key, family.kinds)), "")
-    what = "a branch step" if family.in_branch else "a step"
-    return [Problem(path, f"{what} needs one of {', '.join(family.kinds)}{hint}")]
-
-
-def _not_in_branch(kind: str, family: _Family) -> str:
-    return (
-        f"a {kind} step is not allowed inside a branch ({family.describe()}): put it before or"
-        " after the parallel or map step, or in a child workflow"
-    )
+    hint = next((suggest(key, kinds.all) for key in step if suggest(key, kinds.all)), "")
+    return [Problem(path, f"a step needs one of {', '.join(kinds.all)}{hint}")]

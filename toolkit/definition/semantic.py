@@ -18,6 +18,7 @@ from toolkit.definition.events import (
 from toolkit.definition.flow_control import flow_control_problems
 from toolkit.definition.graph import _graph_problems, _Scope
 from toolkit.definition.input_schema import input_schema_problems
+from toolkit.definition.model import MAX_FANOUT_DEPTH
 from toolkit.definition.paths import JsonPath
 from toolkit.definition.references import (
     _single_expression_problems,
@@ -89,29 +90,56 @@ def _graph_and_step_problems(
     flagged: Collection[JsonPath],
     scope: _Scope | None,
     entries: Collection[str] = (),
+    depth: int = 0,
 ) -> list[Problem]:
-    """The graph and step checks of the steps at ``holder`` (the document, or a branch)."""
+    """The graph and step checks of the steps at ``holder`` (the document, or a branch).
+
+    ``depth``: how many parallel or map steps enclose them (0: the top level).
+    """
     steps = (
         {k: v for k, v in raw_steps.items() if isinstance(v, dict)}
         if isinstance(raw_steps, dict)
         else {}
     )
     problems = _graph_problems(start, holder, steps, flagged, scope, entries)
+    outside = [*(scope.outside if scope else ()), *steps]
     for step_id, step in steps.items():
         path = (*holder, "steps", step_id)
         problems += _step_problems(path, step)
-        if scope is None:  # inside a branch, parallel and map are schema faults already
-            problems += _composite_problems(path, step, flagged, list(steps))
-        else:
-            problems += _child_input_problems(path, step)
+        problems += _composite_problems(path, step, flagged, outside, depth)
     return problems
 
 
 def _composite_problems(
-    path: JsonPath, step: dict[str, Any], flagged: Collection[JsonPath], outside: list[str]
+    path: JsonPath,
+    step: dict[str, Any],
+    flagged: Collection[JsonPath],
+    outside: list[str],
+    depth: int,
 ) -> list[Problem]:
-    """Check the branches of a parallel or map step, a map's items, a child's input."""
+    """Check the branches of a parallel or map step, a map's items, a child's input.
+
+    A parallel or map step inside a branch (``depth`` > 0) nests at most
+    `MAX_FANOUT_DEPTH` deep and reserves nothing: its branches spend from what the branch
+    holding it may spend.
+    """
     problems = []
+    for kind in ("parallel", "map"):
+        body = step.get(kind)
+        if body is None:
+            continue
+        if depth >= MAX_FANOUT_DEPTH:
+            message = (
+                f"a {kind} step nested {depth + 1} deep: parallel and map steps nest at most"
+                f" {MAX_FANOUT_DEPTH} deep; put the inner ones in a child workflow"
+            )
+            return [Problem((*path, kind), message)]
+        if depth > 0 and isinstance(body, dict) and "reserve" in body:
+            message = (
+                f"reserve is allowed on a top-level {kind} step only: a nested one's branches"
+                " spend from what the branch holding it may spend"
+            )
+            problems.append(Problem((*path, kind, "reserve"), message))
     parallel = step.get("parallel")
     branches = parallel.get("branches") if isinstance(parallel, dict) else None
     if isinstance(branches, dict):
@@ -120,8 +148,9 @@ def _composite_problems(
                 scope = _Scope(f"branch {name!r}", outside)
                 holder = (*path, "parallel", "branches", name)
                 problems += _graph_and_step_problems(
-                    branch.get("start"), holder, branch.get("steps"), flagged, scope
-                )
+                    branch.get("start"), holder, branch.get("steps"), flagged, scope,
+                    depth=depth + 1,
+                )  # fmt: skip
     mapped = step.get("map")
     if isinstance(mapped, dict):
         items = mapped.get("items")
@@ -131,8 +160,9 @@ def _composite_problems(
         if isinstance(branch, dict):
             scope = _Scope("the map branch", outside)
             problems += _graph_and_step_problems(
-                branch.get("start"), (*path, "map", "branch"), branch.get("steps"), flagged, scope
-            )
+                branch.get("start"), (*path, "map", "branch"), branch.get("steps"), flagged, scope,
+                depth=depth + 1,
+            )  # fmt: skip
     return problems + _child_input_problems(path, step)
 
 

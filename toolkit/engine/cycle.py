@@ -16,7 +16,7 @@ import json
 import math
 import random
 import threading
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -215,14 +215,17 @@ class Cycle:
             or self.budget_released or self.tags
         )
 
-    def scope(self, frame: Frame | None = None, **context: Any) -> dict[str, Any]:
+    def scope(
+        self, frame: Frame | None = None, outer: Mapping[str, Any] | None = None, **context: Any
+    ) -> dict[str, Any]:
         """The expression scope: at the task's level, or in a branch's ``frame``.
 
-        In a branch, ``steps`` holds the task's step outputs overlaid with the branch's, and
-        ``context`` adds the branch name (and ``item`` / ``index`` in a map).
+        In a branch, ``steps`` holds the step outputs its enclosing level sees (``outer``;
+        default the task's) overlaid with the branch's, and ``context`` adds the branch name
+        (``item`` / ``index`` in a map, ``parent`` in a nested step's branch).
         """
         frame = frame or self.checkpoint
-        steps = self.checkpoint.outputs
+        steps = self.checkpoint.outputs if outer is None else outer
         if frame is not self.checkpoint:
             steps = {**steps, **frame.outputs}
         return {
@@ -282,8 +285,13 @@ class Cycle:
             held.release = True
 
     def end_branches(self, fanout: str) -> None:
-        """The step ``fanout`` ended: drop its branches; the next write deletes their rows."""
-        for key in [key for key in self._branches if key[0] == fanout]:
+        """The step ``fanout`` ended: drop its branches; the next write deletes their rows.
+
+        The rows of steps nested in its branches (occurrences under ``fanout/``) go too:
+        those of a cancelled branch may be left.
+        """
+        nested = f"{fanout}/"
+        for key in [k for k in self._branches if k[0] == fanout or k[0].startswith(nested)]:
             del self._branches[key]
         self._branches_ended.append(fanout)
 

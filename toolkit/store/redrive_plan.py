@@ -357,7 +357,14 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
         fan.ended = len(kept_rows)
         _returned(cp, fan)
         for row in reset_rows:
-            frame = _resumed_branch(BranchFrame.from_json(row["frame"]))
+            frame = BranchFrame.from_json(row["frame"])
+            if frame.fanout is not None:
+                raise NotRedrivable(
+                    f"branch {row['name']!r} of step {step!r} stopped in its nested step"
+                    f" {frame.cursor!r}, which a redrive does not resume; redrive --from"
+                    f" {step} to run the step again"
+                )
+            frame = _resumed_branch(frame)
             frames.append({"name": row["name"], "status": str(frame.status),
                            "frame": frame.to_json()})  # fmt: skip
             again.append(row["name"])

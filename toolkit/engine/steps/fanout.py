@@ -50,7 +50,10 @@ from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.writes import NEVER, Event
 
 #: Waits that park a branch (the others keep it in the cycle).
-PARKING = frozenset({WaitReason.TIMER, WaitReason.SIGNAL, WaitReason.CALLBACK, WaitReason.CHILD})
+PARKING = frozenset({
+    WaitReason.TIMER, WaitReason.SIGNAL, WaitReason.CALLBACK, WaitReason.CHILD,
+    WaitReason.BRANCHES,  # a nested parallel or map step whose live branches all wait
+})  # fmt: skip
 #: Longest pause of a branch whose effect waits for a downstream limit before it looks
 #: again, seconds (a branch keeps the task's lease, so no released slot can wake it).
 LIMIT_BRANCH_RECHECK = 1.0
@@ -64,6 +67,9 @@ async def run(ctx: StepContext, step: ParallelStep | MapStep) -> Transition:
     """
     cycle = ctx.cycle
     cp = cycle.checkpoint
+    # The step's state lives where it runs: in the checkpoint, or in the frame of the
+    # branch it is nested in (its branches have rows of their own either way).
+    holder = ctx.frame if isinstance(ctx.frame, BranchFrame) else cp
     occurrence = ctx.frame.occurrence(step.id)
     items: list[Any] | None = None
     if isinstance(step, MapStep):
@@ -77,26 +83,28 @@ async def run(ctx: StepContext, step: ParallelStep | MapStep) -> Transition:
         names = [str(index) for index in range(len(items))]
     else:
         names = list(step.branches)
-    fan = cp.fanout
+    fan = holder.fanout
     if fan is None or fan.occurrence != occurrence:
         fan = FanOut(occurrence)
-        cp.fanout = fan
+        holder.fanout = fan
         cycle.events.append(
             Event(EventKind.FANOUT_STARTED, {"step": step.id, "branches": len(names)})
         )
-    if isinstance(cp.wait, BranchesWait):
+    if holder is cp and isinstance(cp.wait, BranchesWait):
         cp.wait = None  # woken: the branches whose wait may have ended are read back
-    if step.reserve is not None and fan.reserved is None:
+    # (a nested step's branch keeps its wait: parking again for it rewrites nothing)
+    if step.reserve is not None and fan.reserved is None:  # top-level steps only
         refused = await reserve(cycle, step, fan, len(names))
         if refused is not None:
             return refused
     branches = Branches(ctx, step, fan, names, items)
     await branches.resume()
+    outer = cycle.fanning_out  # True for a nested step: its enclosing branches run too
     cycle.fanning_out = True
     try:
         await branches.run()
     finally:
-        cycle.fanning_out = False
+        cycle.fanning_out = outer
     return await branches.end()
 
 
@@ -118,6 +126,17 @@ class Branches:
     ) -> None:
         self.cycle = ctx.cycle
         self.kinds = ctx.kinds
+        self.holder = ctx.frame if isinstance(ctx.frame, BranchFrame) else ctx.cycle.checkpoint
+        #: What the level holding the step may spend, and the step outputs it sees.
+        self.outer_spend = ctx.spend
+        self.outer_steps: Mapping[str, Any] = ctx.scope["steps"]
+        #: A nested step's branches see the enclosing branch's context as ``parent``, and
+        #: their signal address is the enclosing one's and their name (``0/approval``).
+        self.parent: dict[str, Any] | None = None
+        self.address = f"{ctx.address}/" if ctx.address is not None else ""
+        if isinstance(ctx.frame, BranchFrame):
+            outer = ctx.scope["context"]
+            self.parent = {k: outer[k] for k in ("branch", "index", "item", "parent") if k in outer}
         self.step = step
         self.fan = fan
         self.names = names
@@ -160,10 +179,9 @@ class Branches:
         A takeover's lost attempts count, resolved blocked branches run again, and waiting
         ones with a wake or a passed timer look at their wait again.
         """
-        cycle, fan = self.cycle, self.fan
-        cp = cycle.checkpoint
-        if cp.pending is not None and cp.pending.startswith(f"{fan.occurrence}/"):
-            cp.pending = None  # the blocked branch keeps its own pending occurrence
+        cycle, fan, holder = self.cycle, self.fan, self.holder
+        if holder.pending is not None and holder.pending.startswith(f"{fan.occurrence}/"):
+            holder.pending = None  # the blocked branch keeps its own pending occurrence
         if fan.inline:
             self._upgrade_inline()
         elif fan.started:
@@ -366,7 +384,7 @@ class Branches:
             output = outputs if mapped else dict(zip(self.names, outputs, strict=True))
         release(cycle, fan)
         if error is None or catch_target(step.catch, error["name"]) is not None:
-            cycle.checkpoint.fanout = None
+            self.holder.fanout = None
             cycle.end_branches(fan.occurrence)
         # else the failure fails the task: the step's state and rows stay with it, for
         # ``toolkit show`` and so that a redrive runs again only what did not succeed
@@ -410,20 +428,32 @@ class Branches:
                 )
             except TaskTerminal:
                 pass  # it ended meanwhile
+        if frame.fanout is not None:  # a nested step: its waiting branches go too
+            rows = await cycle.retrying(
+                functools.partial(store.branches.waiting, cycle.task.id, frame.fanout.occurrence)
+            )
+            for row in rows:
+                await self._let_go(BranchFrame.from_json(row.frame))
         for occurrence in [o for o in cycle.checkpoint.callbacks if o.startswith(frame.prefix)]:
             token = cycle.checkpoint.callbacks.pop(occurrence).token
             await cycle.retrying(functools.partial(store.callbacks.expire, token))
 
     def context(self, name: str) -> dict[str, Any]:
-        """What ``context`` adds in branch ``name``: its name (a map's item and index too)."""
-        if self.items is None:
-            return {"branch": name}
-        index = int(name)
-        return {"branch": name, "index": index, "item": self.items[index]}
+        """What ``context`` adds in branch ``name``: its name, a map's item and index.
+
+        In a nested step's branch, the enclosing branch's context too, as ``parent``.
+        """
+        context: dict[str, Any] = {"branch": name}
+        if self.items is not None:
+            context["index"] = index = int(name)
+            context["item"] = self.items[index]
+        if self.parent is not None:
+            context["parent"] = self.parent
+        return context
 
     def spend_limits(self, frame: BranchFrame) -> SpendLimits:
         """What an effect of ``frame`` may spend: its reservation's rest, else the task's."""
-        limits: dict[str, tuple[Hashable, float]] = dict(self.cycle.spend_limits())
+        limits: dict[str, tuple[Hashable, float]] = dict(self.outer_spend.limits())
         for resource, amount in self.reserved.items():
             if self.per_branch:
                 share = amount - frame.spent.get(resource, 0.0)
@@ -444,7 +474,7 @@ class Branches:
             else:
                 outside[resource] = amount
         if outside:
-            self.cycle.charge(outside)
+            self.outer_spend.charge(outside)
 
 
 class BranchLevel:
@@ -483,8 +513,9 @@ class BranchLevel:
             functools.partial(branches.spend_limits, frame),
             functools.partial(branches.charge, frame),
         )
-        scope = self._cycle.scope(frame, **branches.context(self._name))
-        return StepContext(self._cycle, frame, scope, spend, branches.kinds, self._name)
+        scope = self._cycle.scope(frame, branches.outer_steps, **branches.context(self._name))
+        address = branches.address + self._name
+        return StepContext(self._cycle, frame, scope, spend, branches.kinds, address)
 
     async def before(self, step: Step) -> CycleOutcome | None:
         """Fail the branch once the task has run its ``max_steps`` (branches count in it).

@@ -1,13 +1,21 @@
 -- name: resumable_branches
 -- The branches of step occurrence %(fanout)s a resumed cycle runs: those running or blocked,
 -- and the waiting ones whose wait may have ended (a wake not handled yet, or their timer
--- due), in position order. Parked branches are not read (toolkit_branches_live).
+-- due), in position order. Parked branches are not read (toolkit_branches_live). A branch
+-- waiting for a nested parallel or map step (waits_for 'branches') may go on when a waiting
+-- branch nested in it (its occurrences are under 'STEP#N/NAME/') has a wake or a due timer
+-- (toolkit_branches_woken, toolkit_branches_timers).
 SELECT name, position, status, frame, wakes, seen,
        status = 'waiting' AND run_at <= clock_timestamp() AS due
-FROM toolkit_branches
+FROM toolkit_branches b
 WHERE task_id = %(task_id)s AND fanout = %(fanout)s
   AND (status IN ('running', 'blocked')
-       OR (status = 'waiting' AND (wakes > seen OR run_at <= clock_timestamp())))
+       OR (status = 'waiting' AND (wakes > seen OR run_at <= clock_timestamp()))
+       OR (status = 'waiting' AND waits_for @> '{branches}' AND EXISTS (
+               SELECT 1 FROM toolkit_branches i
+               WHERE i.task_id = b.task_id AND i.status = 'waiting'
+                 AND (i.wakes > i.seen OR i.run_at <= clock_timestamp())
+                 AND starts_with(i.fanout, b.fanout || '/' || b.name || '/'))))
 ORDER BY position;
 
 -- name: ended_branches
@@ -33,10 +41,12 @@ ORDER BY fanout, position
 LIMIT %(limit)s;
 
 -- name: signal_waiters
--- The waiting branches of a task that wait for signal %(name)s (at most a few are read: the
--- sender refuses a task-wide signal when several wait).
-SELECT name, fanout
-FROM toolkit_branches
+-- The addresses of a task's waiting branches that wait for signal %(name)s (at most a few
+-- are read: the sender refuses a task-wide signal when several wait). A branch's address is
+-- its name; in a nested parallel or map step, the names of the branches holding it and its
+-- own, joined by '/' (its row's occurrences without the 'STEP#N/' parts: '0/approval').
+SELECT regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') AS name, fanout
+FROM toolkit_branches b
 WHERE task_id = %(task_id)s AND status = 'waiting'
   AND waits_for @> ARRAY['signal:' || %(name)s::text]
 ORDER BY fanout, position

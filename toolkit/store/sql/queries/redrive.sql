@@ -20,7 +20,8 @@ WHERE id = %(task_id)s;
 -- it, so that a stale worker's late commit is refused; its definition digest and version
 -- moved when redriven onto another version; a new workflow deadline %(timeout)s seconds
 -- from now when given; the rows of its parallel or map step in progress rewritten
--- (%(branches)s of step occurrence %(fanout)s) or dropped (%(dropped)s); a redriven event
+-- (%(branches)s of step occurrence %(fanout)s) or dropped (%(dropped)s, with the rows of
+-- the steps nested in their branches); a redriven event
 -- under the new token, by %(operator)s, with the reason and the plan (%(detail)s).
 WITH target AS (
     SELECT id FROM toolkit_tasks
@@ -50,7 +51,9 @@ WITH target AS (
 ), dropped AS (
     DELETE FROM toolkit_branches b
     USING updated u
-    WHERE b.task_id = u.id AND b.fanout = ANY(%(dropped)s::text[])
+    WHERE b.task_id = u.id
+      AND EXISTS (SELECT 1 FROM unnest(%(dropped)s::text[]) AS d(fanout)
+                  WHERE b.fanout = d.fanout OR starts_with(b.fanout, d.fanout || '/'))
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT id, 'redriven', %(operator)s, lease_token, %(detail)s::jsonb

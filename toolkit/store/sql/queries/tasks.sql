@@ -322,7 +322,7 @@ WITH k AS (
     SET wakes = b.wakes + 1
     FROM k
     WHERE b.task_id = k.task_id AND b.status = 'waiting' AND b.waits_for @> ARRAY[k.key]
-      AND (k.address IS NULL OR b.name = k.address)
+      AND (k.address IS NULL OR regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') = k.address)
     RETURNING b.task_id
 )
 UPDATE toolkit_tasks t

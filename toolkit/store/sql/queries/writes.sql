@@ -22,7 +22,8 @@
 -- of a traced cycle) replaces the task's.
 -- A write's branches replace the stored rows of those branches of parallel or map steps
 -- (toolkit_branches: one row per branch, so a branch's end writes that branch alone), and
--- its branches_ended (step occurrences that ended) delete theirs. (A child that ends wakes
+-- its branches_ended (step occurrences that ended) delete theirs and those of the steps
+-- nested in their branches (occurrences under 'STEP#N/'). (A child that ends wakes
 -- a waiting branch of its parent that waits for it: wake_branches, in the same
 -- transaction, after this statement locked the parent's row.)
 -- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
@@ -151,7 +152,8 @@ WITH w AS (
     USING guard g
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_array_elements_text(w.branches_ended) AS e(fanout)
-    WHERE b.task_id = g.id AND b.fanout = e.fanout
+    WHERE b.task_id = g.id
+      AND (b.fanout = e.fanout OR starts_with(b.fanout, e.fanout || '/'))
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
     SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail
@@ -264,7 +266,8 @@ WITH parked AS (
       AND (EXISTS (
                SELECT 1 FROM toolkit_signals s
                WHERE s.task_id = b.task_id AND s.consumed_at IS NULL
-                 AND (s.address IS NULL OR s.address = b.name)
+                 AND (s.address IS NULL
+                      OR s.address = regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g'))
                  AND 'signal:' || s.name = ANY(b.waits_for))
            OR EXISTS (
                SELECT 1 FROM toolkit_callbacks c
