@@ -167,6 +167,69 @@ def test_a_crash_mid_map_keeps_finished_items_and_the_concurrency_bound(
     _audit_clean(dsn, task_id)
 
 
+NESTED = """
+name: crash-nested
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      branch:
+        start: checks
+        steps:
+          checks:
+            parallel:
+              branches:
+                a:
+                  start: once
+                  steps:
+                    once: {effect: scn.work, idempotent: false, next: slow}
+                    slow:
+                      effect: scn.slow_first_call
+                      idempotent: true
+                      args: {seconds: "${ context.parent.item }"}
+                b:
+                  start: once
+                  steps:
+                    once: {effect: scn.work, idempotent: false}
+"""
+
+
+def test_a_crash_mid_nested_fanout_resumes_each_nested_branch_where_it_was(
+    dsn: str, tmp_path: Path
+) -> None:
+    # Item 0 is quick; item 1's branch a hangs on its first slow call until the worker dies.
+    (task_id,) = submit_tasks(dsn, NESTED, [{"items": [0, 60]}])
+    first = _worker(dsn, NESTED, tmp_path, "w1")
+    try:
+        hanging = f"{task_id}:each#1/1/checks#1/a/slow#1"
+        wait_for(lambda: hanging in call_counts(dsn), timeout=20, what="item 1's slow call")
+        wait_for(
+            lambda: bool(query(
+                dsn, "SELECT 1 FROM toolkit_branches WHERE task_id = %s AND fanout = 'each#1'"
+                " AND name = '0' AND status = 'succeeded'", (task_id,),
+            )),
+            timeout=10,
+            what="item 0 recorded",
+        )  # fmt: skip
+    finally:
+        _kill(first)
+    backdate_leases(dsn, [task_id])
+    _finish(_worker(dsn, NESTED, tmp_path, "w2", "--until-idle"))
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", (row["error"], task_events(dsn, task_id))
+    assert [sorted(item) for item in row["result"]] == [["a", "b"], ["a", "b"]]
+    counts = call_counts(dsn)
+    for item in (0, 1):  # the non-idempotent steps ran exactly once each
+        for branch in "ab":
+            assert counts[f"{task_id}:each#1/{item}/checks#1/{branch}/once#1"] == 1, counts
+    assert counts[f"{task_id}:each#1/0/checks#1/a/slow#1"] == 1, counts
+    assert counts[f"{task_id}:each#1/1/checks#1/a/slow#1"] == 2, counts  # in flight: again
+    assert query(dsn, "SELECT 1 FROM toolkit_branches WHERE task_id = %s", (task_id,)) == []
+    _audit_clean(dsn, task_id)
+
+
 RACE = """
 name: crash-race
 version: 1
