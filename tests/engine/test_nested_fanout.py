@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.helpers.inprocess import calls, deploy_submit, drain, kinds, make_due, sql
@@ -266,3 +267,29 @@ async def test_a_race_cancels_the_children_nested_branches_wait_for(store: Store
                          task_id)  # fmt: skip
     assert [state for _, state in children] == ["cancelled", "cancelled"], children
     assert await store.branches.of_task(task_id) == []
+
+
+async def test_show_and_the_notebook_list_nested_branches_by_their_address(
+    store: Store, dsn: str
+) -> None:
+    from tests.cli.test_cli import invoke
+    from toolkit.history.task_detail import TaskDetail
+
+    (task_id,) = await deploy_submit(store, ORDERS, [{"orders": ["a", "b"]}])
+    await drain(store, ORDERS)
+    code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
+    assert code == 0, out
+    assert "    0         waiting   at checks, waits for its waiting branches (below)" in out, out
+    assert "      of each#1/0/checks#1, 2 begun, 1 ended" in out, out
+    assert "      approval  waiting   at wait, waits for signal 'approved'" in out, out
+    detail = TaskDetail(
+        task=await store.tasks.get(task_id),
+        events=await store.tasks.events(task_id),
+        evidence=await store.tasks.evidence(task_id),
+        signals=await store.tasks.signals(task_id),
+        branches=await store.branches.of_task(task_id),
+    )
+    assert ("waits for", "its waiting branches (2 of each#1)") in detail.fields()
+    (table,) = [rows for title, _, rows in detail.tables() if title == "branches"]
+    assert sorted(row[0] for row in table) == ["0", "0/approval", "0/stock", "1", "1/approval",
+                                               "1/stock"], table  # fmt: skip

@@ -236,6 +236,17 @@ def _fanout_lines(fanout: dict[str, Any] | None, branches: list[dict[str, Any]])
         if row["fanout"] == fanout["occurrence"]
     ]
     rows += [(name, frame, None) for name, frame in (fanout.get("branches") or {}).items()]
+    return lines + _branch_lines(rows, branches, "    ")
+
+
+def _branch_lines(
+    rows: list[tuple[str, dict[str, Any], Any]], branches: list[dict[str, Any]], indent: str
+) -> list[str]:
+    """One line per branch (name, status, where, spend).
+
+    A branch's nested parallel or map step follows it, indented, with its own branches.
+    """
+    lines = []
     for name, branch, run_at in rows:
         where = f"at {branch['cursor']}" if branch["cursor"] else ""
         if branch.get("pending"):
@@ -244,7 +255,16 @@ def _fanout_lines(fanout: dict[str, Any] | None, branches: list[dict[str, Any]])
             where += f", waits for {_wait_text(branch['wait'])}"
             where += f" until {run_at}" if run_at else ""
         spent = ", ".join(f"{r} {a:g}" for r, a in sorted((branch.get("spent") or {}).items()))
-        lines.append(
-            f"    {name:<9} {branch['status']:<9} {where}" + (f" spent {spent}" if spent else "")
-        )
+        spent = f" spent {spent}" if spent else ""
+        lines.append(f"{indent}{name:<9} {branch['status']:<9} {where}{spent}")
+        nested = branch.get("fanout")
+        if nested:
+            lines.append(f"{indent}  of {nested['occurrence']}, {nested.get('started', 0)} begun,"
+                         f" {nested.get('ended', 0)} ended")  # fmt: skip
+            inner = [
+                (row["name"], row["frame"], row["run_at"])
+                for row in branches
+                if row["fanout"] == nested["occurrence"]
+            ]
+            lines += _branch_lines(inner, branches, indent + "  ")
     return lines

@@ -78,7 +78,10 @@ class TaskDetail:
         if "child" in wait:
             return f"child task {wait['child']}"
         if "branches" in wait:
-            waiting = sum(branch.status == "waiting" for branch in self.branches)
+            waiting = sum(
+                branch.status == "waiting" and branch.fanout == wait["occurrence"]
+                for branch in self.branches
+            )
             return f"its waiting branches ({waiting} of {wait['occurrence']})"
         return str(self.task.wait_reason)
 
@@ -137,7 +140,7 @@ class TaskDetail:
             items = [[i.seq, i.occurrence, json.dumps(i.value)] for i in self.stream]
             found.append(("stream", ["item", "published by", "value"], items))
         branches = [
-            [b.name, b.status, b.frame.get("cursor") or "-", ", ".join(b.waits_for) or "-",
+            [b.address, b.status, b.frame.get("cursor") or "-", ", ".join(b.waits_for) or "-",
              b.run_at or "-"]
             for b in self.branches
         ]  # fmt: skip

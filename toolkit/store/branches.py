@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from typing import Any
 
 from toolkit.store.database import Database
+
+#: A step occurrence in a branch row's path (``each#1/``): what its address leaves out
+#: (the same rule as the SQL of ``signal_waiters``).
+_OCCURRENCE_PART = re.compile(r"[^/]*#[0-9]+/")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +46,15 @@ class StoredBranch:
     fanout: str = ""
     run_at: datetime.datetime | None = None
     waits_for: tuple[str, ...] = ()
+
+    @property
+    def address(self) -> str:
+        """Its signal address (a row read with its step occurrence, ``of_task``).
+
+        Its name; in a nested parallel or map step, the names of the branches holding it
+        and its own, joined by ``/`` (``3/approval``).
+        """
+        return _OCCURRENCE_PART.sub("", f"{self.fanout}/{self.name}") if self.fanout else self.name
 
 
 class BranchRows:
