@@ -8,9 +8,11 @@ notebooks) never collide; ``toolkit run --metrics-port`` serves it over HTTP.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 #: Buckets for delays and durations, seconds: 1 ms to 10 minutes.
@@ -170,6 +172,20 @@ class WorkerMetrics:
         )  # fmt: skip
         if pool_stats is not None:
             r.register(_PoolCollector(pool_stats))
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: MetricWrapperBase, *values: str) -> Any:
+        """``metric.labels(*values)``, kept: for the metrics counted on every cycle.
+
+        prometheus_client checks the values and takes a lock on every ``labels`` call (2 %
+        of a busy worker's CPU); the children are the same ones it keeps. Not for a metric
+        whose children are cleared (``toolkit_tasks_held``): a kept child would be stale.
+        """
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Serve ``/metrics`` on ``addr:port`` from a daemon thread.

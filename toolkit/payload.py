@@ -78,15 +78,16 @@ def json_path(parts: tuple[str | int, ...]) -> str:
     return text
 
 
-def check_payload(value: Any, limits: PayloadLimits | None = None) -> int:
+def check_payload(value: Any, limits: PayloadLimits | None = None) -> None:
     """Check that ``value`` can be stored as JSON within ``limits``.
+
+    The size is that of its compact JSON text, in bytes. The walk counts a bound on it (every
+    character of a string as an escape of 6 bytes, every number at its longest); only a value
+    whose bound passes the limit is encoded to be measured exactly.
 
     Args:
         value: the value (as :func:`json.loads` would return it; tuples count as arrays).
         limits: the limits; default :class:`PayloadLimits` ().
-
-    Returns:
-        The size of its compact JSON text, in bytes.
 
     Raises:
         PayloadRefused: the value is too large, nested too deeply, or holds something JSON or
@@ -95,21 +96,27 @@ def check_payload(value: Any, limits: PayloadLimits | None = None) -> int:
     limits = limits or PayloadLimits()
     # Depth-first without recursion: (value, path parts, depth of the value).
     stack: list[tuple[Any, tuple[str | int, ...], int]] = [(value, (), 0)]
-    text_chars = 0
+    text_chars = 0  # at least this many bytes
+    bound = 0  # at most this many bytes
     while stack:
         node, parts, depth = stack.pop()
         if isinstance(node, str):
             _check_text(node, parts, "string")
             text_chars += len(node)
+            bound += 6 * len(node) + 3  # quotes, and a comma or colon after it
         elif isinstance(node, bool) or node is None:
-            pass
+            bound += 6
         elif isinstance(node, int):
-            if node.bit_length() > _MAX_INT_BITS:
+            bits = node.bit_length()
+            if bits > _MAX_INT_BITS:
                 raise _refused(parts, "the integer is too large to store")
+            bound += 21 if bits <= 64 else bits // 3 + 3  # digits <= bits * log10(2) + sign
         elif isinstance(node, float):
             if not math.isfinite(node):
                 raise _refused(parts, f"{node!r} is not a JSON number")
+            bound += 25  # the longest repr is 24 characters
         elif isinstance(node, dict | list | tuple):
+            bound += 3
             if depth + 1 > limits.max_depth:
                 raise _refused(
                     parts,
@@ -125,6 +132,7 @@ def check_payload(value: Any, limits: PayloadLimits | None = None) -> int:
                         )
                     _check_text(key, (*parts, key), "object key")
                     text_chars += len(key)
+                    bound += 6 * len(key) + 3
                     stack.append((child, (*parts, key), depth + 1))
             else:
                 stack.extend((child, (*parts, i), depth + 1) for i, child in enumerate(node))
@@ -132,10 +140,11 @@ def check_payload(value: Any, limits: PayloadLimits | None = None) -> int:
             raise _refused(parts, f"a {type(node).__name__} is not a JSON value")
         if text_chars > limits.max_bytes:  # the text is at least this long: stop early
             raise _too_large(limits, text_chars, at_least=True)
+    if bound <= limits.max_bytes:
+        return
     size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
     if size > limits.max_bytes:
         raise _too_large(limits, size)
-    return size
 
 
 def _check_text(text: str, parts: tuple[str | int, ...], what: str) -> None:

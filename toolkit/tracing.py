@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -36,6 +37,13 @@ PREFIX = "runifold."
 _TRACER: Any = trace.get_tracer(TRACER_NAME) if trace is not None else None
 
 Attributes = Mapping[str, str | int | float | bool]
+
+#: Seconds between two looks for a tracer provider while none is configured: the API's
+#: lookup reads the environment each time (4 % of a busy worker's CPU, two spans a cycle).
+#: Once one is configured it stays (the API sets it once), and is not looked up again.
+PROVIDER_RECHECK = 1.0
+_provider_found = False
+_provider_checked_at = float("-inf")
 
 
 def current_traceparent() -> str | None:
@@ -145,7 +153,7 @@ def span(
     # No provider configured: nothing is recorded. Inside a trace, a non-recording span
     # still carries its context (a child workflow started here stays in the trace); outside
     # one there is nothing to carry.
-    unconfigured = isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    unconfigured = not _provider_configured()
     if unconfigured and parent is None and not trace.get_current_span().get_span_context().is_valid:
         yield Span()
         return
@@ -167,6 +175,20 @@ def span(
         links=span_links,
     ) as otel_span:
         yield Span(otel_span)
+
+
+def _provider_configured() -> bool:
+    """Whether the application configured a tracer provider (see `PROVIDER_RECHECK`)."""
+    global _provider_found, _provider_checked_at
+    if _provider_found:
+        return True
+    now = time.monotonic()
+    if now - _provider_checked_at < PROVIDER_RECHECK:
+        return False
+    _provider_checked_at = now
+    assert trace is not None
+    _provider_found = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    return _provider_found
 
 
 def _span_context(traceparent: str) -> Any:

@@ -220,10 +220,11 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         meter.settle()
         raise
     finally:
-        if services.metrics is not None:
-            services.metrics.step_duration.labels(
-                cycle.definition.name, step.id, outcome
-            ).observe(time.monotonic() - started)
+        metrics = services.metrics
+        if metrics is not None:
+            metrics.child(metrics.step_duration, cycle.definition.name, step.id, outcome).observe(
+                time.monotonic() - started
+            )
     if faults.ARMED:
         faults.fault_point("after_call", step.id)
     frame.pending = None

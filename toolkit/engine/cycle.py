@@ -377,7 +377,7 @@ class Cycle:
             self.cancelled_at_commit = True
         metrics = self.services.metrics
         if metrics is not None and write.wait_reason is not None:
-            metrics.waits.labels(self.definition.name, write.wait_reason).inc()
+            metrics.child(metrics.waits, self.definition.name, write.wait_reason).inc()
         if faults.ARMED:
             for record in write.evidence:
                 if record.record == "completed":
@@ -455,8 +455,9 @@ class Cycle:
         if occurrence != self.checkpoint.occurrence(step):
             detail["occurrence"] = occurrence
         self.events.append(Event(EventKind.RETRY_SCHEDULED, {**detail, "error": error}))
-        if self.services.metrics is not None:
-            self.services.metrics.retries.labels(self.definition.name).inc()
+        metrics = self.services.metrics
+        if metrics is not None:
+            metrics.child(metrics.retries, self.definition.name).inc()
 
     def reconciliation_required(self, step: str, occurrence: str, error: Error | None) -> None:
         """Record that ``occurrence``'s outcome is unknown and an operator must say it."""

@@ -44,15 +44,14 @@ async def take_limits(
     metrics = cycle.services.metrics
     if isinstance(taken, LimitDeferral):
         if metrics is not None:
-            metrics.limit_deferrals.labels(cycle.definition.name, taken.name).inc()
+            metrics.child(metrics.limit_deferrals, cycle.definition.name, taken.name).inc()
         return taken
     if wait is not None:
         cp.wait = None
         if metrics is not None and wait.since:
             waited = (taken.now - datetime.datetime.fromisoformat(wait.since)).total_seconds()
-            metrics.limit_wait.labels(cycle.definition.name, wait.limit).observe(
-                max(waited, 0.0)
-            )
+            child = metrics.child(metrics.limit_wait, cycle.definition.name, wait.limit)
+            child.observe(max(waited, 0.0))
     return None
 
 

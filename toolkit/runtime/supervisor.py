@@ -241,8 +241,9 @@ class WorkflowSupervisor:
         self.report.recovered += int(task.recovered)
         self.report.queue_delay_total += task.queue_delay
         name = self.worker.definition(task.digest).name
-        self.metrics.queue_delay.labels(name).observe(max(task.queue_delay, 0.0))
-        self.metrics.claimed.labels(name, str(task.recovered).lower()).inc()
+        metrics = self.metrics
+        metrics.child(metrics.queue_delay, name).observe(max(task.queue_delay, 0.0))
+        metrics.child(metrics.claimed, name, "true" if task.recovered else "false").inc()
         self.metrics.in_flight.inc()
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
@@ -367,10 +368,10 @@ class WorkflowSupervisor:
     def _observe(self, definition: str, outcome: CycleOutcome, seconds: float) -> None:
         metrics = self.metrics
         metrics.in_flight.dec()
-        metrics.cycles.labels(definition, outcome.value).inc()
-        metrics.cycle_duration.labels(definition, outcome.value).observe(seconds)
+        metrics.child(metrics.cycles, definition, outcome.value).inc()
+        metrics.child(metrics.cycle_duration, definition, outcome.value).observe(seconds)
         if outcome is CycleOutcome.FAILED:
-            metrics.failures.labels(definition).inc()
+            metrics.child(metrics.failures, definition).inc()
         elif outcome is CycleOutcome.LEASE_LOST:
             metrics.lease_losses.inc()
             self._outage.leases_lost += 1
