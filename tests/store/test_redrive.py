@@ -180,6 +180,53 @@ async def test_a_map_runs_again_only_its_failed_items(store: Store) -> None:
     assert task.result == [{"step": "work", "value": item} for item in items]
 
 
+NESTED = """
+name: nested-items
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      branch:
+        start: inner
+        steps:
+          inner:
+            map:
+              items: "${ context.item }"
+              branch:
+                start: work
+                steps:
+                  work:
+                    effect: count.until_fixed
+                    idempotent: true
+                    args: {value: "${ context.item }"}
+                    retry: {max_attempts: 1}
+"""
+
+
+async def test_a_failure_inside_a_nested_map_is_redriven_from_the_top_level_step(
+    store: Store,
+) -> None:
+    (task_id,) = await deploy_submit(store, NESTED, [{"items": [["fine"], ["fine", "bad"]]}])
+    await drain(store, NESTED)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed", task
+    with pytest.raises(NotRedrivable, match=r"branch '1' of step 'each' stopped in its nested"
+                                            r" step 'inner'.*--from each"):  # fmt: skip
+        await store.tasks.redrive(task_id)
+    FIXED["on"] = True
+    await store.tasks.redrive(task_id, from_step="each")
+    await drain(store, NESTED)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task, await store.tasks.events(task_id))
+    assert task.result == [[{"step": "work", "value": "fine"}],
+                           [{"step": "work", "value": "fine"},
+                            {"step": "work", "value": "bad"}]]  # fmt: skip
+    rows = await sql(store, "SELECT fanout FROM toolkit_branches WHERE task_id = %s", task_id)
+    assert rows == [], rows  # the first run's nested rows went with its step
+
+
 PARENT = """
 name: parent
 version: 1
