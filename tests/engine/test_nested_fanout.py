@@ -14,7 +14,15 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.helpers.inprocess import calls, deploy_submit, drain, kinds, make_due, sql
+from tests.helpers.inprocess import (
+    calls,
+    deploy_submit,
+    drain,
+    kinds,
+    make_due,
+    sql,
+    task_detail,
+)
 from toolkit.errors import SignalAmbiguous
 from toolkit.store import Store
 
@@ -273,8 +281,6 @@ async def test_show_and_the_notebook_list_nested_branches_by_their_address(
     store: Store, dsn: str
 ) -> None:
     from tests.cli.test_cli import invoke
-    from toolkit.history.task_detail import TaskDetail
-
     (task_id,) = await deploy_submit(store, ORDERS, [{"orders": ["a", "b"]}])
     await drain(store, ORDERS)
     code, out, _ = await anyio.to_thread.run_sync(lambda: invoke("show", str(task_id), dsn=dsn))
@@ -282,13 +288,7 @@ async def test_show_and_the_notebook_list_nested_branches_by_their_address(
     assert "    0         waiting   at checks, waits for its waiting branches (below)" in out, out
     assert "      of each#1/0/checks#1, 2 begun, 1 ended" in out, out
     assert "      approval  waiting   at wait, waits for signal 'approved'" in out, out
-    detail = TaskDetail(
-        task=await store.tasks.get(task_id),
-        events=await store.tasks.events(task_id),
-        evidence=await store.tasks.evidence(task_id),
-        signals=await store.tasks.signals(task_id),
-        branches=await store.branches.of_task(task_id),
-    )
+    detail = await task_detail(store, task_id)
     assert ("waits for", "its waiting branches (2 of each#1)") in detail.fields()
     (table,) = [rows for title, _, rows in detail.tables() if title == "branches"]
     assert sorted(row[0] for row in table) == ["0", "0/approval", "0/stock", "1", "1/approval",

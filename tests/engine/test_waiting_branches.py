@@ -23,6 +23,7 @@ from tests.helpers.inprocess import (
     due_in,
     kinds,
     set_tenant_budget,
+    task_detail,
     tenant_use,
 )
 from toolkit.errors import SignalAmbiguous
@@ -318,19 +319,11 @@ async def test_a_branch_waits_for_its_child_workflow(store: Store) -> None:
 
 
 async def test_the_notebook_detail_lists_each_branch_and_what_it_waits_for(store: Store) -> None:
-    from toolkit.history.task_detail import TaskDetail
-
     (task_id,) = await deploy_submit(store, APPROVALS, [{}])
     await drain(store, APPROVALS)
     await store.tasks.signal(task_id, "approval", {"approved": True}, address="legal")
     await drain(store, APPROVALS)
-    detail = TaskDetail(
-        task=await store.tasks.get(task_id),
-        events=await store.tasks.events(task_id),
-        evidence=await store.tasks.evidence(task_id),
-        signals=await store.tasks.signals(task_id),
-        branches=await store.branches.of_task(task_id),
-    )
+    detail = await task_detail(store, task_id)
     assert ("waits for", "its waiting branches (2 of ask#1)") in detail.fields()
     (rows,) = [rows for title, _, rows in detail.tables() if title == "branches"]
     assert [row[:4] for row in rows] == [

@@ -17,6 +17,7 @@ from tests.helpers.workflows import UNCERTAIN, definition
 from toolkit.application import App
 from toolkit.cli import cli
 from toolkit.engine import Interpreter
+from toolkit.history.task_detail import TaskDetail
 from toolkit.runtime.supervisor import SupervisorConfig, SupervisorReport, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
 from toolkit.store import Store
@@ -69,6 +70,17 @@ async def branch_due(store: Store, task_id: int, name: str) -> None:
 async def kinds(store: Store, task_id: int) -> list[str]:
     """The kinds of a task's events, oldest first."""
     return [event["kind"] for event in await store.tasks.events(task_id)]
+
+
+async def task_detail(store: Store, task_id: int) -> TaskDetail:
+    """The notebook's detail of a task: its row, events, evidence, signals and branches."""
+    return TaskDetail(
+        task=await store.tasks.get(task_id),
+        events=await store.tasks.events(task_id),
+        evidence=await store.tasks.evidence(task_id),
+        signals=await store.tasks.signals(task_id),
+        branches=await store.branches.of_task(task_id),
+    )
 
 
 async def due_in(store: Store, task_id: int) -> float:
