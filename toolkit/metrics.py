@@ -131,7 +131,7 @@ class WorkerMetrics:
             "Live tasks held back now, by definition and reason: concurrency (their key is "
             "busy), debounce, start (a delayed or throttled start), budget, limit (not due "
             "yet), tenant_paused, tenant_max_active (due, their tenant paused or at its "
-            "max_active). The whole fleet's, refreshed every 15 s.",
+            "max_active). The whole fleet's, counted every 15 s by one worker of the fleet.",
             ["definition", "reason"], registry=r,
         )  # fmt: skip
         self.database_outages = Counter(

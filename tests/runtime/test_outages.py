@@ -76,10 +76,10 @@ async def test_definition_gauge_refresh_survives_a_refused_statement(
 ) -> None:
     await submit(store, THREE_STEPS, [{"n": 1}])
 
-    async def refused() -> Any:
+    async def refused(every: float) -> Any:
         raise StoreError("database error 42P01: relation does not exist")
 
-    monkeypatch.setattr(store.definitions, "unavailable", refused)
+    monkeypatch.setattr(store.workers, "fleet_counts", refused)
     report = await run_until_idle(Worker(store, app, [definition(THREE_STEPS)]))
     assert report.succeeded == 1
 

@@ -39,3 +39,23 @@ async def test_held_tasks_are_counted_by_definition_and_reason(store: Store) -> 
         (plain.name, "tenant_paused"): 2,
         (plain.name, "tenant_max_active"): 2,
     }, held
+
+
+async def test_one_worker_of_the_fleet_counts_per_interval_and_the_others_read(
+    store: Store,
+) -> None:
+    """The counts read every live task: a second refresh within the interval reads the
+    stored counts instead of counting again (migration 0022)."""
+    plain = definition(THREE_STEPS)
+    await store.definitions.deploy(plain)
+    await store.tenants.set("paused", paused=True)
+    await store.tasks.submit(plain, [{}] * 2, tenant="paused")
+    first = await store.workers.fleet_counts(15.0)
+    assert first.held == {(plain.name, "tenant_paused"): 2}, first
+    assert first.unavailable == {(plain.name, plain.version): 2}, first  # no worker serves it
+    await store.tasks.submit(plain, [{}], tenant="paused")
+    again = await store.workers.fleet_counts(15.0)  # counted less than 15 s ago: read
+    assert again == first, again
+    fresh = await store.workers.fleet_counts(0.0)  # due: counted again
+    assert fresh.held == {(plain.name, "tenant_paused"): 3}, fresh
+    assert await store.workers.fleet_counts(15.0) == fresh

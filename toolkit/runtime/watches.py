@@ -33,23 +33,22 @@ async def watch_loop_lag(report: SupervisorReport, metrics: WorkerMetrics) -> No
 async def watch_fleet(store: Store, metrics: WorkerMetrics, gate: StatementGate) -> None:
     """Refresh the fleet gauges every :data:`FLEET_REFRESH` seconds, until cancelled.
 
-    ``toolkit_definition_unavailable_tasks`` and ``toolkit_tasks_held``; each refresh runs
-    through ``gate``, the supervisor's statement gate. A refresh that fails keeps the last
-    values (the claim loop and heartbeats report outages).
+    ``toolkit_definition_unavailable_tasks`` and ``toolkit_tasks_held``: counted by one
+    worker of the fleet per interval and read by the others (`Membership.fleet_counts`);
+    each refresh runs through ``gate``, the supervisor's statement gate. A refresh that
+    fails keeps the last values (the claim loop and heartbeats report outages).
     """
     while True:
         try:
             async with gate.statement():
-                unavailable = await store.definitions.unavailable()
-            async with gate.statement():
-                held = await store.tasks.held()
+                counts = await store.workers.fleet_counts(FLEET_REFRESH)
         except ToolkitError:
             pass
         else:
             metrics.definition_unavailable.clear()
-            for (name, version), n in unavailable.items():
+            for (name, version), n in counts.unavailable.items():
                 metrics.definition_unavailable.labels(name, str(version)).set(n)
             metrics.tasks_held.clear()
-            for (name, reason), n in held.items():
+            for (name, reason), n in counts.held.items():
                 metrics.tasks_held.labels(name, reason).set(n)
         await anyio.sleep(FLEET_REFRESH)

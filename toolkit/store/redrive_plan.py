@@ -359,11 +359,10 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
         for row in reset_rows:
             frame = BranchFrame.from_json(row["frame"])
             if frame.fanout is not None:
-                nested = frame.cursor or (frame.error or {}).get("step")
                 raise NotRedrivable(
                     f"branch {row['name']!r} of step {step!r} stopped in its nested step"
-                    f" {nested!r}, which a redrive does not resume; redrive --from {step} to"
-                    " run the step again"
+                    f" {frame.cursor or (frame.error or {}).get('step')!r}, which a redrive"
+                    f" does not resume; redrive --from {step} to run the step again"
                 )
             frame = _resumed_branch(frame)
             frames.append({"name": row["name"], "status": str(frame.status),

@@ -106,6 +106,39 @@ class Membership:
         """Live workers first, then recently stopped ones."""
         return [WorkerRecord(**row) for row in await self._db.fetch_all("list_workers")]
 
+    async def fleet_counts(self, every: float) -> FleetCounts:
+        """The fleet gauges' counts, counted again if the stored ones are ``every`` s old.
+
+        Counted by this worker if no other does it first (migration 0022): each count reads
+        every live task, so one worker of the fleet counts per interval and the others read
+        what it stored.
+        """
+        row = await self._db.fetch_one("refresh_fleet_counts", {"every": every})
+        if row is None:
+            row = await self._db.fetch_one("fleet_counts")
+            assert row is not None, "migration 0022 inserts the row"
+        return FleetCounts(
+            unavailable={
+                (r["definition_name"], r["definition_version"]): r["n"] for r in row["unavailable"]
+            },
+            held={(r["definition_name"], r["reason"]): r["n"] for r in row["held"]},
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetCounts:
+    """The fleet gauges' counts, as one worker of the fleet last counted them.
+
+    The gauges ``toolkit_definition_unavailable_tasks`` and ``toolkit_tasks_held``.
+
+    Attributes:
+        unavailable: live tasks per (definition name, version) that no live worker has loaded.
+        held: live tasks held back now per (definition name, reason); see `TaskReads.held`.
+    """
+
+    unavailable: dict[tuple[str, int], int]
+    held: dict[tuple[str, str], int]
+
 
 def _alive(pid: int) -> bool:
     """True if a process with this pid exists on this host."""

@@ -75,6 +75,9 @@ SELECT EXISTS (SELECT 1 FROM deleted) AS deleted,
        coalesce((SELECT jsonb_object_agg(state, n) FROM live), '{}'::jsonb) AS live;
 
 -- name: unavailable_definitions
+-- include: unavailable_definition_counts
+
+-- fragment: unavailable_definition_counts
 -- Live tasks whose definition version no live worker has loaded ("definition unavailable").
 SELECT t.definition_name, t.definition_version, count(*) AS n
 FROM toolkit_tasks t
@@ -83,4 +86,4 @@ WHERE t.state IN ('queued', 'leased', 'waiting')
       SELECT 1 FROM toolkit_workers w
       WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
         AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', t.definition_digest)))
-GROUP BY t.definition_name, t.definition_version;
+GROUP BY t.definition_name, t.definition_version

@@ -629,10 +629,13 @@ JOIN toolkit_tenants tn ON tn.tenant = t.tenant
 WHERE t.id = %(task_id)s;
 
 -- name: held_tasks
--- Live tasks held back now, by definition and why (the toolkit_tasks_held gauge, refreshed
--- every 15 s with the definition-unavailable one): not due yet, waiting for their
--- concurrency key, a debounce, a delayed or throttled start, a budget or a limit (their
--- run_at, 'infinity' for a key, not passed); due but their tenant paused,
+-- include: held_task_counts
+
+-- fragment: held_task_counts
+-- Live tasks held back now, by definition and why (the toolkit_tasks_held gauge, counted
+-- by one worker of the fleet every 15 s with the definition-unavailable one): not due yet,
+-- waiting for their concurrency key, a debounce, a delayed or throttled start, a budget or
+-- a limit (their run_at, 'infinity' for a key, not passed); due but their tenant paused,
 -- or at its max_active (unexpired leases, counted once per such tenant). Reads the live tasks
 -- once, as the definition-unavailable count does: a watch's statement, not the claim's.
 SELECT definition_name, wait_reason AS reason, count(*) AS n
@@ -653,4 +656,4 @@ WHERE tn.paused
        AND tn.max_active <= (SELECT count(*) FROM toolkit_tasks a
                              WHERE a.tenant = tn.tenant AND a.state = 'leased'
                                AND a.lease_expires_at > clock_timestamp()))
-GROUP BY t.definition_name, tn.paused;
+GROUP BY t.definition_name, tn.paused

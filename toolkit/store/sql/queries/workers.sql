@@ -68,3 +68,23 @@ SELECT
      WHERE state = 'waiting' AND wait_reason = 'reconciliation') AS reconciliation,
     (SELECT count(*) FROM toolkit_tasks
      WHERE state = 'leased' AND lease_expires_at <= clock_timestamp()) AS expired_leases;
+
+-- name: refresh_fleet_counts
+-- Count the fleet gauges again when the stored counts are %(every)s seconds old or older
+-- (toolkit_fleet_counts, migration 0022): one worker of the fleet counts per interval, not
+-- each. A second refresh meanwhile waits for the first's row lock and then finds the counts
+-- fresh: it counts nothing and returns no row (the sub-selects run only for the row updated).
+UPDATE toolkit_fleet_counts
+SET refreshed_at = clock_timestamp(),
+    unavailable = (SELECT coalesce(jsonb_agg(u), '[]') FROM (
+-- include: unavailable_definition_counts
+        ) u),
+    held = (SELECT coalesce(jsonb_agg(h), '[]') FROM (
+-- include: held_task_counts
+        ) h)
+WHERE refreshed_at <= clock_timestamp() - make_interval(secs => %(every)s)
+RETURNING unavailable, held;
+
+-- name: fleet_counts
+-- The fleet gauges' counts as last counted (refresh_fleet_counts).
+SELECT unavailable, held FROM toolkit_fleet_counts;
