@@ -205,6 +205,10 @@ class Frame:
         due: not stored: the wait's deadline has passed if it has not ended otherwise.
             Always so for the task (a waiting task is claimed when its wait ends); a
             branch read back waiting knows it from its row's timer.
+        in_flight: not stored: ``(occurrence, attempt)`` of the idempotent attempt being
+            called now. A write during the call (a sibling branch's end) stores
+            ``attempts`` without it, as if written before the call: a takeover counts the
+            lost attempt once (see `stored_attempts`).
     """
 
     cursor: str | None
@@ -215,10 +219,23 @@ class Frame:
     prefix: str = ""
     wait: Wait | None = None
     due: bool = dataclasses.field(default=True, compare=False)
+    in_flight: tuple[str, int] | None = dataclasses.field(default=None, compare=False)
 
     def occurrence(self, step: str) -> str:
         """The occurrence key of the current entry into ``step``, e.g. ``"charge#1"``."""
         return f"{self.prefix}{step}#{self.visits.get(step, 1)}"
+
+    def stored_attempts(self) -> dict[str, int]:
+        """``attempts`` as a write stores them: without the attempt in flight, if any."""
+        if self.in_flight is None:
+            return self.attempts
+        occurrence, number = self.in_flight
+        attempts = dict(self.attempts)
+        if number > 1:
+            attempts[occurrence] = number - 1
+        else:
+            attempts.pop(occurrence, None)
+        return attempts
 
     def enter(self, step: str | None) -> None:
         """Move the cursor to ``step`` (None: nothing left), counting a new occurrence."""
@@ -298,7 +315,7 @@ class BranchFrame(Frame):
             "cursor": self.cursor,
             "outputs": self.outputs,
             "visits": self.visits,
-            "attempts": self.attempts,
+            "attempts": self.stored_attempts(),
             "pending": self.pending,
             "prefix": self.prefix,
             "status": str(self.status),
@@ -637,7 +654,7 @@ class Checkpoint(Frame):
             "cursor": self.cursor,
             "outputs": self.outputs,
             "visits": self.visits,
-            "attempts": self.attempts,
+            "attempts": self.stored_attempts(),
             "pending": self.pending,
             "steps_run": self.steps_run,
             "wait": self.wait.to_json() if self.wait is not None else None,

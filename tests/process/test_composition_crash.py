@@ -70,7 +70,8 @@ steps:
           start: quick
           steps:
             quick: {effect: scn.work, idempotent: false, next: slow}
-            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60}}
+            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60},
+                   retry: {max_attempts: 2}}
         b:
           start: quick
           steps:
@@ -79,7 +80,8 @@ steps:
           start: quick
           steps:
             quick: {effect: scn.work, idempotent: false, next: slow}
-            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60}}
+            slow: {effect: scn.slow_first_call, idempotent: true, args: {seconds: 60},
+                   retry: {max_attempts: 2}}
     next: done
   done: {succeed: {output: "${ steps.fan }"}}
 """

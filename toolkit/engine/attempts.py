@@ -160,7 +160,10 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
     if cycle.dirty:
         await cycle.commit()
     # An idempotent attempt is not written before the call: a takeover counts it as lost.
+    # (Nor during it: a sibling branch's write stores the attempts without it.)
     frame.attempts[occurrence] = number
+    if step.idempotent:
+        frame.in_flight = (occurrence, number)
     if faults.ARMED:
         faults.fault_point("after_intent", step.id)
 
@@ -220,6 +223,7 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         meter.settle()
         raise
     finally:
+        frame.in_flight = None
         metrics = services.metrics
         if metrics is not None:
             metrics.child(metrics.step_duration, cycle.definition.name, step.id, outcome).observe(
