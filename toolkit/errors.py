@@ -344,8 +344,8 @@ class UnknownSignal(InputError):
 class SignalAmbiguous(InputError):
     """A signal to a task as a whole would reach several of its waiting branches.
 
-    Send it to one of them (``address``; ``toolkit signal --branch NAME`` or ``--item N``);
-    nothing was stored.
+    Send it to one of them (``address``; ``toolkit signal --branch NAME`` or ``--item N``,
+    ``--branch 3/approval`` for a branch of a nested step); nothing was stored.
 
     Attributes:
         task_id: the task.
@@ -358,9 +358,11 @@ class SignalAmbiguous(InputError):
         self.name = name
         self.addresses = tuple(addresses)
         listed = ", ".join(self.addresses)
+        nested = next((a for a in self.addresses if "/" in a), None)
+        how = f"--branch {nested}" if nested else "--branch NAME, --item N"
         super().__init__(
             f"task {task_id} has {len(self.addresses)} branches waiting for signal {name!r} "
-            f"({listed}): address one of them (--branch NAME, --item N); nothing was stored"
+            f"({listed}): address one of them ({how}); nothing was stored"
         )
 
 

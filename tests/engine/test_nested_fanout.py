@@ -23,7 +23,7 @@ from tests.helpers.inprocess import (
     sql,
     task_detail,
 )
-from toolkit.errors import SignalAmbiguous
+from toolkit.errors import InputError, SignalAmbiguous
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -293,3 +293,50 @@ async def test_show_and_the_notebook_list_nested_branches_by_their_address(
     (table,) = [rows for title, _, rows in detail.tables() if title == "branches"]
     assert sorted(row[0] for row in table) == ["0", "0/approval", "0/stock", "1", "1/approval",
                                                "1/stock"], table  # fmt: skip
+
+
+SCHEMAS = """
+name: nested-schemas
+version: 1
+start: each
+steps:
+  each:
+    map:
+      items: "${ input.items }"
+      branch:
+        start: asks
+        steps:
+          asks:
+            parallel:
+              branches:
+                a:
+                  start: w
+                  steps:
+                    w: {wait: {signal: answer, schema: {type: object, required: [approved]}}}
+                b:
+                  start: w
+                  steps:
+                    w: {wait: {signal: answer, schema: {type: object, required: [score]}}}
+"""
+
+
+async def test_a_signal_payload_is_checked_against_the_schema_of_the_branch_it_goes_to(
+    store: Store,
+) -> None:
+    """Regression: the first schema declared for the name was used, so branch b refused its
+    own payloads and took a's."""
+    (task_id,) = await deploy_submit(store, SCHEMAS, [{"items": [1]}])
+    await drain(store, SCHEMAS)
+    with pytest.raises(SignalAmbiguous, match=r"0/a, 0/b\): address one of them \(--branch 0/a"):
+        await store.tasks.signal(task_id, "answer", {"score": 3})
+    with pytest.raises(InputError, match='missing required field "score"'):
+        await store.tasks.signal(task_id, "answer", {"approved": True}, address="0/b")
+    await store.tasks.signal(task_id, "answer", {"score": 3}, address="0/b")
+    await drain(store, SCHEMAS)
+    with pytest.raises(InputError, match='missing required field "approved"'):
+        await store.tasks.signal(task_id, "answer", {"score": 3})  # one waits: a's schema
+    await store.tasks.signal(task_id, "answer", {"approved": True})
+    await drain(store, SCHEMAS)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", await rows(store, task_id)
+    assert task.result == [{"a": {"approved": True}, "b": {"score": 3}}]

@@ -57,6 +57,23 @@ class StoredBranch:
         return _OCCURRENCE_PART.sub("", f"{self.fanout}/{self.name}") if self.fanout else self.name
 
 
+@dataclasses.dataclass(frozen=True)
+class SignalWaiter:
+    """A waiting branch that waits for a signal.
+
+    Attributes:
+        address: its signal address (``approval``, ``3/approval``).
+        fanout: its step occurrence (``each#1/3/checks#1``).
+        name: its name.
+        cursor: the step it waits at.
+    """
+
+    address: str
+    fanout: str
+    name: str
+    cursor: str | None
+
+
 class BranchRows:
     """Reads of the branch rows of one store."""
 
@@ -103,7 +120,7 @@ class BranchRows:
             branches.append(branch)
         return branches
 
-    async def signal_waiters(self, task_id: int, name: str) -> list[str]:
-        """Names of the task's waiting branches that wait for signal ``name`` (up to 20)."""
+    async def signal_waiters(self, task_id: int, name: str) -> list[SignalWaiter]:
+        """The task's waiting branches that wait for signal ``name`` (up to 20)."""
         rows = await self._db.fetch_all("signal_waiters", {"task_id": task_id, "name": name})
-        return [str(r["name"]) for r in rows]
+        return [SignalWaiter(r["address"], r["fanout"], r["name"], r["cursor"]) for r in rows]

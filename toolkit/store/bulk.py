@@ -299,7 +299,7 @@ class Bulk:
         rows = await self._db.fetch_all("bulk_plan_digests", {"plan_id": plan_id})
         waits = {
             (row["digest"], f"{row['name']} v{row['version']}"): signal_waits(
-                definition_from_body(row["body"]), name
+                definition_from_body(row["body"]), None, name
             )
             for row in rows
             if row["body"] is not None

@@ -14,6 +14,9 @@ from typing import Any, Literal
 from psycopg.types.json import Jsonb
 
 from toolkit.definition import (
+    MapStep,
+    ParallelStep,
+    Step,
     WaitStep,
     WorkflowDefinition,
     definition_from_body,
@@ -33,7 +36,7 @@ from toolkit.errors import (
 )
 from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
-from toolkit.store.branches import BranchRows
+from toolkit.store.branches import BranchRows, SignalWaiter
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
 from toolkit.store.names import check_signal_name, check_tenant
@@ -253,16 +256,20 @@ class Tasks(TaskReads):
         """
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
-        waited, schema = await self._signal_wait(task_id, name)
+        found = await self._signal_wait(task_id, name)
+        waited, schema = signal_waits(*found, name) if found else (None, None)
         if waited is not None and name not in waited and not force:
             raise UnknownSignal(task_id=task_id, name=name, waited=waited)
+        waiters = await BranchRows(self._db).signal_waiters(task_id, name)
+        if address is None:
+            if len(waiters) > 1:
+                raise SignalAmbiguous(task_id, name, [w.address for w in waiters])
+            address = waiters[0].address if waiters else None
+        waiter = next((w for w in waiters if w.address == address), None)
+        if found and waiter is not None:  # the wait step of the branch it goes to decides
+            schema = branch_signal_schema(found[0], waiter, name, schema)
         if schema is not None:
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
-        if address is None:
-            waiters = await BranchRows(self._db).signal_waiters(task_id, name)
-            if len(waiters) > 1:
-                raise SignalAmbiguous(task_id, name, waiters)
-            address = waiters[0] if waiters else None
         rows = await self._db.fetch_all_then(
             "send_signal",
             {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
@@ -282,16 +289,15 @@ class Tasks(TaskReads):
 
     async def _signal_wait(
         self, task_id: int, name: str
-    ) -> tuple[set[str] | None, Mapping[str, Any] | None]:
-        """The signal names the task's definition waits for, and the schema for ``name``.
+    ) -> tuple[WorkflowDefinition, str | None] | None:
+        """The task's definition and the step its own graph is at (its cursor).
 
-        ``(None, None)`` for an ended or unknown task (the signal is refused for that).
+        None for an ended or unknown task (the signal is refused for that).
         """
         row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
         if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
-            return None, None
-        cursor = (row["checkpoint"] or {}).get("cursor")
-        return signal_waits(definition_from_body(row["body"]), name, cursor)
+            return None
+        return definition_from_body(row["body"]), (row["checkpoint"] or {}).get("cursor")
 
     async def complete(
         self,
@@ -491,8 +497,39 @@ class Tasks(TaskReads):
         )  # fmt: skip
 
 
+def branch_signal_schema(
+    definition: WorkflowDefinition,
+    waiter: SignalWaiter,
+    name: str,
+    otherwise: Mapping[str, Any] | None,
+) -> Mapping[str, Any] | None:
+    """The schema of signal ``name`` at the wait step branch ``waiter`` waits at.
+
+    The branch's graph is found from its step occurrence (``each#1/3/checks#1``: step
+    ``each``'s branch ``3``, its step ``checks``, then the branch's own name); ``otherwise``
+    when the graph or step is not found (a definition changed by a redrive).
+    """
+    steps: Mapping[str, Step] = definition.steps
+    parts = [*waiter.fanout.split("/"), waiter.name]
+    for occurrence, branch in zip(parts[::2], parts[1::2], strict=True):
+        step = steps.get(occurrence.split("#")[0])
+        if isinstance(step, MapStep):
+            steps = step.branch.steps
+        elif isinstance(step, ParallelStep) and branch in step.branches:
+            steps = step.branches[branch].steps
+        else:
+            return otherwise
+    wait = steps.get(waiter.cursor or "")
+    if not isinstance(wait, WaitStep):
+        return otherwise
+    for signal, schema in [(wait.signal, wait.schema), *((e.signal, e.schema) for e in wait.any)]:
+        if signal == name:
+            return schema
+    return otherwise
+
+
 def signal_waits(
-    definition: WorkflowDefinition, name: str, cursor: str | None = None
+    definition: WorkflowDefinition, cursor: str | None, name: str
 ) -> tuple[set[str], Mapping[str, Any] | None]:
     """The signal names ``definition``'s wait steps wait for, and the schema for ``name``.
 

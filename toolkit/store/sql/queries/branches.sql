@@ -45,7 +45,8 @@ LIMIT %(limit)s;
 -- are read: the sender refuses a task-wide signal when several wait). A branch's address is
 -- its name; in a nested parallel or map step, the names of the branches holding it and its
 -- own, joined by '/' (its row's occurrences without the 'STEP#N/' parts: '0/approval').
-SELECT regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') AS name, fanout
+SELECT regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') AS address,
+       fanout, name, frame ->> 'cursor' AS cursor
 FROM toolkit_branches b
 WHERE task_id = %(task_id)s AND status = 'waiting'
   AND waits_for @> ARRAY['signal:' || %(name)s::text]
