@@ -310,6 +310,9 @@ class UnknownSignal(InputError):
         task_id: the task, None when not given.
         name: the refused signal's name, None when not given.
         waited: the signal names the task's definition waits for, sorted.
+        address: the branch it was addressed to, when no branch there waits for it.
+        addresses: then, the addresses of the branches that wait for it (``N/ship``: a
+            branch ``ship`` of any map item).
     """
 
     def __init__(
@@ -319,10 +322,14 @@ class UnknownSignal(InputError):
         task_id: int | None = None,
         name: str | None = None,
         waited: Iterable[str] = (),
+        address: str | None = None,
+        addresses: Iterable[str] = (),
     ) -> None:
         self.task_id = task_id
         self.name = name
         self.waited = tuple(sorted(waited))
+        self.address = address
+        self.addresses = tuple(addresses)
         if message is None and name is not None:
             message = self.refusal("force=True")
         super().__init__(message)
@@ -334,6 +341,13 @@ class UnknownSignal(InputError):
             force: the caller's way to force it: ``force=True`` in Python, ``--force`` on
                 the command line.
         """
+        if self.address is not None:
+            where = ", ".join(self.addresses) or "no branch"
+            return (
+                f"task {self.task_id}: no branch at {self.address!r} waits for signal"
+                f" {self.name!r} (branches waiting for it: {where}; N is a map item's index);"
+                f" nothing was stored ({force} stores it anyway)"
+            )
         known = ", ".join(map(repr, self.waited)) or "none: no step waits for one"
         return (
             f"task {self.task_id}: no step of its definition waits for signal {self.name!r} "

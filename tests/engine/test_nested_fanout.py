@@ -23,7 +23,7 @@ from tests.helpers.inprocess import (
     sql,
     task_detail,
 )
-from toolkit.errors import InputError, SignalAmbiguous
+from toolkit.errors import InputError, SignalAmbiguous, UnknownSignal
 from toolkit.store import Store
 
 pytestmark = pytest.mark.anyio
@@ -117,6 +117,10 @@ async def test_nested_branches_wait_without_a_lease_and_take_signals_by_path(
     assert [item["order"] for item in task.result] == ["a", "b"]
     assert [item["checks"]["approval"] for item in task.result] == ["ann", "bob"]
     assert [item["checks"]["stock"]["value"] for item in task.result] == ["a", "b"]
+    events = await store.tasks.events(task_id)
+    waits = sorted(e["detail"]["branch"] for e in events if e["kind"] == "waiting"
+                   and e["detail"].get("step") == "wait")  # fmt: skip
+    assert waits == ["0/approval", "1/approval"], events  # events name nested branches by path
     assert await store.branches.of_task(task_id) == []
     assert sorted((await calls(store)).values()) == [1, 1]  # no effect ran twice
 
@@ -340,3 +344,20 @@ async def test_a_signal_payload_is_checked_against_the_schema_of_the_branch_it_g
     task = await store.tasks.get(task_id)
     assert task.state == "succeeded", await rows(store, task_id)
     assert task.result == [{"a": {"approved": True}, "b": {"score": 3}}]
+
+
+async def test_a_signal_to_an_address_no_branch_waits_at_is_refused_with_the_addresses(
+    store: Store,
+) -> None:
+    """A typo in an address (or --item N for a nested branch) was stored and never taken."""
+    (task_id,) = await deploy_submit(store, ORDERS, [{"orders": ["a"]}])
+    await drain(store, ORDERS)
+    refusal = r"no branch at .* waits for signal 'approved' \(branches waiting for it: N/approval;"
+    for address in ("0", "approval", "0/stock", "0/nope", "0/approval/x", "x/approval"):
+        with pytest.raises(UnknownSignal, match=refusal):
+            await store.tasks.signal(task_id, "approved", {"by": "x"}, address=address)
+    assert await store.tasks.signals(task_id) == []  # nothing was stored
+    await store.tasks.signal(task_id, "approved", {"by": "x"}, address="7/approval")  # kept
+    forced = await store.tasks.signal(task_id, "approved", {"by": "x"}, address="0", force=True)
+    assert [s["address"] for s in await store.tasks.signals(task_id)] == ["7/approval", "0"]
+    assert forced

@@ -392,7 +392,7 @@ async def test_a_signal_for_a_branch_does_not_wake_a_wait_of_the_task(store: Sto
     """Regression: a signal addressed to a branch, never taken, made every later task-level
     wait for its name due at once; the wait could never take it, so the task spun."""
     (task_id,) = await deploy_submit(store, ADDRESSED_THEN_TOP, [{}])
-    await store.tasks.signal(task_id, "go", None, address="ghost")
+    await store.tasks.signal(task_id, "go", None, address="ghost", force=True)  # no such branch
     await drain(store, ADDRESSED_THEN_TOP)
     task = await store.tasks.get(task_id)
     assert (task.state, task.wait_reason) == ("waiting", "signal"), task

@@ -132,9 +132,9 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             if sig["consumed_at"]
             else "pending"
         )
+        name = sig["name"] + (f" for {sig['address']}" if sig.get("address") else "")
         click.echo(
-            f"    {sig['sent_at']:%H:%M:%S.%f} {sig['name']:<20} {status} "
-            f"{clip(sig['payload'], 120)}"
+            f"    {sig['sent_at']:%H:%M:%S.%f} {name:<20} {status} {clip(sig['payload'], 120)}"
         )
     click.echo("  events:")
     for ev in data["events"]:

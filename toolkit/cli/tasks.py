@@ -273,8 +273,9 @@ def send_signal(
         )
     except UnknownSignal as refused:  # worded for the command line: --force, not force=True
         raise UnknownSignal(
-            refused.refusal("--force"), task_id=task_id, name=name, waited=refused.waited
-        ) from None
+            refused.refusal("--force"), task_id=task_id, name=name, waited=refused.waited,
+            address=refused.address, addresses=refused.addresses,
+        ) from None  # fmt: skip
     click.echo(f"signal {signal_id} sent to task {task_id}")
 
 

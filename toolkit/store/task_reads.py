@@ -207,7 +207,12 @@ class TaskReads:
         return bool(row["pending"]), row["next_due"]
 
     async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """Every signal sent to the task, consumed or not, oldest first."""
+        """Every signal sent to the task, consumed or not, oldest first.
+
+        Each: ``id``, ``name``, ``address`` (the branch it is for; None: the task as a
+        whole), ``payload``, ``sent_at``, ``consumed_at``, ``consumed_by`` (the occurrence
+        that took it), ``consumed_token``.
+        """
         return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
 
     async def result(self, task_id: int, *, timeout: float | None = None, poll: float = 5.0) -> Any:

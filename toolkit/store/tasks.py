@@ -260,6 +260,13 @@ class Tasks(TaskReads):
         waited, schema = signal_waits(*found, name) if found else (None, None)
         if waited is not None and name not in waited and not force:
             raise UnknownSignal(task_id=task_id, name=name, waited=waited)
+        if found and address is not None and not force:
+            shapes = signal_addresses(found[0].steps, name)
+            if not any(_addresses_match(shape, address) for shape in shapes):
+                raise UnknownSignal(
+                    task_id=task_id, name=name, waited=waited or (), address=address,
+                    addresses=shapes,
+                )  # fmt: skip
         waiters = await BranchRows(self._db).signal_waiters(task_id, name)
         if address is None:
             if len(waiters) > 1:
@@ -495,6 +502,43 @@ class Tasks(TaskReads):
             self._db, task_id, options, reason=reason, operator=operator, dry_run=dry_run,
             token=token,
         )  # fmt: skip
+
+
+def signal_addresses(steps: Mapping[str, Step], name: str, prefix: str = "") -> list[str]:
+    """The addresses of the branches whose own steps wait for signal ``name``.
+
+    A map item's index is ``N`` (``N/ship``: branch ``ship`` of the nested step of any
+    item); the task's own graph is not a branch and is not listed.
+    """
+    found = []
+    for step in steps.values():
+        if isinstance(step, MapStep):
+            branches = {"N": step.branch}
+        elif isinstance(step, ParallelStep):
+            branches = dict(step.branches)
+        else:
+            continue
+        for branch_name, branch in branches.items():
+            address = f"{prefix}{branch_name}"
+            if any(_waits_for(inner, name) for inner in branch.steps.values()):
+                found.append(address)
+            found += signal_addresses(branch.steps, name, f"{address}/")
+    return sorted(set(found))
+
+
+def _waits_for(step: Step, name: str) -> bool:
+    return isinstance(step, WaitStep) and (
+        step.signal == name or any(event.signal == name for event in step.any)
+    )
+
+
+def _addresses_match(shape: str, address: str) -> bool:
+    """Whether ``address`` (``3/ship``) is one of the shape's (``N/ship``)."""
+    parts, wanted = address.split("/"), shape.split("/")
+    if len(parts) != len(wanted):
+        return False
+    pairs = zip(parts, wanted, strict=True)
+    return all(part == want or (want == "N" and part.isdigit()) for part, want in pairs)
 
 
 def branch_signal_schema(

@@ -325,7 +325,8 @@ class Branches:
         step, fan = self.step, self.fan
         if self.racing and frame.status is BranchStatus.SUCCEEDED and fan.winner is None:
             fan.winner = name
-            self.cycle.events.append(Event(EventKind.RACE_WON, {"step": step.id, "branch": name}))
+            won = {"step": step.id, "branch": self.address + name}
+            self.cycle.events.append(Event(EventKind.RACE_WON, won))
             return True
         if not self.racing and frame.status is BranchStatus.FAILED and fan.failure is None:
             fan.failure = {"branch": name, "error": frame.error or {}}
@@ -345,7 +346,8 @@ class Branches:
                 frame.status = BranchStatus.CANCELLED
                 fan.ended += 1
                 cycle.events.append(
-                    Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": name,
+                    Event(EventKind.BRANCH_CANCELLED, {"step": step.id,
+                                                       "branch": self.address + name,
                                                        "pending": frame.pending})
                 )  # fmt: skip
                 await self._let_go(frame)
@@ -411,7 +413,8 @@ class Branches:
         for row in rows:
             frame = BranchFrame.from_json(row.frame)
             cycle.events.append(
-                Event(EventKind.BRANCH_CANCELLED, {"step": step.id, "branch": row.name,
+                Event(EventKind.BRANCH_CANCELLED, {"step": step.id,
+                                                   "branch": self.address + row.name,
                                                    "waiting": frame.waits_for()})
             )  # fmt: skip
             await self._let_go(frame)
@@ -497,6 +500,11 @@ class BranchLevel:
         """The branch's progress."""
         return self._frame
 
+    @property
+    def address(self) -> str:
+        """The branch's address (``3/approval`` when nested): its events and signals use it."""
+        return self._branches.address + self._name
+
     def running(self) -> bool:
         """Whether the branch has a step to run next."""
         return self._frame.status is BranchStatus.RUNNING and self._frame.cursor is not None
@@ -514,8 +522,7 @@ class BranchLevel:
             functools.partial(branches.charge, frame),
         )
         scope = self._cycle.scope(frame, branches.outer_steps, **branches.context(self._name))
-        address = branches.address + self._name
-        return StepContext(self._cycle, frame, scope, spend, branches.kinds, address)
+        return StepContext(self._cycle, frame, scope, spend, branches.kinds, self.address)
 
     async def before(self, step: Step) -> CycleOutcome | None:
         """Fail the branch once the task has run its ``max_steps`` (branches count in it).
@@ -588,19 +595,19 @@ class BranchLevel:
         frame.status = BranchStatus.WAITING
         frame.wait = wait.wait
         frame.run_at = run_at
-        detail = {**(wait.event.detail or {}), "branch": self._name}
+        detail = {**(wait.event.detail or {}), "branch": self.address}
         cycle.events.append(Event(wait.event.kind, detail))
 
     def _failed(self, step: Step, error: Error) -> None:
         """A step failed for good: its catch (within the branch), else the branch fails."""
-        cycle, frame, name = self._cycle, self._frame, self._name
+        cycle, frame = self._cycle, self._frame
         target = catch_target(getattr(step, "catch", ()), error["name"])
         if target is None:
             self._fail({**error, "step": step.id})
             return
         frame.outputs[step.id] = {"error": error}
         cycle.events.append(
-            Event(EventKind.CAUGHT, {"step": step.id, "branch": name, "error": error,
+            Event(EventKind.CAUGHT, {"step": step.id, "branch": self.address, "error": error,
                                      "next": target})
         )  # fmt: skip
         self._enter(target)
@@ -614,7 +621,7 @@ class BranchLevel:
         frame.cursor = None
         self._cycle.events.append(
             Event(EventKind.BRANCH_FAILED, {"step": self._branches.step.id,
-                                            "branch": self._name, "error": error})
+                                            "branch": self.address, "error": error})
         )  # fmt: skip
 
     def _enter(self, target: str | None) -> None:
@@ -637,7 +644,7 @@ class BranchLevel:
         frame.cursor = None
         self._cycle.events.append(
             Event(EventKind.BRANCH_SUCCEEDED, {"step": self._branches.step.id,
-                                               "branch": self._name})
+                                               "branch": self.address})
         )  # fmt: skip
 
 

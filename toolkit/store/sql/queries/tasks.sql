@@ -355,7 +355,7 @@ WHERE t.id IN (SELECT task_id FROM woken)
 RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
 
 -- name: task_signals
-SELECT id, name, payload, sent_at, consumed_at, consumed_by, consumed_token
+SELECT id, name, address, payload, sent_at, consumed_at, consumed_by, consumed_token
 FROM toolkit_signals
 WHERE task_id = %(task_id)s
 ORDER BY id;
