@@ -29,7 +29,8 @@ from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.names import check_signal_name
 from toolkit.store.redrive_plan import RedriveOptions
-from toolkit.store.tasks import Tasks, check_error_name, ended_children, signal_waits
+from toolkit.store.signal_waits import signal_waits
+from toolkit.store.tasks import Tasks, check_error_name, ended_children
 
 #: Tasks acted on in one transaction: small enough that no worker's fenced commit waits long
 #: for a row lock a batch holds.
