@@ -316,8 +316,42 @@ class Run:
         """Run a worker until nothing is due now."""
         settings = {**FAST, "concurrency": 1, **config, "until_idle": True}
         supervisor = WorkflowSupervisor(self.worker(worker_id), SupervisorConfig(**settings))
-        with anyio.fail_after(DRAIN_DEADLINE):
-            await supervisor.run()
+        try:
+            with anyio.fail_after(DRAIN_DEADLINE):
+                await supervisor.run()
+        except TimeoutError:
+            raise AssertionError(
+                f"the worker did not run out of due work in {DRAIN_DEADLINE:g} s:\n"
+                + await self.stuck_state()
+            ) from None
+
+    async def stuck_state(self) -> str:
+        """What a drain that never idled leaves: the live tasks, the tenants' rotation, what
+        the idle check says, and the locks held by other sessions (for the failure)."""
+        tasks = await sql(
+            self.store,
+            "SELECT id, tenant, state, wait_reason, run_at, lease_owner, lease_expires_at,"
+            " clock_timestamp() FROM toolkit_tasks WHERE state IN ('queued', 'leased',"
+            " 'waiting') ORDER BY id",
+        )
+        tenants = await sql(
+            self.store, "SELECT tenant, ready, paused, vtime, next_due FROM toolkit_tenants"
+        )
+        idle = await self.store.tasks.idle_state(list(self.definitions))
+        locks = await sql(
+            self.store,
+            "SELECT a.pid, a.state, a.xact_start, left(a.query, 120), l.relation::regclass,"
+            " l.mode, l.granted FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+            " WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()"
+            " AND l.locktype IN ('relation', 'tuple', 'transactionid')",
+        )
+        lines = [
+            f"  tasks: {tasks}",
+            f"  tenants: {tenants}",
+            f"  idle_state (pending, next_due): {idle}",
+            f"  other sessions' locks: {locks}",
+        ]
+        return "\n".join(lines)
 
     async def due(self, *task_ids: int) -> None:
         for task_id in task_ids:
