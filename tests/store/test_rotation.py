@@ -281,3 +281,17 @@ async def test_a_settle_during_an_outage_warns_nothing_and_keeps_what_is_owed(
 async def _advanced(turn: rotation.Rotation, store: Store, tenant: str, vtime: float) -> bool:
     await turn.settle([], [], True)
     return bool((await _tenant(store, tenant))["vtime"] == vtime)
+
+
+async def test_the_demotion_decides_due_now_and_next_due_at_one_instant(store: Store) -> None:
+    """Regression (migration 0023): the demotion read the clock once for "due now" and once
+    for "the next due time"; a task due between the two readings was neither, its tenant
+    left the rotation past it, and no claim took it again (a drain spun until its deadline
+    in CI). The race is one of milliseconds on a loaded server: the function is checked to
+    read the clock once."""
+    async with store.db.connection() as conn:
+        row = await (
+            await conn.execute("SELECT pg_get_functiondef('toolkit_demote_tenants'::regproc)")
+        ).fetchone()
+    assert row is not None
+    assert row[0].count("clock_timestamp()") == 1, row[0]

@@ -186,12 +186,16 @@ GROUP BY record;
 -- next_due (the rotation's invariant, which the claim relies on too), so for the others
 -- next_due itself bounds their due times from below: an index range of the tenants, however
 -- many there are. Waking at such a bound that turns out early costs one empty claim, which
--- promotes the tenant and demotes it again with an exact bound.
-WITH probed AS (
+-- promotes the tenant and demotes it again with an exact bound. Every comparison with now
+-- uses one reading of the clock (now_at): a task due between two readings would count as
+-- neither due nor ahead.
+WITH now_at AS MATERIALIZED (
+    SELECT clock_timestamp() AS at
+), probed AS (
     SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
     UNION ALL
     SELECT tenant FROM toolkit_tenants
-    WHERE NOT ready AND NOT paused AND next_due <= (SELECT clock_timestamp())
+    WHERE NOT ready AND NOT paused AND next_due <= (SELECT at FROM now_at)
 )
 SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
@@ -208,9 +212,9 @@ SELECT EXISTS (
                  AND state IN ('queued', 'leased', 'waiting') AND state = 'waiting'
                  AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                       AT TIME ZONE 'UTC') - priority * interval '1 minute'
-                     <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                     <= (SELECT at AT TIME ZONE 'UTC' FROM now_at)
                  AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                     <= (SELECT clock_timestamp())
+                     <= (SELECT at FROM now_at)
                  AND definition_digest = ANY(%(digests)s::text[])
                -- in index order: the planner then reads the due range, never choosing a
                -- scan of every parked task for a first row it will not find (issue 20)
@@ -226,7 +230,7 @@ SELECT EXISTS (
                                          min(ahead.at),
                                          (SELECT min(next_due) FROM toolkit_tenants
                                           WHERE NOT ready AND NOT paused))
-                               - clock_timestamp())::float8
+                               - (SELECT at FROM now_at))::float8
         FROM probed tn
         LEFT JOIN LATERAL (
             -- the first future claim time: a lower bound of the due times after it
@@ -237,7 +241,7 @@ SELECT EXISTS (
               AND state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
               AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                    AT TIME ZONE 'UTC') - priority * interval '1 minute'
-                  > (SELECT clock_timestamp() AT TIME ZONE 'UTC')
+                  > (SELECT at AT TIME ZONE 'UTC' FROM now_at)
               AND definition_digest = ANY(%(digests)s::text[])
             ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
                       AT TIME ZONE 'UTC') - priority * interval '1 minute'
@@ -249,7 +253,7 @@ SELECT EXISTS (
             WHERE tenant = tn.tenant AND priority > 0
               AND state IN ('queued', 'leased', 'waiting') AND state <> 'leased'
               AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-                  > (SELECT clock_timestamp())
+                  > (SELECT at FROM now_at)
               AND definition_digest = ANY(%(digests)s::text[])
             ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
             LIMIT 1
