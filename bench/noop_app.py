@@ -18,3 +18,13 @@ app = toolkit.App("bench")
 @app.effect(NOOP_HANDLER)
 async def noop(ctx: toolkit.EffectContext) -> dict[str, Any]:
     return {}
+
+
+@app.effect("bench.pages")
+async def pages(
+    ctx: toolkit.EffectContext, total: int, size: int = 1000, cursor: int | None = None
+) -> dict[str, Any]:
+    """A distributed map's page source: items ``{"n": i}``, ``size`` a page, ``total`` in all."""
+    start = cursor or 0
+    end = min(start + size, total)
+    return {"items": [{"n": n} for n in range(start, end)], "cursor": end if end < total else None}

@@ -19,6 +19,16 @@ import enum
 from collections.abc import Mapping
 from typing import Any
 
+from toolkit.waits import (
+    AnyWait,
+    BranchesWait,
+    CallbackWait,
+    ChildWait,
+    SignalWait,
+    Wait,
+    wait_from_json,
+)
+
 #: Version of the checkpoint layout, stored in every checkpoint. Format 2 (issue 18) keeps
 #: the branches of a parallel or map step in rows of their own (``toolkit_branches``), not
 #: under ``fanout.branches``; a format-1 checkpoint still loads, its branches are written as
@@ -28,162 +38,6 @@ CHECKPOINT_FORMAT = 2
 READABLE_FORMATS = frozenset({1, 2})
 
 Json = dict[str, Any]
-
-
-# --- what a task waits for ---------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class TimerWait:
-    """A durable timer of step occurrence ``occurrence`` (reason ``timer``)."""
-
-    occurrence: str
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "timer": True}
-
-
-@dataclasses.dataclass(frozen=True)
-class SignalWait:
-    """A wait for signal ``signal`` (reason ``signal``), with or without a timeout."""
-
-    occurrence: str
-    signal: str
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "signal": self.signal}
-
-
-@dataclasses.dataclass(frozen=True)
-class AnyWait:
-    """``wait: {any}``: the first of ``signals`` or of the timers decides where to go.
-
-    The reason is ``signal`` (or ``timer`` with no signal); ``timer`` is the index among the
-    step's timers of the earliest one, whose moment is the task's ``run_at`` (None when the
-    step has no timer).
-    """
-
-    occurrence: str
-    signals: tuple[str, ...]
-    timer: int | None = None
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        data: Json = {"occurrence": self.occurrence, "signals": list(self.signals), "any": True}
-        if self.timer is not None:
-            data["timer"] = self.timer
-        return data
-
-
-@dataclasses.dataclass(frozen=True)
-class CallbackWait:
-    """The completion of callback token ``callback`` of an effect occurrence."""
-
-    occurrence: str
-    callback: str
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "callback": self.callback}
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildWait:
-    """The end of child task ``child`` started by a ``workflow`` step occurrence."""
-
-    occurrence: str
-    child: int
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "child": self.child}
-
-
-@dataclasses.dataclass(frozen=True)
-class BudgetWait:
-    """Room for the reservation of a parallel or map step occurrence.
-
-    ``deferrals``: how many in a row so far (the next look is later each time).
-    """
-
-    occurrence: str
-    deferrals: int
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "budget": self.deferrals}
-
-
-@dataclasses.dataclass(frozen=True)
-class LimitWait:
-    """A slot or token of downstream limit ``limit`` in ``scope`` (``""`` or the tenant).
-
-    ``deferrals``: how many in a row, the first at ``since`` (ISO-8601, database time).
-    """
-
-    occurrence: str
-    limit: str
-    scope: str
-    deferrals: int
-    since: str | None
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {
-            "occurrence": self.occurrence, "limit": self.limit, "scope": self.scope,
-            "deferrals": self.deferrals, "since": self.since,
-        }  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class BranchesWait:
-    """Every live branch of parallel or map step occurrence ``occurrence`` waits."""
-
-    occurrence: str
-
-    def to_json(self) -> Json:
-        """The stored JSON form."""
-        return {"occurrence": self.occurrence, "branches": True}
-
-
-Wait = (
-    TimerWait | SignalWait | AnyWait | CallbackWait | ChildWait | BudgetWait | LimitWait
-    | BranchesWait
-)
-
-
-def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
-    """The wait a checkpoint's ``wait`` JSON describes (None for none).
-
-    Raises:
-        ValueError: the JSON is no known wait.
-    """
-    if not data:
-        return None
-    occurrence = str(data.get("occurrence"))
-    if data.get("any"):
-        timer = data.get("timer")
-        return AnyWait(occurrence, tuple(data.get("signals") or ()), timer)
-    if "signal" in data:
-        return SignalWait(occurrence, data["signal"])
-    if "callback" in data:
-        return CallbackWait(occurrence, data["callback"])
-    if "child" in data:
-        return ChildWait(occurrence, int(data["child"]))
-    if "budget" in data:
-        return BudgetWait(occurrence, int(data["budget"]))
-    if "limit" in data:
-        return LimitWait(
-            occurrence, data["limit"], data.get("scope") or "", int(data.get("deferrals", 0)),
-            data.get("since"),
-        )  # fmt: skip
-    if data.get("branches"):
-        return BranchesWait(occurrence)
-    if data.get("timer"):
-        return TimerWait(occurrence)
-    raise ValueError(f"unknown wait in a checkpoint: {dict(data)!r}")
 
 
 # --- graphs and branches -----------------------------------------------------------------------

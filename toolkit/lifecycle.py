@@ -116,6 +116,9 @@ class WaitReason(enum.StrEnum):
     #: a debounced submit (``debounce:``): the task starts at its ``run_at`` unless another
     #: submit of its key moves that on (taking the new input), up to ``max_wait``.
     DEBOUNCE = "debounce"
+    #: the child tasks of a distributed map step (``map: {distributed: true}``) run; the
+    #: task counts them at intervals, and goes on once none is live.
+    MAP = "map"
 
 
 class EventKind(enum.StrEnum):

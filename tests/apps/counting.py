@@ -153,3 +153,42 @@ async def stream(ctx: EffectContext, count: int = 5, seconds: float = 0.05) -> d
         await ctx.publish({"token": n})
         await slow_call(seconds)
     return {"tokens": count}
+
+
+@app.effect("count.pages")
+async def pages(
+    ctx: EffectContext,
+    total: int,
+    size: int = 10,
+    cursor: int | None = None,
+    fail_every: int = 0,
+    flaky: bool = False,
+) -> dict[str, Any]:
+    """A page source of a distributed map: items ``{"n": i}`` from ``cursor`` (0 first),
+    ``size`` a page, ``total`` in all; every ``fail_every``-th item says ``fail``; ``flaky``:
+    each page's first attempt fails."""
+    await record_call(ctx)
+    if flaky and ctx.attempt == 1:
+        raise _named("Transient")(f"page at {cursor} failed on purpose")
+    start = cursor or 0
+    end = min(start + size, total)
+    items = [
+        {"n": i, **({"fail": True} if fail_every and i % fail_every == 0 else {})}
+        for i in range(start, end)
+    ]
+    return {"items": items, "cursor": end if end < total else None}
+
+
+@app.effect("count.first_call_fails")
+async def first_call_fails(ctx: EffectContext, fail: bool = True) -> dict[str, Any]:
+    """Fail (``Broken``) on the first call of this idempotency key when ``fail``; succeed
+    after (a redriven task's call is its second)."""
+    await record_call(ctx)
+    async with ctx.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT calls FROM test_calls WHERE idempotency_key = %s", (ctx.idempotency_key,)
+        )
+        row = await cursor.fetchone()
+    if fail and row is not None and row[0] == 1:
+        raise _named("Broken")("the first call fails on purpose")
+    return {"calls": row[0] if row else 0}

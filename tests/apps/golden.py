@@ -74,3 +74,12 @@ async def hang_once(ctx: EffectContext, **args: Any) -> dict[str, Any]:
         HUNG[ctx.idempotency_key].set()
         await anyio.sleep_forever()
     return {"step": ctx.step, "attempt": ctx.attempt, **args}
+
+
+@app.effect("golden.pages")
+async def pages(ctx: EffectContext, cursor: int | None = None) -> dict[str, Any]:
+    """A distributed map's page source: ``{"n": 0}``, ``"bad"`` (an input an object schema
+    refuses), then ``{"n": 2}`` on a second page."""
+    if cursor is None:
+        return {"items": [{"n": 0}, "bad"], "cursor": 2}
+    return {"items": [{"n": 2}], "cursor": None}

@@ -60,6 +60,21 @@ async def slow_first_call(ctx: EffectContext, seconds: float = 0.0) -> dict[str,
     return {"step": ctx.step, "calls": calls}
 
 
+@app.effect("scn.pages")
+async def pages(
+    ctx: EffectContext, total: int, size: int = 10, cursor: int | None = None,
+    hang_at: int | None = None,
+) -> dict[str, Any]:
+    """A distributed map's page source: items ``{"n": i}``, ``size`` a page; the first call
+    for the page at ``hang_at`` hangs (a worker to kill mid-listing)."""
+    calls = await record_call(ctx)
+    start = cursor or 0
+    if start == hang_at and calls == 1:
+        await slow_call(600)
+    end = min(start + size, total)
+    return {"items": [{"n": n} for n in range(start, end)], "cursor": end if end < total else None}
+
+
 @app.effect("scn.block_loop_first_call")
 async def block_loop_first_call(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
     """Block the event loop (``time.sleep`` inside ``async def``) on the first call only."""

@@ -33,13 +33,13 @@ pytestmark = pytest.mark.anyio
 def test_the_export_schema_is_pinned() -> None:
     """Changing a column is a new export schema version: update this test, the docs and
     EXPORT_SCHEMA_VERSION together."""
-    assert EXPORT_SCHEMA_VERSION == 4
+    assert EXPORT_SCHEMA_VERSION == 5
     assert {table: [name for name, _ in cols] for table, cols in EXPORT_COLUMNS.items()} == {
         "tasks": [
             "id", "tenant", "definition_name", "definition_version", "definition_digest",
             "state", "wait_reason", "attempts", "lease_token", "parent_id", "idempotency_key",
             "input", "result", "error", "created_at", "run_at", "updated_at", "finished_at",
-            "schedule_name", "scheduled_at", "tags",
+            "schedule_name", "scheduled_at", "tags", "parent_occurrence", "map_index",
         ],
         "events": ["id", "task_id", "kind", "worker_id", "fencing_token", "detail", "at"],
         "effects": [

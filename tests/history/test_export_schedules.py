@@ -34,6 +34,8 @@ steps:
 
 #: The columns version 2 added to ``tasks``; version 1 had the others, in the same order.
 ADDED = ("schedule_name", "scheduled_at", "tags")
+#: Columns of ``tasks`` added after version 2 (version 5: a distributed map's item rows).
+ADDED_LATER = ("parent_occurrence", "map_index")
 
 
 async def scheduled(store: Store) -> None:
@@ -82,7 +84,7 @@ async def test_scheduled_tasks_export_their_schedule_tick_and_tags(
 ) -> None:
     await scheduled(store)
     run = await export_history(store.db, tmp_path)
-    assert run.schema_version == 4 and run.rows["schedules"] == 3
+    assert run.schema_version == 5 and run.rows["schedules"] == 3
 
     con = duckdb.connect()
     con.execute("SET TimeZone = 'UTC'")
@@ -179,7 +181,8 @@ def as_version_1(folder: Path) -> None:
     for run in manifest["runs"]:
         path = folder / run["files"]["tasks"]
         old = con.read_parquet(str(path)).select(
-            ", ".join(f'"{name}"' for name, _ in EXPORT_COLUMNS["tasks"] if name not in ADDED)
+            ", ".join(f'"{name}"' for name, _ in EXPORT_COLUMNS["tasks"]
+                      if name not in (*ADDED, *ADDED_LATER))
         )
         old.write_parquet(str(path.with_suffix(".old")), compression="zstd")
         path.with_suffix(".old").replace(path)
@@ -187,7 +190,7 @@ def as_version_1(folder: Path) -> None:
         del run["rows"]["schedules"], run["schema_version"]
     manifest["schema_version"] = 1
     manifest["tables"] = {
-        table: [pair for pair in cols if pair[0] not in ADDED]
+        table: [pair for pair in cols if pair[0] not in (*ADDED, *ADDED_LATER)]
         for table, cols in manifest["tables"].items()
         if table != "schedules"
     }
@@ -208,7 +211,7 @@ async def test_a_version_1_folder_still_opens_and_reports(store: Store, tmp_path
     assert manifest.schema_version == 1 and manifest.runs[0].schema_version == 1
     with history.open(tmp_path) as h:
         tasks = h.table("tasks")
-        assert tasks.columns[-3:] == list(ADDED)
+        assert tasks.columns[-5:] == [*ADDED, *ADDED_LATER]
         assert tasks.filter("schedule_name IS NOT NULL OR tags IS NOT NULL").count(
             "*"
         ).fetchall() == [(0,)]
@@ -228,11 +231,11 @@ async def test_a_version_4_run_appends_to_a_version_1_folder(store: Store, tmp_p
     # The next run adds only what changed since: the new trigger's task.
     second = await export_history(store.db, tmp_path)
     manifest = read_manifest(tmp_path)
-    assert manifest.schema_version == 4
-    assert [run.schema_version for run in manifest.runs] == [1, 4]
+    assert manifest.schema_version == 5
+    assert [run.schema_version for run in manifest.runs] == [1, 5]
     assert "schedules" not in manifest.runs[0].files and second.rows["schedules"] == 3
     saved = json.loads((tmp_path / "manifest.json").read_text())
-    assert saved["schema_version"] == 4 and saved["runs"][0]["schema_version"] == 1
+    assert saved["schema_version"] == 5 and saved["runs"][0]["schema_version"] == 1
     with history.open(tmp_path) as h:
         rows = {row[0]: row[1:] for row in h.schedules().fetchall()}
     assert rows["daily"][1] == 1  # its run has the columns

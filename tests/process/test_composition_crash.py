@@ -359,3 +359,64 @@ def test_parallel_approvals_arrive_one_by_one_across_worker_kills(
         assert counts[f"{task_id}:ask#1/{name}/request#1"] == 1, counts
         assert counts[f"{task_id}:ask#1/{name}/approved#1"] == 1, counts
     _audit_clean(dsn, task_id)
+
+
+DISTRIBUTED = """
+name: crash-distributed-map
+version: 1
+start: each
+steps:
+  each:
+    map:
+      distributed: true
+      items_from: {effect: scn.pages, args: {total: 35, size: 10, hang_at: 20}}
+      workflow: {name: crash-map-item}
+      items_per_task: 3
+"""
+
+MAP_ITEM = """
+name: crash-map-item
+version: 1
+start: once
+steps:
+  once: {effect: scn.work, idempotent: false, args: {value: "${ input.first_index }"}}
+"""
+
+
+def test_a_crash_mid_listing_resumes_at_the_last_page_and_starts_no_item_twice(
+    dsn: str, tmp_path: Path
+) -> None:
+    # The third page hangs on its first call until the worker dies; the pages before it
+    # are listed and their children started (and some run) before.
+    folder = tmp_path / "definitions"
+    folder.mkdir()
+    (folder / "map.yaml").write_text(DISTRIBUTED)
+    (folder / "item.yaml").write_text(MAP_ITEM)
+    assert submit_tasks(dsn, MAP_ITEM, []) == []  # deployed: the map pins its version
+    (task_id,) = submit_tasks(dsn, DISTRIBUTED, [{}])
+    worker = [*RUN, "--definitions", str(folder)]
+    first = toolkit_process(dsn, *worker, "--worker-id", "w1")
+    try:
+        hanging = f"{task_id}:each#1/page/each#20"
+        wait_for(lambda: hanging in call_counts(dsn), timeout=20, what="the third page's call")
+    finally:
+        _kill(first)
+    listed = query(dsn, "SELECT count(*) FROM toolkit_tasks WHERE parent_id = %s", (task_id,))
+    assert listed == [(8,)]  # two pages of 10 items, 4 tasks each (3 + 3 + 3 + 1)
+    backdate_leases(dsn, [task_id])
+    _finish(toolkit_process(dsn, *worker, "--worker-id", "w2", "--until-idle"))
+    row = task_row(dsn, task_id)
+    assert row["state"] == "succeeded", (row["error"], task_events(dsn, task_id))
+    assert row["result"]["items"] == 35 and row["result"]["succeeded"] == 35, row["result"]
+    children = query(
+        dsn, "SELECT map_index, state FROM toolkit_tasks WHERE parent_id = %s ORDER BY map_index",
+        (task_id,),
+    )  # fmt: skip
+    assert [index for index, _ in children] == [0, 3, 6, 9, 10, 13, 16, 19, 20, 23, 26, 29, 30,
+                                               33]  # fmt: skip
+    counts = call_counts(dsn)
+    once = {key: n for key, n in counts.items() if key.endswith(":once#1")}
+    assert len(once) == 14 and set(once.values()) == {1}, once  # each item task ran once
+    assert counts[f"{task_id}:each#1/page/each#20"] == 2  # the hung call, then again
+    assert counts[f"{task_id}:each#1/page/each#0"] == 1  # written before the crash: not again
+    _audit_clean(dsn, task_id)

@@ -14,6 +14,7 @@ from typing import TypeVar
 from toolkit.application.handlers import Handler, HandlerFunc
 from toolkit.definition import (
     Branch,
+    DistributedMapStep,
     EffectStep,
     MapStep,
     ParallelStep,
@@ -258,6 +259,8 @@ def _effects_in(steps: Mapping[str, Step], where: str) -> Iterator[tuple[str, Ef
     for step in steps.values():
         if isinstance(step, EffectStep):
             yield f"{where}.{step.id}", step
+        if isinstance(step, DistributedMapStep) and step.items_from.page is not None:
+            yield f"{where}.{step.id}.map.items_from", step.items_from.page
         branches: Mapping[str, Branch] = {}
         if isinstance(step, ParallelStep):
             branches = step.branches

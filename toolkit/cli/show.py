@@ -197,7 +197,18 @@ def _wait_text(wait: dict[str, Any]) -> str:
         return "the first of " + ", ".join(_awaited(str(name)) for name in wait["signals"])
     if "branches" in wait:
         return "its waiting branches (below)"
+    if isinstance(wait.get("map"), dict):
+        return _map_text(wait)
     return "timer"
+
+
+def _map_text(wait: dict[str, Any]) -> str:
+    """A distributed map's wait: its child tasks (``toolkit tasks --parent``)."""
+    listed = wait["map"]
+    return (
+        f"the {listed.get('tasks', 0):,} child tasks of {wait['occurrence']} "
+        f"({listed.get('listed', 0):,} items; toolkit tasks --parent lists them)"
+    )
 
 
 def _budget_lines(checkpoint: dict[str, Any]) -> list[str]:

@@ -31,8 +31,10 @@ from toolkit.definition.model import (
     ChoiceRule,
     ChoiceStep,
     Compensation,
+    DistributedMapStep,
     EffectStep,
     FailStep,
+    ItemSource,
     MapStep,
     ParallelStep,
     Reservation,
@@ -52,7 +54,8 @@ from toolkit.definition.policies import CatchRule, RetryPolicy, catch_target, er
 
 __all__ = [
     "DEFAULT_MAX_STEPS", "TIMEOUT_ERROR", "Branch", "BranchStep", "Callback", "CatchRule",
-    "ChoiceRule", "ChoiceStep", "Compensation", "EffectStep", "FailStep", "MapStep",
+    "ChoiceRule", "ChoiceStep", "Compensation", "DistributedMapStep", "EffectStep", "FailStep",
+    "ItemSource", "MapStep",
     "ParallelStep", "Reservation", "RetryPolicy", "SetStep", "Step", "Subscription",
     "SucceedStep", "Trigger", "WaitEvent", "WaitStep", "WorkflowDefinition", "WorkflowStep",
     "catch_target", "definition_from_body", "error_name_problem", "event_signal",

@@ -23,8 +23,10 @@ from toolkit.definition.model import (
     ChoiceRule,
     ChoiceStep,
     Compensation,
+    DistributedMapStep,
     EffectStep,
     FailStep,
+    ItemSource,
     MapStep,
     ParallelStep,
     Reservation,
@@ -116,6 +118,8 @@ def _build_step(where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]) 
             next=raw.get("next"),
             catch=_catch_rules(raw),
         )
+    if "map" in raw and raw["map"].get("distributed"):
+        return _build_distributed_map(where, raw, defaults)
     if "map" in raw:
         mapped = raw["map"]
         return MapStep(
@@ -199,6 +203,40 @@ def _triggers(doc: Mapping[str, Any]) -> tuple[Trigger, ...]:
             key=template(raw, "key", f"$.triggers[{i}]"),
         )
         for i, raw in enumerate(doc.get("triggers", ()))
+    )
+
+
+def _build_distributed_map(
+    where: JsonPath, raw: dict[str, Any], defaults: dict[str, Any]
+) -> DistributedMapStep:
+    """Build a ``map: {distributed: true}`` step; its page source is an idempotent effect."""
+    step_id, path = str(where[-1]), format_path(where)
+    mapped = raw["map"]
+    source = mapped["items_from"]
+    page = None
+    if "effect" in source:
+        effect = {k: source[k] for k in ("effect", "args", "retry", "timeout") if k in source}
+        built = _build_simple_step(where, {**effect, "idempotent": True}, defaults)
+        assert isinstance(built, EffectStep)
+        page = built
+    file = source.get("file")
+    return DistributedMapStep(
+        id=step_id,
+        items_from=ItemSource(
+            page=page,
+            file=None
+            if file is None
+            else compile_template(file, path=f"{path}.map.items_from.file"),
+            page_size=source.get("page_size", 1000),
+        ),
+        workflow=mapped["workflow"]["name"],
+        version=mapped["workflow"].get("version"),
+        items_per_task=mapped.get("items_per_task"),
+        max_concurrency=mapped.get("max_concurrency"),
+        tolerated_failures=mapped.get("tolerated_failures"),
+        tolerated_failure_percentage=mapped.get("tolerated_failure_percentage"),
+        next=raw.get("next"),
+        catch=_catch_rules(raw),
     )
 
 

@@ -379,6 +379,62 @@ class MapStep:
 
 
 @dataclass(frozen=True)
+class ItemSource:
+    """Where a distributed map's items come from (``items_from``): pages of an effect, or a file.
+
+    Exactly one of ``page`` and ``file`` is set.
+
+    Attributes:
+        page: The page source, an idempotent effect (its id is the map step's): called with
+            its rendered ``args`` plus ``cursor`` (None for the first page), it returns
+            ``{"items": [...], "cursor": next}``, a null ``cursor`` ending the list.
+        file: Renders to the path of a JSON Lines file, one item per line.
+        page_size: Lines of ``file`` listed per page.
+    """
+
+    page: EffectStep | None
+    file: Template | None
+    page_size: int = 1000
+
+
+@dataclass(frozen=True)
+class DistributedMapStep:
+    """Runs items as child tasks of ``workflow`` across the fleet: ``map: {distributed: true}``.
+
+    The items are listed page by page from ``items_from`` (never held all at once), each
+    page's child tasks started as it is listed; the step then counts its children until none
+    is live. Its output is a summary (``items``, ``tasks``, ``succeeded``, ``failed``,
+    ``errors``: the first failed tasks); each child task keeps its own result
+    (docs/composition.md#distributed-map).
+
+    Attributes:
+        id: Step id.
+        items_from: Where the items come from.
+        workflow: Name of the definition each child task runs.
+        version: Its version; None resolves the latest submittable one when the step starts.
+        items_per_task: Items per child task (its input is then ``{"items": [...],
+            "first_index": N}``); None: one item per task, the item its input.
+        max_concurrency: Most child tasks live at once (≥ 1), or None for no bound.
+        tolerated_failures: Failed items the step tolerates, or None.
+        tolerated_failure_percentage: Failed items tolerated as a percentage of all items,
+            or None (neither set: none is tolerated; both: the smaller bound).
+        next: The following step; None means the workflow succeeds with the summary.
+        catch: Where to go when the step fails.
+    """
+
+    id: str
+    items_from: ItemSource
+    workflow: str
+    version: int | None
+    items_per_task: int | None
+    max_concurrency: int | None
+    tolerated_failures: int | None
+    tolerated_failure_percentage: float | None
+    next: str | None
+    catch: tuple[CatchRule, ...] = ()
+
+
+@dataclass(frozen=True)
 class WorkflowStep:
     """Starts a child task and waits for it without holding a lease.
 
@@ -402,7 +458,7 @@ class WorkflowStep:
 
 Step = (
     EffectStep | ChoiceStep | SucceedStep | FailStep | WaitStep | ParallelStep | MapStep
-    | WorkflowStep | SetStep
+    | WorkflowStep | SetStep | DistributedMapStep
 )
 """Any step of a definition."""
 

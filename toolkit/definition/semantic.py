@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from toolkit.definition.distributed_map import map_problems
 from toolkit.definition.events import (
     cancel_on_problems,
     event_schema_problems,
@@ -153,6 +154,7 @@ def _composite_problems(
                 )  # fmt: skip
     mapped = step.get("map")
     if isinstance(mapped, dict):
+        problems += map_problems(path, mapped, depth)
         items = mapped.get("items")
         if isinstance(items, str):
             problems += _single_expression_problems((*path, "map", "items"), items)

@@ -25,6 +25,7 @@ _KINDS = {
     "ParallelStep": "parallel",
     "MapStep": "map",
     "WorkflowStep": "workflow",
+    "DistributedMapStep": "distributed map",
 }
 
 

@@ -10,10 +10,11 @@ import dataclasses
 import functools
 from typing import Any, Literal
 
-from toolkit.checkpoint import CallbackWait, Frame
+from toolkit.checkpoint import Frame
 from toolkit.definition import EffectStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import Error
+from toolkit.waits import CallbackWait
 
 
 @dataclasses.dataclass(frozen=True)

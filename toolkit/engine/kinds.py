@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from toolkit.definition import (
     ChoiceStep,
+    DistributedMapStep,
     EffectStep,
     FailStep,
     MapStep,
@@ -16,7 +17,16 @@ from toolkit.definition import (
     WorkflowStep,
 )
 from toolkit.engine.protocol import Kinds
-from toolkit.engine.steps import choice, effect, fail, fanout, succeed, wait, workflow
+from toolkit.engine.steps import (
+    choice,
+    distributed_map,
+    effect,
+    fail,
+    fanout,
+    succeed,
+    wait,
+    workflow,
+)
 from toolkit.engine.steps import set as set_values
 
 KINDS: Kinds = MappingProxyType(
@@ -30,5 +40,6 @@ KINDS: Kinds = MappingProxyType(
         ParallelStep: fanout.KIND,
         MapStep: fanout.KIND,
         WorkflowStep: workflow.KIND,
+        DistributedMapStep: distributed_map.KIND,
     }
 )

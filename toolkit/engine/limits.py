@@ -9,13 +9,14 @@ from __future__ import annotations
 import datetime
 import functools
 
-from toolkit.checkpoint import Frame, LimitWait
+from toolkit.checkpoint import Frame
 from toolkit.definition import EffectStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Wait
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.limits import LimitDeferral
 from toolkit.store.writes import Event
+from toolkit.waits import LimitWait
 
 
 async def take_limits(

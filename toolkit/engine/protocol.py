@@ -21,12 +21,12 @@ from typing import Any, Protocol
 from toolkit import faults, tracing
 from toolkit.application import SpendLimits
 from toolkit.checkpoint import Frame
-from toolkit.checkpoint import Wait as WaitState
 from toolkit.definition import Step
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.failures import Error
 from toolkit.lifecycle import WaitReason
 from toolkit.store.writes import Event
+from toolkit.waits import Wait as WaitState
 
 # --- what a step came to --------------------------------------------------------------------
 

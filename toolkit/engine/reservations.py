@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 
-from toolkit.checkpoint import BudgetWait, FanOut
+from toolkit.checkpoint import FanOut
 from toolkit.definition import MapStep, ParallelStep
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.protocol import Failed, Wait
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.budgets import ReservationOutcome
 from toolkit.store.writes import Event
+from toolkit.waits import BudgetWait
 
 #: Longest pause before a task deferred for budget looks again, seconds.
 BUDGET_RECHECK_MAX = 60.0

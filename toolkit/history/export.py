@@ -33,16 +33,17 @@ from toolkit.errors import HistoryError
 from toolkit.store.database import Database
 from toolkit.store.queries import query
 
-EXPORT_SCHEMA_VERSION = 4
+EXPORT_SCHEMA_VERSION = 5
 """Version of the export layout: the tables, their columns and types, and the manifest.
 
 1: tasks, events, effects, checkpoints. 2: ``tasks`` gains ``schedule_name``,
 ``scheduled_at`` and ``tags``; a ``schedules`` snapshot table; each run records its version.
 3: an ``emitted`` table, the events emitted (docs/events.md). 4: a ``stream`` table, the
-items handlers published (docs/progress.md).
+items handlers published (docs/progress.md). 5: ``tasks`` gains ``parent_occurrence`` and
+``map_index``: a distributed map's per-item rows (docs/composition.md#distributed-map).
 """
 
-READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, EXPORT_SCHEMA_VERSION})
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2, 3, 4, EXPORT_SCHEMA_VERSION})
 """Export schema versions this toolkit reads and appends runs to (newer ones are refused)."""
 
 MANIFEST_NAME = "manifest.json"
@@ -74,6 +75,8 @@ EXPORT_COLUMNS: Mapping[str, tuple[tuple[str, str], ...]] = {
         ("schedule_name", "VARCHAR"),
         ("scheduled_at", "TIMESTAMPTZ"),
         ("tags", "JSON"),
+        ("parent_occurrence", "VARCHAR"),
+        ("map_index", "INTEGER"),
     ),
     "events": (
         ("id", "BIGINT"),

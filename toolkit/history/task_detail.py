@@ -83,6 +83,9 @@ class TaskDetail:
                 for branch in self.branches
             )
             return f"its waiting branches ({waiting} of {wait['occurrence']})"
+        if isinstance(wait.get("map"), dict):
+            tasks = wait["map"].get("tasks", 0)
+            return f"the {tasks:,} child tasks of distributed map {wait['occurrence']}"
         return str(self.task.wait_reason)
 
     @property

@@ -20,6 +20,7 @@ from toolkit.store.definitions import DefinitionCatalog
 from toolkit.store.events import Events
 from toolkit.store.leases import Leases
 from toolkit.store.limits import Limits
+from toolkit.store.map_items import MapItems
 from toolkit.store.migrations import migrate, schema_status
 from toolkit.store.schedules import Schedules
 from toolkit.store.streams import Streams
@@ -44,6 +45,7 @@ class Store:
         callbacks: callback tokens of effects completed from outside.
         budgets: tenant budget reservations of parallel and map steps.
         children: child tasks started by ``workflow`` steps.
+        map_items: the child tasks of distributed map steps, and their per-item results.
         bulk: bulk actions by filter: plans, and applying them.
         schedules: recurring schedules, and the firing of their ticks.
         branches: the branch rows of parallel and map steps in progress.
@@ -62,6 +64,7 @@ class Store:
         self.callbacks = Callbacks(db)
         self.budgets = Budgets(db)
         self.children = Children(db)
+        self.map_items = MapItems(db)
         self.bulk = Bulk(db)
         self.schedules = Schedules(db)
         self.branches = BranchRows(db)

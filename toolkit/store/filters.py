@@ -46,6 +46,8 @@ class TaskFilter:
             ``Cancelled`` ...).
         step: the step a task is at, or failed at.
         schedule: the schedule that started the task.
+        parent: the id of the task's parent: a ``workflow`` step's child, or a distributed
+            map's item tasks (docs/composition.md#distributed-map).
         created_since, created_until: bounds of the submit time (inclusive, exclusive): a
             datetime (naive means UTC), an ISO 8601 text, or a duration before now (seconds,
             or ``"30m"``, ``"2d"``).
@@ -64,6 +66,7 @@ class TaskFilter:
     error: str | None = None
     step: str | None = None
     schedule: str | None = None
+    parent: int | None = None
     created_since: TimeBound | None = None
     created_until: TimeBound | None = None
     finished_since: TimeBound | None = None
@@ -140,6 +143,7 @@ class TaskFilter:
             "error": self.error,
             "step": self.step,
             "schedule": self.schedule,
+            "parent": self.parent,
             **{field: time_bound(getattr(self, field), field, now) for field in _BOUNDS},
         }
 

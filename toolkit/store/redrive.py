@@ -23,8 +23,8 @@ from toolkit.errors import NotRedrivable, RedriveRefused
 from toolkit.store.database import Database
 from toolkit.store.definitions import DefinitionCatalog
 from toolkit.store.queries import query
+from toolkit.store.redrive_children import ChildRedrive
 from toolkit.store.redrive_plan import (
-    ChildRedrive,
     RedriveFacts,
     RedriveOptions,
     RedrivePlan,

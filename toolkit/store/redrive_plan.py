@@ -31,11 +31,12 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint, Frame
-from toolkit.definition import FailStep, MapStep, ParallelStep, WorkflowDefinition, WorkflowStep
+from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint
+from toolkit.definition import FailStep, MapStep, ParallelStep, WorkflowDefinition
 from toolkit.definition.walk import edges
 from toolkit.errors import NotRedrivable
 from toolkit.lifecycle import TaskState
+from toolkit.store.redrive_children import ChildRedrive, children_to_redrive, top_step
 
 #: Lines of one kind a preview shows before it says how many more there are.
 PREVIEW_LINES = 12
@@ -71,21 +72,6 @@ class PlannedEffect:
     idempotent: bool
     fate: EffectFate
     result: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ChildRedrive:
-    """A child task the redrive touches.
-
-    ``redriven``: the child (failed or cancelled) is redriven from its own failed step and
-    the parent waits for it again; else the re-planned step starts a new child and this one
-    is left as it is. ``plan``: the child's own plan when redriven.
-    """
-
-    step: str
-    child_id: int
-    redriven: bool
-    plan: RedrivePlan | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +233,8 @@ class RedrivePlan:
             out.append(f"{pad}reserves again: {amount:g} {resource}")
         if self.timeout is not None:
             out.append(f"{pad}new workflow deadline: {self.timeout:g} s from now")
-        for child in self.children:
+        items = [child for child in self.children if child.item]
+        for child in [*(c for c in self.children if not c.item), *items[:PREVIEW_LINES]]:
             if child.redriven:
                 out.append(f"{pad}child task {child.child_id} (step {child.step!r}) is redriven:")
                 assert child.plan is not None
@@ -257,6 +244,8 @@ class RedrivePlan:
                     f"{pad}step {child.step!r} starts a new child; task {child.child_id} is"
                     " left as it is"
                 )
+        if len(items) > PREVIEW_LINES:
+            out.append(f"{pad}and {len(items) - PREVIEW_LINES} more failed items are redriven")
         out.extend(f"{pad}refused: {reason}" for reason in self.refusals)
         out.extend(f"{pad}note: {note}" for note in self.notes)
         return out
@@ -334,9 +323,9 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
     cp.pending = None
     for name in replanned:
         cp.outputs.pop(name, None)
-    for key in [k for k in cp.attempts if _top_step(k) in replanned or k == occurrence]:
+    for key in [k for k in cp.attempts if top_step(k) in replanned or k == occurrence]:
         del cp.attempts[key]
-    for key in [k for k in cp.callbacks if _top_step(k) in replanned]:
+    for key in [k for k in cp.callbacks if top_step(k) in replanned]:
         del cp.callbacks[key]
     cp.compensable = [c for c in cp.compensable if c.step not in replanned]
     if compensated:
@@ -370,7 +359,7 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
             again.append(row["name"])
         if fan.started < len(facts.branches):
             fan.started = len(facts.branches)
-    children = _children(facts, cp, step, replanned, old, frames)
+    children = children_to_redrive(facts, cp, step, old, frames)
     reserves = _reserves(target, step, replanned)
     notes: tuple[str, ...] = ()
     if isinstance(target.steps.get(step), FailStep):
@@ -537,11 +526,6 @@ def _place(occurrence: str) -> str:
     return occurrence.rsplit("#", 1)[0]
 
 
-def _top_step(occurrence: str) -> str:
-    """The task-level step of an occurrence: ``each`` of ``each#1/3/charge#1``."""
-    return occurrence.split("/", 1)[0].rsplit("#", 1)[0]
-
-
 def _fate(
     occ: str,
     last: Mapping[str, Any],
@@ -557,7 +541,7 @@ def _fate(
     """What the redrive does with effect occurrence ``occ`` (its latest record ``last``)."""
     record = last["record"]
     idempotent = bool(last["idempotent"])
-    if _top_step(occ) in replanned:  # it runs again, as a new occurrence
+    if top_step(occ) in replanned:  # it runs again, as a new occurrence
         if record == "failed" or idempotent:
             return EffectFate.AGAIN
         return EffectFate.RERUN if last["step"] in options.rerun else EffectFate.REFUSED
@@ -629,38 +613,6 @@ def _resumed_branch(frame: BranchFrame) -> BranchFrame:
     frame.wait = None
     frame.run_at = None
     return frame
-
-
-def _children(
-    facts: RedriveFacts,
-    cp: Checkpoint,
-    step: str,
-    replanned: set[str],
-    old: set[str],
-    frames: Sequence[Mapping[str, Any]],
-) -> list[ChildRedrive]:
-    """Children to redrive (a resumed ``workflow`` step's), and those a new child replaces."""
-    target = facts.target
-    out: list[ChildRedrive] = []
-    resumed: list[tuple[str, Frame, Mapping[str, Any]]] = [(step, cp, target.steps)]
-    fan_step = target.steps[step]
-    for row in frames:
-        branch = BranchFrame.from_json(row["frame"])
-        if branch.cursor is not None and isinstance(fan_step, ParallelStep | MapStep):
-            graph = (
-                fan_step.branch if isinstance(fan_step, MapStep) else fan_step.branches[row["name"]]
-            )
-            resumed.append((branch.cursor, branch, graph.steps))
-    for name, frame, steps in resumed:
-        if not isinstance(steps.get(name), WorkflowStep):
-            continue
-        child = facts.children.get(frame.occurrence(name))
-        if child is not None and child["state"] in ("failed", "cancelled"):
-            out.append(ChildRedrive(name, int(child["id"]), True))
-    for occ, child in facts.children.items():
-        if occ in old:
-            out.append(ChildRedrive(_top_step(occ), int(child["id"]), False))
-    return out
 
 
 def _returned(cp: Checkpoint, fan: Any) -> None:

@@ -3,6 +3,8 @@ waits, callbacks, parallel and map steps, child workflows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.apps import golden as golden_app
 from tests.helpers.golden import Run, scenario
 from tests.helpers.inprocess import sql
@@ -439,3 +441,50 @@ async def child_workflows(run: Run) -> None:
     parent, _ = await run.deploy(PARENT, CHILD)
     await run.submit(parent, {"fail": False}, {"fail": True})
     await run.drain()
+
+
+# --- distributed map ----------------------------------------------------------------------
+
+DISTRIBUTED = """
+name: golden-distributed-map
+version: 1
+start: pages
+steps:
+  pages:
+    map:
+      distributed: true
+      items_from: {effect: golden.pages}
+      workflow: {name: golden-item}
+      tolerated_failures: 1
+    next: lines
+  lines:
+    map:
+      distributed: true
+      items_from: {file: items.jsonl, page_size: 3}
+      workflow: {name: golden-item}
+      items_per_task: 2
+    next: done
+  done: {succeed: {output: {pages: "${ steps.pages }", lines: "${ steps.lines }"}}}
+"""
+
+ITEM = """
+name: golden-item
+version: 1
+input: {type: object}
+start: call
+steps:
+  call: {effect: golden.echo, idempotent: true, args: {item: "${ input }"}}
+"""
+
+
+@scenario()
+async def distributed_map(run: Run) -> None:
+    """Pages from an effect (one item refused, tolerated), then batches from a file: the
+    children start at each page, the parent waits (reason map) and counts them."""
+    Path("items.jsonl").write_text('{"n": 0}\n{"n": 1}\n\n{"n": 2}\n{"n": 3}\n')
+    parent, _ = await run.deploy(DISTRIBUTED, ITEM)
+    (task_id,) = await run.submit(parent, {})
+    await run.drain()
+    task = await run.store.tasks.get(task_id)
+    assert task.state == "succeeded", (task.state, task.error)
+    assert task.result["pages"]["failed"] == 1 and task.result["lines"]["tasks"] == 3

@@ -7,7 +7,6 @@ the limit, fail for good, or fail closed until an operator reconciles it.
 
 from __future__ import annotations
 
-from toolkit.checkpoint import CallbackWait
 from toolkit.definition import EffectStep
 from toolkit.engine.attempts import Attempt, AttemptKind, attempt, lost_attempt, retry_delay
 from toolkit.engine.limits import limit_wait
@@ -23,6 +22,7 @@ from toolkit.engine.protocol import (
 )
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.writes import NEVER, Event
+from toolkit.waits import CallbackWait
 
 
 async def run(ctx: StepContext, step: EffectStep) -> Transition:

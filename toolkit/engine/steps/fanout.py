@@ -25,7 +25,7 @@ import anyio.abc
 
 from toolkit import tracing
 from toolkit.application import SpendLimits
-from toolkit.checkpoint import BranchesWait, BranchFrame, BranchStatus, ChildWait, FanOut
+from toolkit.checkpoint import BranchFrame, BranchStatus, FanOut
 from toolkit.definition import Branch, MapStep, ParallelStep, Step, catch_target
 from toolkit.definition.wording import json_type
 from toolkit.engine.cycle import CycleOutcome
@@ -48,6 +48,7 @@ from toolkit.engine.reservations import release, reserve
 from toolkit.errors import ExpressionError, TaskTerminal
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.writes import NEVER, Event
+from toolkit.waits import BranchesWait, ChildWait
 
 #: Waits that park a branch (the others keep it in the cycle).
 PARKING = frozenset({

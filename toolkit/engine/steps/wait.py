@@ -10,12 +10,12 @@ import datetime
 import functools
 from typing import Any
 
-from toolkit.checkpoint import AnyWait, SignalWait, TimerWait
 from toolkit.definition import WaitStep
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
 from toolkit.errors import ExpressionError
 from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.store.writes import NEVER, Event
+from toolkit.waits import AnyWait, SignalWait, TimerWait
 
 
 async def run(ctx: StepContext, step: WaitStep) -> Transition:

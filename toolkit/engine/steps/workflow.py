@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 
-from toolkit.checkpoint import ChildWait
 from toolkit.definition import WorkflowStep
 from toolkit.engine.failures import error_data
 from toolkit.engine.protocol import Advance, Failed, StepContext, StepKind, Transition, Wait
@@ -13,6 +12,7 @@ from toolkit.lifecycle import EventKind, WaitReason
 from toolkit.payload import check_payload
 from toolkit.store.submission import concurrency_params
 from toolkit.store.writes import NEVER, Event
+from toolkit.waits import ChildWait
 
 
 async def run(ctx: StepContext, step: WorkflowStep) -> Transition:

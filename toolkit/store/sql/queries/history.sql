@@ -34,7 +34,7 @@ COPY (
     SELECT id, tenant, definition_name, definition_version, definition_digest, state,
            wait_reason, attempts, lease_token, parent_id, idempotency_key, input, result,
            error, created_at, run_at, updated_at, finished_at, schedule_name, scheduled_at,
-           tags
+           tags, parent_occurrence, map_index
     FROM toolkit_tasks
     WHERE updated_at >= %(since)s AND updated_at < %(until)s
     ORDER BY id

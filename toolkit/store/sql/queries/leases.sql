@@ -63,7 +63,7 @@ claimed AS (
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
-              t.attempts, t.cancel_requested, t.tags, t.parent_id, t.trace_parent,
+              t.attempts, t.cancel_requested, t.tags, t.parent_id, t.map_index, t.trace_parent,
               t.trace_attempt, c.previous_state,
               c.previous_owner,
               extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
@@ -81,7 +81,9 @@ claimed AS (
     FROM claimed
 )
 SELECT c.id, c.tenant, c.definition_digest, c.input, c.checkpoint, c.lease_token, c.attempts,
-       c.cancel_requested, c.tags, c.parent_id IS NOT NULL AS child, c.trace_parent,
+       c.cancel_requested, c.tags,
+       -- a child whose end wakes its parent (not a distributed map's item: DESIGN §2)
+       c.parent_id IS NOT NULL AND c.map_index IS NULL AS child, c.trace_parent,
        c.trace_attempt, c.previous_state = 'leased' AS recovered, c.queue_delay,
        c.deadline_in, s.dry, s.window_full,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)

@@ -1,7 +1,7 @@
 -- name: task_children
 -- Every child task of %(task_id)s, by the parent occurrence that started it (a redrive
 -- redrives a failed one, or says which a re-planned step replaces).
-SELECT id, parent_occurrence, state, definition_name
+SELECT id, parent_occurrence, state, definition_name, error ->> 'name' AS error_name
 FROM toolkit_tasks
 WHERE parent_id = %(task_id)s
 ORDER BY id;

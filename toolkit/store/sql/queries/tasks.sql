@@ -93,6 +93,7 @@ AND (%(error)s::text IS NULL OR t.error ->> 'name' = %(error)s::text)
 AND (%(step)s::text IS NULL
      OR coalesce(t.checkpoint ->> 'cursor', t.error ->> 'step') = %(step)s::text)
 AND (%(schedule)s::text IS NULL OR t.schedule_name = %(schedule)s::text)
+AND (%(parent)s::bigint IS NULL OR t.parent_id = %(parent)s::bigint)
 AND (%(created_since)s::timestamptz IS NULL OR t.created_at >= %(created_since)s::timestamptz)
 AND (%(created_until)s::timestamptz IS NULL OR t.created_at < %(created_until)s::timestamptz)
 AND (%(finished_since)s::timestamptz IS NULL
@@ -168,7 +169,8 @@ GROUP BY record;
 -- Read by an idle worker after an empty claim. pending: a task of these definitions is
 -- queued (due or not), leased, or waiting and due, or a concurrency key has a wake not yet
 -- consumed (its admission may have been skipped under contention), which `toolkit run
--- --until-idle` waits for (a timer or signal wait not yet due does not count). next_due: seconds until the
+-- --until-idle` waits for (a timer or signal wait not yet due does not count; a distributed
+-- map counting its children, reason 'map', does). next_due: seconds until the
 -- earliest future run_at of a queued or waiting task (a retry or a timer), or a little
 -- sooner, so the worker wakes for it instead of polling. Tasks of paused tenants count for
 -- neither (no worker may claim them). The waiting and future parts read index ranges tenant
@@ -222,6 +224,14 @@ SELECT EXISTS (
                          AT TIME ZONE 'UTC') - priority * interval '1 minute'
                LIMIT 1
            ) due
+       )
+       -- a distributed map counting its children: work in progress, not a parked wait
+       -- (toolkit_tasks_map_waits holds these rows only)
+       OR EXISTS (
+           SELECT 1 FROM toolkit_tasks
+           WHERE state = 'waiting' AND wait_reason = 'map'
+             AND definition_digest = ANY(%(digests)s::text[])
+             AND tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused))
        )
        -- a concurrency key has room for a task waiting for it (its wake is not consumed
        -- yet): the next claim admits it
@@ -408,7 +418,7 @@ now_cancelled AS (
                       THEN clock_timestamp() ELSE p.run_at END
     FROM toolkit_tasks c
     WHERE c.id IN (SELECT id FROM now_cancelled)
-      AND p.id = c.parent_id
+      AND p.id = c.parent_id AND c.map_index IS NULL
       AND p.state IN ('leased', 'waiting')
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (

@@ -11,7 +11,8 @@
 -- or callback wait whose signal or completion is stored is made due by wake_raced_waits.)
 -- A wait for a child (reason child) is due at once when a child ended while the task held
 -- its lease (child_wake) or ends in this same statement. A task that ends wakes its parent
--- (a different row: a parent written by this statement is not touched twice). A write's
+-- (a different row: a parent written by this statement is not touched twice), unless it
+-- is an item of a distributed map (map_index: its parent counts them). A write's
 -- budget_delta ({resource: amount}) is added to its tenant's budget use, and its
 -- budget_released (reservations returned) taken off the reserved part of it. run_at is never
 -- later than the task's workflow deadline (deadline_at), unless the write clears it.
@@ -53,7 +54,8 @@ WITH w AS (
     SELECT c.parent_id
     FROM toolkit_tasks c
     JOIN w ON c.id = w.task_id
-    WHERE c.parent_id IS NOT NULL AND w.state IN ('succeeded', 'failed', 'cancelled')
+    WHERE c.parent_id IS NOT NULL AND c.map_index IS NULL
+      AND w.state IN ('succeeded', 'failed', 'cancelled')
 ), guard AS (
     UPDATE toolkit_tasks t
     SET checkpoint = coalesce(w.checkpoint, t.checkpoint || '{"cursor": null}')
@@ -90,7 +92,7 @@ WITH w AS (
         updated_at = clock_timestamp()
     FROM w, locked l
     WHERE t.id = w.task_id AND l.id = w.task_id
-    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id
+    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index
 ), evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
@@ -129,7 +131,7 @@ WITH w AS (
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
                       THEN clock_timestamp() ELSE p.run_at END
     FROM guard g
-    WHERE p.id = g.parent_id
+    WHERE p.id = g.parent_id AND g.map_index IS NULL
       AND g.state IN ('succeeded', 'failed', 'cancelled')
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)

@@ -1,0 +1,354 @@
+"""Distributed map steps (``map: {distributed: true}``), in-process against PostgreSQL: items
+listed page by page from an effect or a file become child tasks, batched or one each; the
+parent waits without a lease and without being woken by each child; failures up to the
+tolerated count, then the step fails and cancels the live children; refused inputs are
+per-item failures; a page listed twice starts no child twice; max_concurrency holds."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.apps.counting import app as counting_app
+from tests.helpers.inprocess import FAST, deploy_submit, drain, sql
+from tests.helpers.processes import eventually
+from tests.helpers.workflows import definition
+from toolkit.runtime.config import CancellationToken, SupervisorConfig
+from toolkit.runtime.supervisor import WorkflowSupervisor
+from toolkit.runtime.worker import Worker
+from toolkit.store import Store
+
+pytestmark = pytest.mark.anyio
+
+ITEM = """
+name: item
+version: 1
+input:
+  type: object
+  required: [n]
+  properties: {n: {type: integer}, fail: {type: boolean, default: false}}
+start: route
+steps:
+  route:
+    choice: [{when: "${ input.fail }", next: broken}]
+    default: work
+  work: {effect: count.work, idempotent: true, args: {value: "${ input.n }"}}
+  broken: {fail: {error: ItemBroke, message: "item ${ input.n } broke"}}
+"""
+
+BATCH = """
+name: batch
+version: 1
+input: {type: object, required: [items, first_index]}
+start: work
+steps:
+  work: {effect: count.work, idempotent: true, args: {value: "${ input.first_index }"}}
+"""
+
+
+def parent(map_fields: str, source: str | None = None) -> str:
+    """A parent whose step ``each`` is a distributed map with ``map_fields`` (YAML flow)."""
+    source = source or (
+        "{effect: count.pages, args: {total: '${ input.total }', size: 10,"
+        " fail_every: '${ input.fail_every }', flaky: '${ input.flaky }'}}"
+    )
+    return f"""
+name: wide
+version: 1
+input:
+  type: object
+  properties:
+    total: {{type: integer, default: 25}}
+    fail_every: {{type: integer, default: 0}}
+    flaky: {{type: boolean, default: false}}
+    path: {{type: string, default: ""}}
+start: each
+steps:
+  each:
+    map: {{distributed: true, items_from: {source}, {map_fields}}}
+    next: done
+    catch: [{{errors: [MapFailed], next: failed}}]
+  done: {{succeed: {{output: "${{ steps.each }}"}}}}
+  failed: {{succeed: {{output: "${{ steps.each.error }}"}}}}
+"""
+
+
+async def cli(dsn: str, *args: str) -> tuple[int, str, str]:
+    """A toolkit command against the test's database (in a thread: it runs its own loop)."""
+    from tests.cli.test_cli import invoke
+
+    return await anyio.to_thread.run_sync(lambda: invoke(*args, dsn=dsn))
+
+
+async def children(store: Store, parent_id: int) -> list[tuple[Any, ...]]:
+    """(map_index, state, occurrence) of a parent's children, in item order."""
+    return await sql(
+        store,
+        "SELECT map_index, state, parent_occurrence FROM toolkit_tasks WHERE parent_id = %s"
+        " ORDER BY map_index",
+        parent_id,
+    )
+
+
+async def run_map(store: Store, text: str, task_input: dict[str, Any], *children: str) -> int:
+    """Deploy and submit; run parent and children to the end (`--until-idle` waits for a map
+    counting its children)."""
+    for child in children:
+        await store.definitions.deploy(definition(child))
+    (task_id,) = await deploy_submit(store, text, [task_input])
+    await drain(store, text, *children)
+    return task_id
+
+
+async def listed(store: Store, text: str, task_id: int) -> None:
+    """Run a worker of ``text`` alone (no child runs) until task ``task_id`` waits for its
+    children, then stop it."""
+
+    async def waiting() -> bool:
+        task = await store.tasks.get(task_id)
+        return (task.state, task.wait_reason) == ("waiting", "map") or task.state == "failed"
+
+    shutdown = CancellationToken()
+    worker = Worker(store, counting_app, [definition(text)])
+    async with anyio.create_task_group() as group:
+        group.start_soon(WorkflowSupervisor(worker, SupervisorConfig(**FAST)).run, shutdown)
+        await eventually(waiting, what=f"task {task_id} to wait for its map's children")
+        shutdown.cancel()
+
+
+async def test_items_listed_in_pages_run_as_child_tasks_and_the_output_sums_them_up(
+    store: Store,
+) -> None:
+    text = parent("workflow: {name: item}")
+    task_id = await run_map(store, text, {"total": 25}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task.error, await children(store, task_id))
+    assert task.result == {"items": 25, "tasks": 25, "succeeded": 25, "failed": 0, "errors": []}
+    rows = await children(store, task_id)
+    assert rows == [(i, "succeeded", f"each#1/{i}") for i in range(25)]
+    results = await store.map_items.results(task_id)
+    assert [(r.index, r.input, r.result["value"]) for r in results] == [
+        (i, {"n": i, "fail": False}, i) for i in range(25)
+    ]
+    page = await store.map_items.results(task_id, after=20, limit=3)
+    assert [r.index for r in page] == [20, 21, 22] and page[0].occurrence == "each#1"
+    pages = await sql(
+        store, "SELECT occurrence, record FROM toolkit_effect_evidence WHERE task_id = %s"
+        " ORDER BY id", task_id,
+    )  # fmt: skip
+    assert pages == [
+        ("each#1/page/each#0", "completed"), ("each#1/page/each#10", "completed"),
+        ("each#1/page/each#20", "completed"),
+    ]  # fmt: skip
+
+
+async def test_the_parent_waits_without_a_lease_and_no_child_wakes_it(
+    store: Store, dsn: str
+) -> None:
+    """20,000 children must not wake (and lock) their parent 20,000 times: it counts them."""
+    text = parent("workflow: {name: item}")
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 12}])
+    await listed(store, text, task_id)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason, task.lease_owner) == ("waiting", "map", None)
+    assert len(await children(store, task_id)) == 12
+    code, out, err = await cli(dsn, "show", str(task_id))
+    assert code == 0, err
+    assert "the 12 child tasks of each#1 (12 items; toolkit tasks --parent lists them)" in out
+    code, out, err = await cli(dsn, "tasks", "--parent", str(task_id), "--state", "queued")
+    assert code == 0 and out.count(" item ") == 12, (out, err)
+    before = await sql(store, "SELECT run_at FROM toolkit_tasks WHERE id = %s", task_id)
+    await drain(store, ITEM)  # the children end
+    after = await sql(store, "SELECT run_at, child_wake FROM toolkit_tasks WHERE id = %s",
+                      task_id)  # fmt: skip
+    assert after == [(before[0][0], False)]
+    await drain(store, text)  # waits for the parent's next count: it is work in progress
+    assert (await store.tasks.get(task_id)).result["succeeded"] == 12
+
+
+async def test_items_per_task_batches_items_within_a_page(store: Store) -> None:
+    text = parent("workflow: {name: batch}, items_per_task: 4")
+    task_id = await run_map(store, text, {"total": 25}, BATCH)
+    task = await store.tasks.get(task_id)
+    assert task.result == {"items": 25, "tasks": 8, "succeeded": 25, "failed": 0, "errors": []}
+    results = await store.map_items.results(task_id)
+    # pages of 10: a batch never spans two pages
+    assert [r.index for r in results] == [0, 4, 8, 10, 14, 18, 20, 24]
+    assert results[2].input == {"items": [{"n": 8}, {"n": 9}], "first_index": 8}
+
+
+async def test_failures_up_to_the_tolerated_count_let_the_step_succeed(store: Store) -> None:
+    text = parent("workflow: {name: item}, tolerated_failures: 3")
+    task_id = await run_map(store, text, {"total": 25, "fail_every": 10}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", task.error
+    assert (task.result["succeeded"], task.result["failed"]) == (22, 3)
+    assert [(e["index"], e["error"]["name"]) for e in task.result["errors"]] == [
+        (0, "ItemBroke"), (10, "ItemBroke"), (20, "ItemBroke"),
+    ]  # fmt: skip
+    failed = await store.map_items.results(task_id, state="failed")
+    assert [r.index for r in failed] == [0, 10, 20]
+
+
+async def test_one_failure_more_fails_the_step_and_cancels_the_live_children(
+    store: Store,
+) -> None:
+    text = parent("workflow: {name: item}, tolerated_failure_percentage: 10")  # 2 of 25
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 25}])
+    await listed(store, text, task_id)  # no child has run
+    ids = [row[0] for row in await sql(
+        store, "SELECT id FROM toolkit_tasks WHERE parent_id = %s ORDER BY map_index LIMIT 3",
+        task_id)]  # fmt: skip
+    for child_id in ids:
+        await store.tasks.cancel(child_id, "an operator stopped it")
+    await drain(store, text)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded" and task.result["name"] == "MapFailed", task.result
+    assert (task.result["failed"], task.result["items"]) == (3, 25)
+    assert "more than the 2 tolerated; 22 live tasks cancelled" in task.result["message"]
+    states = {row[1] for row in await children(store, task_id)}
+    assert states == {"cancelled"}
+
+
+async def test_an_item_its_workflow_refuses_is_a_failed_item_with_the_reason(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    path_text = parent("workflow: {name: item}, tolerated_failures: 1",
+                       source="{file: '${ input.path }', page_size: 2}")  # fmt: skip
+    await store.definitions.deploy(definition(ITEM))
+    lines = ['{"n": 1}', "", '{"n": "two"}', '{"n": 3}']
+    file = tmp_path / "items.jsonl"
+    file.write_text("\n".join(lines) + "\n")
+    task_id = await run_map(store, path_text, {"path": str(file)}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert task.result["items"] == 3 and task.result["failed"] == 1, task.result
+    (error,) = task.result["errors"]
+    assert error["index"] == 1 and error["error"]["name"] == "InputError"
+    assert "two" in error["error"]["message"] or "integer" in error["error"]["message"]
+    rows = await children(store, task_id)
+    assert [row[:2] for row in rows] == [(0, "succeeded"), (1, "failed"), (2, "succeeded")]
+
+
+async def test_a_line_that_is_not_json_fails_the_step_naming_the_file_and_line(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    text = parent("workflow: {name: item}", source="{file: '${ input.path }'}")
+    file = tmp_path / "items.jsonl"
+    file.write_text('{"n": 1}\n{"n": 2,\n')
+    task_id = await run_map(store, text, {"path": str(file)}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed"
+    assert task.error["name"] == "ItemSourceInvalid"
+    assert task.error["message"].startswith(f"{file}:2: not a JSON value")
+    missing = await run_map(store, text, {"path": str(tmp_path / "none.jsonl")})
+    assert (await store.tasks.get(missing)).error["name"] == "FileNotFoundError"
+
+
+async def test_a_page_listed_again_after_a_crash_starts_no_child_twice(store: Store) -> None:
+    text = parent("workflow: {name: item}")
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 25, "flaky": True}])
+    await listed(store, text, task_id)  # every page failed once, then was listed
+    assert len(await children(store, task_id)) == 25
+    # Row surgery: the task is back where it was before its listing was written.
+    await sql(
+        store,
+        "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL,"
+        " run_at = clock_timestamp(), checkpoint = checkpoint - 'wait' WHERE id = %s",
+        task_id,
+    )
+    await listed(store, text, task_id)
+    rows = await children(store, task_id)
+    assert [row[0] for row in rows] == list(range(25)), rows
+    calls = await sql(store, "SELECT sum(calls) FROM test_calls WHERE step = 'each'")
+    assert calls == [(12,)]  # 3 pages, each failed once then listed, all of it twice
+
+
+async def test_max_concurrency_bounds_the_live_children(store: Store) -> None:
+    text = parent("workflow: {name: item}, max_concurrency: 4")
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 25}])
+    await listed(store, text, task_id)
+    held = await sql(
+        store, "SELECT count(*) FILTER (WHERE key_held), count(*) FILTER (WHERE wait_reason ="
+        " 'concurrency') FROM toolkit_tasks WHERE parent_id = %s", task_id,
+    )  # fmt: skip
+    assert held == [(4, 21)]
+    await drain(store, text, ITEM)
+    assert (await store.tasks.get(task_id)).result["succeeded"] == 25
+
+
+ONCE_BROKEN = """
+name: item
+version: 1
+input: {type: object, properties: {n: {type: integer}, fail: {type: boolean, default: false}}}
+start: call
+steps:
+  call:
+    effect: count.first_call_fails
+    idempotent: true
+    args: {fail: "${ input.fail }"}
+    retry: {max_attempts: 1}
+"""
+
+
+async def test_redriving_a_failed_map_runs_its_failed_items_again(store: Store) -> None:
+    text = parent("workflow: {name: item}").replace("[MapFailed]", "[NeverRaised]")
+    await store.definitions.deploy(definition(ONCE_BROKEN))
+    (task_id,) = await deploy_submit(store, text, [{"total": 25, "fail_every": 10}])
+    await listed(store, text, task_id)
+    await drain(store, ONCE_BROKEN)  # every item ends before the map counts: none cancelled
+    await drain(store, text)
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed" and task.error["name"] == "MapFailed", task.error
+    plan = await store.tasks.redrive(task_id)
+    lines = "\n".join(plan.lines())
+    assert lines.count("is redriven:") == 3, lines  # items 0, 10, 20; the others keep theirs
+    await drain(store, text, ONCE_BROKEN)
+    task = await store.tasks.get(task_id)
+    assert task.state == "succeeded", (task.error, await children(store, task_id))
+    assert (task.result["succeeded"], task.result["failed"]) == (25, 0)
+    calls = await sql(store, "SELECT sum(calls) FROM test_calls WHERE step = 'call'")
+    assert calls == [(28,)]  # 25 items once, the 3 failed ones again
+
+
+def test_the_definition_checks_say_which_fields_go_with_distributed() -> None:
+    from tests.helpers.workflows import faults_of
+
+    def messages(map_body: str, nested: bool = False) -> list[str]:
+        step = f"map: {map_body}"
+        if nested:
+            step = (
+                "parallel: {branches: {a: {start: m, steps: {m: {" + step + "}}}}}"
+            )
+        text = f"name: x\nversion: 1\nstart: m\nsteps:\n  m: {{{step}}}\n"
+        return [fault.message for fault in faults_of(text)]
+
+    both = messages("{distributed: true, items_from: {effect: a.b, file: x}, workflow: {name: w}}")
+    assert any("items_from needs one of effect" in m for m in both), both
+    inline = messages("{distributed: true, items_from: {file: x}, workflow: {name: w},"
+                      " items: '${ input }'}")  # fmt: skip
+    assert any("items is not used by a distributed map" in m for m in inline), inline
+    missing = messages("{distributed: true, items_from: {file: x}}")
+    assert any("workflow" in m for m in missing), missing
+    plain = messages("{items: '${ input }', tolerated_failures: 1, branch: {start: s,"
+                     " steps: {s: {succeed: {}}}}}")  # fmt: skip
+    assert any("tolerated_failures belongs to a distributed map" in m for m in plain), plain
+    nested = messages("{distributed: true, items_from: {file: x}, workflow: {name: w}}", True)
+    assert any("top level only" in m for m in nested), nested
+
+
+def test_a_page_is_an_object_with_items() -> None:
+    from toolkit.engine.steps.distributed_map import ItemSourceInvalid, _effect_page
+
+    assert _effect_page("h", {"items": [1], "cursor": None}).items == [1]
+    for bad in ([1, 2], {"items": "x"}, {"items": [], "cursor": 3}):
+        with pytest.raises(ItemSourceInvalid):
+            _effect_page("h", bad)
+    assert json.dumps(_effect_page("h", {"items": []}).items) == "[]"

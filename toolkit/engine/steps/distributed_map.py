@@ -1,0 +1,283 @@
+"""``map: {distributed: true}``: items as child tasks across the fleet, listed page by page.
+
+The step lists its items from its source one page at a time, starts that page's child tasks
+(one per item, or per ``items_per_task``) and writes how far it came in the checkpoint
+(:class:`~toolkit.waits.MapItemsWait`) before it lists the next: the worker holds one
+page, never the whole list, and a crash lists again from the last page written (the
+children of a page listed twice are started once, keyed by their first item's index). Once
+listed, the task waits (reason ``map``, no lease) and counts its children at intervals: it
+fails, cancelling those still live, as soon as more items failed than it tolerates, and goes
+on with a summary once none is live. Each child keeps its own result
+(docs/composition.md#distributed-map).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+from typing import Any
+
+import anyio.to_thread
+
+from toolkit.checkpoint import Frame
+from toolkit.definition import DistributedMapStep, WorkflowDefinition
+from toolkit.engine.attempts import AttemptKind, attempt, retry_delay
+from toolkit.engine.cycle import Cycle
+from toolkit.engine.failures import Error, error_data
+from toolkit.engine.protocol import Advance, Failed, Retry, StepContext, StepKind, Transition, Wait
+from toolkit.errors import DefinitionRetired, InputError, PayloadRefused, UnknownDefinition
+from toolkit.lifecycle import EventKind, WaitReason
+from toolkit.payload import check_payload
+from toolkit.store.map_items import NewItemTask
+from toolkit.store.submission import concurrency_params
+from toolkit.store.writes import Event
+from toolkit.waits import MapItemsWait
+
+#: Seconds between two counts of a map's children, at least and at most: a count reads the
+#: live children, so a map with many is counted less often (one second per 20,000).
+CHECK_EVERY = (1.0, 30.0)
+#: Live children a count every second covers; more make the interval longer.
+LIVE_PER_SECOND_OF_INTERVAL = 20_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """One page of items, and the cursor of the next (None: this was the last)."""
+
+    items: list[Any]
+    cursor: Any
+
+
+class ItemSourceInvalid(Exception):
+    """A page source returned something that is not a page, or a file line is not JSON."""
+
+    error_name = "ItemSourceInvalid"
+
+
+async def run(ctx: StepContext, step: DistributedMapStep) -> Transition:
+    """List the items (page by page, resuming), then count the children until none is live."""
+    cycle = ctx.cycle
+    occurrence = ctx.frame.occurrence(step.id)
+    state = ctx.frame.wait
+    if not isinstance(state, MapItemsWait) or state.occurrence != occurrence:
+        state = MapItemsWait(occurrence)
+    if state.listing:
+        try:
+            definition = await cycle.retrying(
+                functools.partial(
+                    cycle.services.store.definitions.submittable, step.workflow, step.version
+                )
+            )
+        except (UnknownDefinition, DefinitionRetired) as exc:
+            return Failed(error_data(exc))
+        if step.max_concurrency is not None and definition.concurrency is not None:
+            return Failed({
+                "name": "ConcurrencyConflict",
+                "message": f"{definition.name} v{definition.version} has a concurrency key; "
+                "a distributed map of it cannot bound its children with max_concurrency too",
+            })  # fmt: skip
+        while state.listing:
+            page = await _next_page(ctx, step, state)
+            if not isinstance(page, Page):
+                return page
+            state = await _start_page(ctx, step, state, definition, page)
+    store = cycle.services.store
+    progress = await cycle.retrying(
+        functools.partial(store.map_items.progress, cycle.task.id, occurrence, state.listed)
+    )
+    tolerated = _tolerated(step, state.listed)
+    if progress.failed > tolerated:
+        summary = await _summary(cycle, state)  # before the cancels: what failed by itself
+        ids = await cycle.retrying(
+            functools.partial(store.map_items.cancel_live, cycle.fence, occurrence,
+                              f"map step {step.id!r} failed")
+        )  # fmt: skip
+        if ids:
+            await cycle.retrying(functools.partial(store.tasks.cancel_descendants, ids))
+        ctx.frame.wait = None
+        return Failed({
+            "name": "MapFailed",
+            "message": f"{summary['failed']} of {state.listed} items failed, more than the "
+            f"{tolerated} tolerated; {len(ids)} live tasks cancelled",
+            **summary,
+        })  # fmt: skip
+    if progress.live == 0:
+        ctx.frame.wait = None
+        return Advance(await _summary(cycle, state), step.next)
+    detail = {"step": step.id, "map": {"tasks": state.tasks, "live": progress.live}}
+    interval = min(max(progress.live / LIVE_PER_SECOND_OF_INTERVAL, CHECK_EVERY[0]),
+                   CHECK_EVERY[1])  # fmt: skip
+    return Wait(WaitReason.MAP, state, Event(EventKind.WAITING, detail), delay_seconds=interval)
+
+
+def _tolerated(step: DistributedMapStep, items: int) -> int:
+    """Failed items ``step`` tolerates out of ``items``: the smaller of the bounds it sets."""
+    bounds = [] if step.tolerated_failures is None else [step.tolerated_failures]
+    if step.tolerated_failure_percentage is not None:
+        bounds.append(math.floor(items * step.tolerated_failure_percentage / 100))
+    return min(bounds, default=0)
+
+
+async def _summary(cycle: Cycle, state: MapItemsWait) -> dict[str, Any]:
+    """The step's output: counts over every child, and the first failed tasks."""
+    summary = await cycle.retrying(
+        functools.partial(cycle.services.store.map_items.summary, cycle.task.id,
+                          state.occurrence, state.listed)
+    )  # fmt: skip
+    return {
+        "items": state.listed, "tasks": summary.tasks, "succeeded": summary.succeeded,
+        "failed": summary.failed, "errors": summary.errors,
+    }  # fmt: skip
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+async def _next_page(
+    ctx: StepContext, step: DistributedMapStep, state: MapItemsWait
+) -> Page | Transition:
+    """The next page from the step's source, or what the step comes to instead."""
+    source = step.items_from
+    if source.page is None:
+        assert source.file is not None
+        try:
+            return await anyio.to_thread.run_sync(
+                _file_page, str(source.file.render(ctx.scope)), state, source.page_size
+            )
+        except (OSError, ItemSourceInvalid) as exc:
+            return Failed(error_data(exc))
+    page_step = source.page
+    frame = Frame(
+        cursor=step.id, prefix=f"{state.occurrence}/page/",
+        visits={step.id: state.listed}, attempts={},
+    )  # fmt: skip
+    frame.attempts[frame.occurrence(step.id)] = state.attempts
+    rendered = page_step.args.render(ctx.scope)
+    args = {**(rendered if isinstance(rendered, dict) else {}), "cursor": state.cursor}
+    done = await attempt(dataclasses.replace(ctx, frame=frame), page_step, args)
+    if done.kind is AttemptKind.COMPLETED:
+        try:
+            return _effect_page(page_step.handler, done.result)
+        except ItemSourceInvalid as exc:
+            return Failed(error_data(exc))
+    assert done.kind is AttemptKind.FAILED and done.error is not None, done.kind
+    delay = retry_delay(page_step, done)
+    if delay is None:
+        ctx.frame.wait = None
+        return Failed({**done.error, "attempts": done.attempt})
+    ctx.frame.wait = dataclasses.replace(state, attempts=done.attempt)
+    return Retry(done.occurrence, done.attempt, done.error, delay)
+
+
+def _effect_page(handler: str, result: Any) -> Page:
+    """The page a page source's handler returned: ``{"items": [...], "cursor": next}``.
+
+    Raises:
+        ItemSourceInvalid: anything else.
+    """
+    if not isinstance(result, dict) or not isinstance(result.get("items"), list):
+        raise ItemSourceInvalid(
+            f"page source {handler!r} returned {type(result).__name__}; a page is an object "
+            '{"items": [...], "cursor": next or null}'
+        )
+    cursor = result.get("cursor")
+    if cursor is not None and not result["items"]:
+        raise ItemSourceInvalid(
+            f"page source {handler!r} returned no items and a cursor: a page with a next "
+            "one has items (return cursor null to end the list)"
+        )
+    return Page(result["items"], cursor)
+
+
+def _file_page(path: str, state: MapItemsWait, size: int) -> Page:
+    """Up to ``size`` items of the JSON Lines file ``path`` from ``state.cursor``.
+
+    The cursor is ``{"offset": bytes, "line": number}`` of the next line, None at the end of
+    the file; blank lines are skipped.
+
+    Raises:
+        OSError: the file cannot be read.
+        ItemSourceInvalid: a line is not JSON (the message names the file and line).
+    """
+    at = state.cursor if isinstance(state.cursor, dict) else {"offset": 0, "line": 1}
+    offset, line = int(at["offset"]), int(at["line"])
+    items: list[Any] = []
+    with open(os.path.expanduser(path), "rb") as file:
+        file.seek(offset)
+        while len(items) < size:
+            raw = file.readline()
+            if not raw:
+                return Page(items, None)
+            offset += len(raw)
+            line += 1
+            if raw.strip():
+                try:
+                    items.append(json.loads(raw))
+                except ValueError as exc:
+                    raise ItemSourceInvalid(f"{path}:{line - 1}: not a JSON value: {exc}") from None
+    return Page(items, {"offset": offset, "line": line})
+
+
+async def _start_page(
+    ctx: StepContext,
+    step: DistributedMapStep,
+    state: MapItemsWait,
+    definition: WorkflowDefinition,
+    page: Page,
+) -> MapItemsWait:
+    """Start a page's child tasks, then write how far the listing came."""
+    cycle = ctx.cycle
+    size = step.items_per_task or 1
+    items = [
+        _item_task(cycle, step, state.occurrence, definition, state.listed + i,
+                   page.items[i] if step.items_per_task is None else page.items[i : i + size])
+        for i in range(0, len(page.items), size)
+    ]  # fmt: skip
+    if items:
+        await cycle.retrying(
+            functools.partial(cycle.services.store.map_items.start, cycle.fence,
+                              state.occurrence, definition, items)
+        )  # fmt: skip
+    state = MapItemsWait(
+        state.occurrence, page.cursor, state.listed + len(page.items), state.tasks + len(items),
+        listing=page.cursor is not None,
+    )  # fmt: skip
+    ctx.frame.wait = state
+    await cycle.commit()
+    return state
+
+
+def _item_task(
+    cycle: Cycle,
+    step: DistributedMapStep,
+    occurrence: str,
+    definition: WorkflowDefinition,
+    index: int,
+    value: Any,
+) -> NewItemTask:
+    """The child task of the item (or batch) at ``index``: failed when its input is refused."""
+    if step.items_per_task is not None:
+        value = {"items": value, "first_index": index}
+    try:
+        child_input = definition.validate_input(value)
+        check_payload(child_input, cycle.services.store.leases.payload_limits)
+        tags = definition.task_tags(child_input)
+        key: tuple[str, int] | None
+        if step.max_concurrency is not None:
+            key = (f"map:{cycle.task.id}:{occurrence}", step.max_concurrency)
+        else:
+            own = concurrency_params(definition, child_input)
+            key = None if own["concurrency_key"] is None else (
+                own["concurrency_key"], own["concurrency_limit"]
+            )  # fmt: skip
+    except (InputError, PayloadRefused) as exc:
+        error: Error = {**error_data(exc), "index": index}
+        # a refused input is kept with its error, unless it is too large to keep
+        return NewItemTask(index, None if isinstance(exc, PayloadRefused) else value, error=error)
+    return NewItemTask(index, child_input, tags, concurrency=key)
+
+
+KIND = StepKind(run)
