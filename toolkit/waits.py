@@ -136,8 +136,9 @@ class MapItemsWait:
 
     Kept from its first page on, waiting or not: ``cursor`` is the item source's cursor of
     the next page (None before the first), ``listed`` the items listed so far (the index of
-    the next), ``tasks`` the child tasks started, ``listing`` whether pages remain, and
-    ``attempts`` the failed calls in a row for the next page (an effect source's retries).
+    the next), ``tasks`` the child tasks started, ``listing`` whether pages remain,
+    ``attempts`` the failed calls in a row for the next page (an effect source's retries),
+    and ``checks`` how many times the children were counted since.
     """
 
     occurrence: str
@@ -146,13 +147,15 @@ class MapItemsWait:
     tasks: int = 0
     listing: bool = True
     attempts: int = 0
+    checks: int = 0
 
     def to_json(self) -> Json:
         """The stored JSON form."""
         return {
             "occurrence": self.occurrence,
             "map": {"cursor": self.cursor, "listed": self.listed, "tasks": self.tasks,
-                    "listing": self.listing, "attempts": self.attempts},
+                    "listing": self.listing, "attempts": self.attempts,
+                    "checks": self.checks},
         }  # fmt: skip
 
 
@@ -193,7 +196,7 @@ def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
         m = data["map"]
         return MapItemsWait(
             occurrence, m.get("cursor"), int(m.get("listed", 0)), int(m.get("tasks", 0)),
-            bool(m.get("listing", True)), int(m.get("attempts", 0)),
+            bool(m.get("listing", True)), int(m.get("attempts", 0)), int(m.get("checks", 0)),
         )  # fmt: skip
     if data.get("timer"):
         return TimerWait(occurrence)

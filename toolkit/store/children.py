@@ -49,6 +49,24 @@ class ChildTask:
         return self.state in ("succeeded", "failed", "cancelled")
 
 
+def child_params(definition: WorkflowDefinition) -> dict[str, Any]:
+    """The parameters every statement that starts children of ``definition`` takes.
+
+    The definition they are pinned to, their first checkpoint and deadline, their priority,
+    the trace context (the parent's step span) and the tag limit.
+    """
+    return {
+        "name": definition.name,
+        "version": definition.version,
+        "digest": definition.digest,
+        "checkpoint": Jsonb(Checkpoint.initial(definition.start, definition.budget).to_json()),
+        "timeout": definition.timeout,
+        "priority": definition.priority,
+        "trace_parent": current_traceparent(),
+        "max_tags": MAX_TAGS,
+    }
+
+
 class Children:
     """Child tasks of one store."""
 
@@ -84,22 +102,13 @@ class Children:
             "start_child",
             {
                 **fence_params(fence),
+                **child_params(definition),
                 "occurrence": occurrence,
-                "name": definition.name,
-                "version": definition.version,
-                "digest": definition.digest,
                 "input": Jsonb(child_input),
-                "checkpoint": Jsonb(
-                    Checkpoint.initial(definition.start, definition.budget).to_json()
-                ),
-                "timeout": definition.timeout,
-                "priority": definition.priority,
-                "trace_parent": current_traceparent(),  # the parent's step span
                 "concurrency_key": None,
                 "concurrency_limit": None,
                 **(concurrency or {}),
                 "tags": Jsonb(dict(tags or {})),
-                "max_tags": MAX_TAGS,
             },
         )
         if row is None or row["parent_id"] is None:

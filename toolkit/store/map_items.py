@@ -17,13 +17,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import LeaseLost
+from toolkit.store.children import child_params
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
-from toolkit.store.tags import MAX_TAGS
-from toolkit.tracing import current_traceparent
 
 #: Failed item tasks a summary lists (the step's output keeps them as its ``errors``).
 ERRORS_SHOWN = 10
@@ -144,18 +142,9 @@ class MapItems:
             "start_map_items",
             {
                 **fence_params(fence),
+                **child_params(definition),
                 "occurrence": occurrence,
-                "name": definition.name,
-                "version": definition.version,
-                "digest": definition.digest,
-                "checkpoint": Jsonb(
-                    Checkpoint.initial(definition.start, definition.budget).to_json()
-                ),
-                "timeout": definition.timeout,
-                "priority": definition.priority,
-                "trace_parent": current_traceparent(),
                 "items": Jsonb([item.to_json() for item in items]),
-                "max_tags": MAX_TAGS,
             },
         )
         if row is None or row["parent_id"] is None:
