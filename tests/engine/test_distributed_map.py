@@ -182,6 +182,23 @@ async def test_items_per_task_batches_items_within_a_page(store: Store) -> None:
     assert results[2].input == {"items": [{"n": 8}, {"n": 9}], "first_index": 8}
 
 
+async def test_input_shapes_each_childs_input_from_its_item_and_the_parents_input(
+    store: Store,
+) -> None:
+    text = parent("workflow: {name: batch}, items_per_task: 10, input: {items: "
+                  "'${ context.items }', first_index: '${ context.index }', total: "
+                  "'${ input.total }'}")  # fmt: skip
+    task_id = await run_map(store, text, {"total": 12}, BATCH)
+    results = await store.map_items.results(task_id)
+    assert [r.input["first_index"] for r in results] == [0, 10]
+    assert results[1].input == {"items": [{"n": 10}, {"n": 11}], "first_index": 10, "total": 12}
+    text = parent("workflow: {name: item}, input: {n: '${ context.item.n }', fail: "
+                  "'${ context.index == `3` }'}, tolerated_failures: 1").replace("wide", "narrow")
+    task_id = await run_map(store, text, {"total": 5}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert (task.result["failed"], task.result["errors"][0]["index"]) == (1, 3), task.result
+
+
 async def test_failures_up_to_the_tolerated_count_let_the_step_succeed(store: Store) -> None:
     text = parent("workflow: {name: item}, tolerated_failures: 3")
     task_id = await run_map(store, text, {"total": 25, "fail_every": 10}, ITEM)

@@ -231,6 +231,9 @@ def _build_distributed_map(
         ),
         workflow=mapped["workflow"]["name"],
         version=mapped["workflow"].get("version"),
+        input=None
+        if "input" not in mapped
+        else compile_template(mapped["input"], path=f"{path}.map.input"),
         items_per_task=mapped.get("items_per_task"),
         max_concurrency=mapped.get("max_concurrency"),
         tolerated_failures=mapped.get("tolerated_failures"),

@@ -25,7 +25,7 @@ _INLINE_ONLY = {
 }
 #: Fields of a distributed map that an inline one refuses.
 _DISTRIBUTED_ONLY = (
-    "items_from", "workflow", "items_per_task", "tolerated_failures",
+    "items_from", "workflow", "input", "items_per_task", "tolerated_failures",
     "tolerated_failure_percentage",
 )  # fmt: skip
 
@@ -59,6 +59,8 @@ def map_problems(path: JsonPath, mapped: dict[str, Any], depth: int) -> list[Pro
     source = mapped.get("items_from")
     if isinstance(source, dict):
         problems += _source_problems((*where, "items_from"), source)
+    if "input" in mapped:
+        problems += template_problems((*where, "input"), mapped["input"])
     return problems
 
 

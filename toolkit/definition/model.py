@@ -412,8 +412,10 @@ class DistributedMapStep:
         items_from: Where the items come from.
         workflow: Name of the definition each child task runs.
         version: Its version; None resolves the latest submittable one when the step starts.
-        items_per_task: Items per child task (its input is then ``{"items": [...],
-            "first_index": N}``); None: one item per task, the item its input.
+        input: Renders to a child's input (``context.item``, or ``context.items`` with
+            ``items_per_task``, and ``context.index``); None: the item, or ``{"items":
+            [...], "first_index": N}``.
+        items_per_task: Items per child task; None: one item per task.
         max_concurrency: Most child tasks live at once (≥ 1), or None for no bound.
         tolerated_failures: Failed items the step tolerates, or None.
         tolerated_failure_percentage: Failed items tolerated as a percentage of all items,
@@ -426,6 +428,7 @@ class DistributedMapStep:
     items_from: ItemSource
     workflow: str
     version: int | None
+    input: Template | None
     items_per_task: int | None
     max_concurrency: int | None
     tolerated_failures: int | None

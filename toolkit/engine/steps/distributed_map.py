@@ -234,7 +234,7 @@ async def _start_page(
     cycle = ctx.cycle
     size = step.items_per_task or 1
     items = [
-        _item_task(cycle, step, state.occurrence, definition, state.listed + i,
+        _item_task(ctx, step, state.occurrence, definition, state.listed + i,
                    page.items[i] if step.items_per_task is None else page.items[i : i + size])
         for i in range(0, len(page.items), size)
     ]  # fmt: skip
@@ -253,15 +253,24 @@ async def _start_page(
 
 
 def _item_task(
-    cycle: Cycle,
+    ctx: StepContext,
     step: DistributedMapStep,
     occurrence: str,
     definition: WorkflowDefinition,
     index: int,
     value: Any,
 ) -> NewItemTask:
-    """The child task of the item (or batch) at ``index``: failed when its input is refused."""
-    if step.items_per_task is not None:
+    """The child task of the item (or batch) at ``index``: failed when its input is refused.
+
+    Raises:
+        ExpressionError: the step's ``input`` cannot be rendered (the task fails).
+    """
+    cycle = ctx.cycle
+    if step.input is not None:
+        name = "item" if step.items_per_task is None else "items"
+        context = {**ctx.scope["context"], name: value, "index": index}
+        value = step.input.render({**ctx.scope, "context": context})
+    elif step.items_per_task is not None:
         value = {"items": value, "first_index": index}
     try:
         child_input = definition.validate_input(value)
