@@ -138,7 +138,8 @@ class MapItemsWait:
     the next page (None before the first), ``listed`` the items listed so far (the index of
     the next), ``tasks`` the child tasks started, ``listing`` whether pages remain,
     ``attempts`` the failed calls in a row for the next page (an effect source's retries),
-    and ``checks`` how many times the children were counted since.
+    ``checks`` how many times the children were counted since, ``pages`` the pages listed,
+    and ``version`` the version of the children's definition, pinned at the first page.
     """
 
     occurrence: str
@@ -148,6 +149,8 @@ class MapItemsWait:
     listing: bool = True
     attempts: int = 0
     checks: int = 0
+    pages: int = 0
+    version: int | None = None
 
     def to_json(self) -> Json:
         """The stored JSON form."""
@@ -155,7 +158,7 @@ class MapItemsWait:
             "occurrence": self.occurrence,
             "map": {"cursor": self.cursor, "listed": self.listed, "tasks": self.tasks,
                     "listing": self.listing, "attempts": self.attempts,
-                    "checks": self.checks},
+                    "checks": self.checks, "pages": self.pages, "version": self.version},
         }  # fmt: skip
 
 
@@ -197,6 +200,7 @@ def wait_from_json(data: Mapping[str, Any] | None) -> Wait | None:
         return MapItemsWait(
             occurrence, m.get("cursor"), int(m.get("listed", 0)), int(m.get("tasks", 0)),
             bool(m.get("listing", True)), int(m.get("attempts", 0)), int(m.get("checks", 0)),
+            int(m.get("pages", 0)), m.get("version"),
         )  # fmt: skip
     if data.get("timer"):
         return TimerWait(occurrence)

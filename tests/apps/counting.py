@@ -163,13 +163,16 @@ async def pages(
     cursor: int | None = None,
     fail_every: int = 0,
     flaky: bool = False,
+    seconds: float = 0.0,
 ) -> dict[str, Any]:
     """A page source of a distributed map: items ``{"n": i}`` from ``cursor`` (0 first),
     ``size`` a page, ``total`` in all; every ``fail_every``-th item says ``fail``; ``flaky``:
-    each page's first attempt fails."""
+    each page's first attempt fails; ``seconds``: each page after the first takes that long."""
     await record_call(ctx)
     if flaky and ctx.attempt == 1:
         raise _named("Transient")(f"page at {cursor} failed on purpose")
+    if seconds and cursor:
+        await slow_call(seconds)
     start = cursor or 0
     end = min(start + size, total)
     items = [

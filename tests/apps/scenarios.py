@@ -66,7 +66,7 @@ async def pages(
     hang_at: int | None = None,
 ) -> dict[str, Any]:
     """A distributed map's page source: items ``{"n": i}``, ``size`` a page; the first call
-    for the page at ``hang_at`` hangs (a worker to kill mid-listing)."""
+    for the page at cursor ``hang_at`` hangs (a worker to kill mid-listing)."""
     calls = await record_call(ctx)
     start = cursor or 0
     if start == hang_at and calls == 1:

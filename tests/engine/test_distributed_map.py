@@ -6,15 +6,15 @@ per-item failures; a page listed twice starts no child twice; max_concurrency ho
 
 from __future__ import annotations
 
-import json
 import pathlib
+import re
 from typing import Any
 
 import anyio
 import pytest
 
 from tests.apps.counting import app as counting_app
-from tests.helpers.inprocess import FAST, deploy_submit, drain, sql
+from tests.helpers.inprocess import FAST, deploy_submit, drain, make_due, sql
 from tests.helpers.processes import eventually
 from tests.helpers.workflows import definition
 from toolkit.runtime.config import CancellationToken, SupervisorConfig
@@ -141,8 +141,8 @@ async def test_items_listed_in_pages_run_as_child_tasks_and_the_output_sums_them
         " ORDER BY id", task_id,
     )  # fmt: skip
     assert pages == [
-        ("each#1/page/each#0", "completed"), ("each#1/page/each#10", "completed"),
-        ("each#1/page/each#20", "completed"),
+        ("each#1/page/each#1", "completed"), ("each#1/page/each#2", "completed"),
+        ("each#1/page/each#3", "completed"),
     ]  # fmt: skip
 
 
@@ -224,6 +224,7 @@ async def test_one_failure_more_fails_the_step_and_cancels_the_live_children(
         task_id)]  # fmt: skip
     for child_id in ids:
         await store.tasks.cancel(child_id, "an operator stopped it")
+    await make_due(store, task_id)  # its next count: now (its live children run nowhere)
     await drain(store, text)
     task = await store.tasks.get(task_id)
     assert task.state == "succeeded" and task.result["name"] == "MapFailed", task.result
@@ -335,6 +336,133 @@ async def test_redriving_a_failed_map_runs_its_failed_items_again(store: Store) 
     assert calls == [(28,)]  # 25 items once, the 3 failed ones again
 
 
+async def test_cancelling_a_parent_while_it_lists_cancels_the_children_started_after(
+    store: Store,
+) -> None:
+    """A cancel request reaches a listing parent at its next heartbeat: the children started
+    by then are cancelled with it, none is left to run (found by a helper's report)."""
+    text = parent("workflow: {name: item}").replace("size: 10,", "size: 10, seconds: 0.3,")
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 400}])
+
+    async def some_children() -> bool:
+        return len(await children(store, task_id)) >= 10
+
+    async def cancelled() -> bool:
+        return (await store.tasks.get(task_id)).state == "cancelled"
+
+    shutdown = CancellationToken()
+    worker = Worker(store, counting_app, [definition(text)])
+    async with anyio.create_task_group() as group:
+        group.start_soon(WorkflowSupervisor(worker, SupervisorConfig(**FAST)).run, shutdown)
+        await eventually(some_children, what="the first page's children")
+        assert await store.tasks.cancel(task_id) == "requested"
+        await eventually(cancelled, what=f"task {task_id} cancelled")
+        shutdown.cancel()
+    rows = await children(store, task_id)
+    assert {row[1] for row in rows} == {"cancelled"}, rows
+    assert len(rows) < 400
+
+
+async def test_a_listing_that_fails_cancels_the_children_it_started(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    text = parent("workflow: {name: item}", source="{file: '${ input.path }', page_size: 2}")
+    file = tmp_path / "items.jsonl"
+    file.write_text('{"n": 1}\n{"n": 2}\n{"n": 3}\n{"n": 4}\n{"n": NaN}\n')
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"path": str(file)}])
+    await drain(store, text)  # no child runs: the listing fails at its third page
+    task = await store.tasks.get(task_id)
+    assert task.state == "failed" and task.error["name"] == "ItemSourceInvalid", task.error
+    assert "items.jsonl:5: not a JSON value: NaN is not JSON" in task.error["message"]
+    assert [row[1] for row in await children(store, task_id)] == ["cancelled"] * 4
+
+
+async def test_more_failures_than_tolerated_fail_the_map_while_it_lists(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    """A broken map stops at the page where its failures pass the count it tolerates: it
+    does not list (and start) every other item first."""
+    text = parent("workflow: {name: item}, tolerated_failures: 0",
+                  source="{file: '${ input.path }', page_size: 2}")  # fmt: skip
+    file = tmp_path / "items.jsonl"
+    file.write_text('{"n": "refused"}\n' + '{"n": 1}\n' * 9)
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"path": str(file)}])
+    await drain(store, text)
+    task = await store.tasks.get(task_id)
+    assert task.result["name"] == "MapFailed", task.result
+    assert task.result["message"].startswith("1 items failed while listing (after 2)")
+    rows = await children(store, task_id)
+    assert [row[1] for row in rows] == ["failed", "cancelled"], rows
+
+
+async def test_an_item_too_large_to_keep_is_a_failed_item_without_its_input(
+    store: Store, tmp_path: pathlib.Path
+) -> None:
+    text = parent("workflow: {name: item}, tolerated_failures: 1",
+                  source="{file: '${ input.path }'}")  # fmt: skip
+    file = tmp_path / "items.jsonl"
+    file.write_text('{"n": 1, "pad": "' + "x" * 1_200_000 + '"}\n{"n": 2}\n')
+    task_id = await run_map(store, text, {"path": str(file)}, ITEM)
+    task = await store.tasks.get(task_id)
+    assert (task.result["succeeded"], task.result["failed"]) == (1, 1), task.result
+    (refused,) = await store.map_items.results(task_id, state="failed")
+    assert refused.input is None and refused.error["name"] == "PayloadRefused"
+
+
+async def test_the_childrens_version_is_pinned_at_the_first_page(store: Store) -> None:
+    """A takeover lists the rest with the version the first page pinned, not a newer one
+    deployed since (found by a helper's report)."""
+    text = parent("workflow: {name: item}")
+    await store.definitions.deploy(definition(ITEM))
+    (task_id,) = await deploy_submit(store, text, [{"total": 25}])
+    await listed(store, text, task_id)
+    await store.definitions.deploy(definition(ITEM.replace("version: 1", "version: 2")))
+    # Row surgery: the task is back where it was after its second page, the third page's
+    # children not started.
+    await sql(store, "DELETE FROM toolkit_tasks WHERE parent_id = %s AND map_index >= 20",
+              task_id)  # fmt: skip
+    await sql(
+        store,
+        "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL,"
+        " run_at = clock_timestamp(), checkpoint = jsonb_set(checkpoint, '{wait,map}',"
+        " checkpoint #> '{wait,map}' || '{\"cursor\": 20, \"listed\": 20, \"tasks\": 20,"
+        " \"listing\": true, \"pages\": 2}') WHERE id = %s",
+        task_id,
+    )
+    await listed(store, text, task_id)
+    versions = await sql(
+        store, "SELECT DISTINCT definition_version FROM toolkit_tasks WHERE parent_id = %s",
+        task_id,
+    )  # fmt: skip
+    assert versions == [(1,)]
+    assert len(await children(store, task_id)) == 25
+
+
+SIGNALLED = """
+name: item
+version: 1
+start: approval
+steps:
+  approval: {wait: {signal: go}}
+"""
+
+
+async def test_until_idle_ends_while_the_children_wait_for_a_signal(store: Store) -> None:
+    """`--until-idle` does not wait for a map whose children wait for something outside it,
+    and waits for one whose children all ended (its next count ends it)."""
+    text = parent("workflow: {name: item}")
+    task_id = await run_map(store, text, {"total": 3}, SIGNALLED)  # returns: nothing to do
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason) == ("waiting", "map")
+    for row in await sql(store, "SELECT id FROM toolkit_tasks WHERE parent_id = %s", task_id):
+        await store.tasks.signal(row[0], "go", {})
+    await drain(store, text, SIGNALLED)  # the children end; the map's next count, waited for
+    assert (await store.tasks.get(task_id)).result["succeeded"] == 3
+
+
 def test_the_definition_checks_say_which_fields_go_with_distributed() -> None:
     from tests.helpers.workflows import faults_of
 
@@ -348,7 +476,8 @@ def test_the_definition_checks_say_which_fields_go_with_distributed() -> None:
         return [fault.message for fault in faults_of(text)]
 
     both = messages("{distributed: true, items_from: {effect: a.b, file: x}, workflow: {name: w}}")
-    assert any("items_from needs one of effect" in m for m in both), both
+    assert any("exactly one of effect (a page source) and file: both are given" in m
+               for m in both), both  # fmt: skip
     inline = messages("{distributed: true, items_from: {file: x}, workflow: {name: w},"
                       " items: '${ input }'}")  # fmt: skip
     assert any("items is not used by a distributed map" in m for m in inline), inline
@@ -361,11 +490,17 @@ def test_the_definition_checks_say_which_fields_go_with_distributed() -> None:
     assert any("top level only" in m for m in nested), nested
 
 
-def test_a_page_is_an_object_with_items() -> None:
+def test_a_page_is_an_object_with_items_and_a_cursor_that_moves_on() -> None:
     from toolkit.engine.steps.distributed_map import ItemSourceInvalid, _effect_page
 
-    assert _effect_page("h", {"items": [1], "cursor": None}).items == [1]
-    for bad in ([1, 2], {"items": "x"}, {"items": [], "cursor": 3}):
-        with pytest.raises(ItemSourceInvalid):
-            _effect_page("h", bad)
-    assert json.dumps(_effect_page("h", {"items": []}).items) == "[]"
+    assert _effect_page("h", {"items": [1], "cursor": None}, None).items == [1]
+    assert _effect_page("h", {"items": [], "cursor": 3}, 2).cursor == 3  # a filtered page
+    assert _effect_page("h", {"items": [1], "cursor": ""}, 2).cursor is None  # "" ends it
+    for bad, message in (
+        ([1, 2], "returned list; a page is an object"),
+        ({"items": "x"}, "returned a page with items str"),
+        ({"cursor": 1}, "returned a page with no items"),
+        ({"items": [1], "cursor": 2}, "returned the cursor it was given (2)"),
+    ):
+        with pytest.raises(ItemSourceInvalid, match=re.escape(message)):
+            _effect_page("h", bad, 2)

@@ -67,7 +67,9 @@ def map_problems(path: JsonPath, mapped: dict[str, Any], depth: int) -> list[Pro
 def _source_problems(where: JsonPath, source: dict[str, Any]) -> list[Problem]:
     """Problems of an ``items_from``: one source, and only its own fields."""
     if ("effect" in source) == ("file" in source):
-        return [Problem(where, "items_from needs one of effect (pages from a handler) or file")]
+        given = "both are given" if "effect" in source else "neither is given"
+        message = f"items_from takes exactly one of effect (a page source) and file: {given}"
+        return [Problem(where, message)]
     if "file" in source:
         return [
             Problem((*where, name), f"{name} goes with items_from.effect, not a file")

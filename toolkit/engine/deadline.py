@@ -12,11 +12,12 @@ import functools
 
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import Error
+from toolkit.engine.map_children import cancel_map_children
 from toolkit.engine.reservations import release
 from toolkit.errors import TaskTerminal
 from toolkit.lifecycle import EventKind
 from toolkit.store.writes import Event
-from toolkit.waits import ChildWait, MapItemsWait
+from toolkit.waits import ChildWait
 
 
 async def deadline_passed(cycle: Cycle) -> Error | None:
@@ -41,14 +42,7 @@ async def deadline_passed(cycle: Cycle) -> Error | None:
             await cycle.retrying(functools.partial(tasks.cancel, cp.wait.child, "parent timed out"))
         except TaskTerminal:
             pass  # it ended meanwhile
-    if isinstance(cp.wait, MapItemsWait):  # a distributed map's children are not waited for
-        map_items = cycle.services.store.map_items
-        reason = "parent timed out"
-        ids = await cycle.retrying(
-            functools.partial(map_items.cancel_live, cycle.fence, cp.wait.occurrence, reason)
-        )
-        if ids:
-            await cycle.retrying(functools.partial(tasks.cancel_descendants, ids))
+    await cancel_map_children(cycle, "parent timed out")  # not waited for any more
     cp.wait = None
     cp.pending = None
     cp.callbacks.clear()

@@ -18,6 +18,7 @@ from toolkit.engine.compensation import compensate as run_compensations
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.deadline import deadline_passed
 from toolkit.engine.failures import Error, error_data, storable_text
+from toolkit.engine.map_children import cancel_map_children
 from toolkit.engine.protocol import (
     Advance,
     Failed,
@@ -251,6 +252,7 @@ class TaskGraph:
         cycle = self.cycle
         cp = cycle.checkpoint
         error.setdefault("step", cp.cursor)
+        await cancel_map_children(cycle, f"parent task {cycle.task.id} failed")
         if isinstance(error.get("message"), str):
             error["message"] = storable_text(error["message"])
         if compensate and cp.compensable and cp.compensating is None:
@@ -274,6 +276,7 @@ class TaskGraph:
         error["step"] = cp.cursor
         if cp.fanout is not None:  # its reservation returns, its budget says so
             release(cycle, cp.fanout)
+        await cancel_map_children(cycle, f"parent task {cycle.task.id} cancelled")
         cycle.events.append(Event(EventKind.CANCELLED, {"reason": error["message"]}))
         await cycle.commit(state=TaskState.CANCELLED, error=error)
         return CycleOutcome.CANCELLED

@@ -32,7 +32,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from toolkit.checkpoint import BranchFrame, BranchStatus, Checkpoint
-from toolkit.definition import FailStep, MapStep, ParallelStep, WorkflowDefinition
+from toolkit.definition import (
+    DistributedMapStep,
+    FailStep,
+    MapStep,
+    ParallelStep,
+    WorkflowDefinition,
+)
 from toolkit.definition.walk import edges
 from toolkit.errors import NotRedrivable
 from toolkit.lifecycle import TaskState
@@ -292,9 +298,13 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
     occurrence = cp.occurrence(step)
 
     effects: list[PlannedEffect] = []
+    # a resumed distributed map lists its pages again (its progress ended with it)
+    pages = f"{occurrence}/page/" if isinstance(target.steps[step], DistributedMapStep) else None
     for occ, rows in history.items():
         fate = _fate(occ, rows[-1], cp, step, occurrence, replanned, resumed_fan, kept_rows,
                      reset_rows, options)  # fmt: skip
+        if pages is not None and occ.startswith(pages):
+            fate = EffectFate.AGAIN
         last = rows[-1]
         effect = PlannedEffect(
             last["step"], occ, last["handler"], bool(last["idempotent"]), fate,

@@ -27,6 +27,7 @@ from toolkit.definition import DistributedMapStep, WorkflowDefinition
 from toolkit.engine.attempts import AttemptKind, attempt, retry_delay
 from toolkit.engine.cycle import Cycle
 from toolkit.engine.failures import Error, error_data
+from toolkit.engine.map_children import cancel_map_children
 from toolkit.engine.protocol import Advance, Failed, Retry, StepContext, StepKind, Transition, Wait
 from toolkit.errors import DefinitionRetired, InputError, PayloadRefused, UnknownDefinition
 from toolkit.lifecycle import EventKind, WaitReason
@@ -60,50 +61,106 @@ class ItemSourceInvalid(Exception):
 
 
 async def run(ctx: StepContext, step: DistributedMapStep) -> Transition:
-    """List the items (page by page, resuming), then count the children until none is live."""
+    """List the items (page by page, resuming), then count the children until none is live.
+
+    A failure while listing (the source, or more failed items than the step tolerates)
+    cancels the children started so far: nothing waits for them any more.
+    """
     cycle = ctx.cycle
     occurrence = ctx.frame.occurrence(step.id)
     state = ctx.frame.wait
     if not isinstance(state, MapItemsWait) or state.occurrence != occurrence:
         state = MapItemsWait(occurrence)
     if state.listing:
-        try:
-            definition = await cycle.retrying(
-                functools.partial(
-                    cycle.services.store.definitions.submittable, step.workflow, step.version
-                )
-            )
-        except (UnknownDefinition, DefinitionRetired) as exc:
-            return Failed(error_data(exc))
-        if step.max_concurrency is not None and definition.concurrency is not None:
-            return Failed({
-                "name": "ConcurrencyConflict",
-                "message": f"{definition.name} v{definition.version} has a concurrency key; "
-                "a distributed map of it cannot bound its children with max_concurrency too",
-            })  # fmt: skip
-        while state.listing:
-            page = await _next_page(ctx, step, state)
-            if not isinstance(page, Page):
-                return page
-            state = await _start_page(ctx, step, state, definition, page)
+        transition = await _list(ctx, step, state)
+        if transition is not None:
+            if isinstance(transition, Failed):
+                reason = f"map step {step.id!r} failed"
+                await cancel_map_children(cycle, reason, occurrence)
+                ctx.frame.wait = None
+            return transition
+        assert isinstance(ctx.frame.wait, MapItemsWait)
+        state = ctx.frame.wait
+    return await _count(ctx, step, state)
+
+
+async def _list(
+    ctx: StepContext, step: DistributedMapStep, state: MapItemsWait
+) -> Transition | None:
+    """List the remaining pages, starting each page's children; None once all are listed.
+
+    The children's definition version is pinned at the first page (a takeover keeps it). A
+    transition ends the listing early: a retry of a page, or the step's failure.
+    """
+    store = ctx.cycle.services.store
+    try:
+        definition = await ctx.cycle.retrying(
+            functools.partial(store.definitions.get, step.workflow, state.version)
+            if state.version is not None
+            else functools.partial(store.definitions.submittable, step.workflow, step.version)
+        )
+    except (UnknownDefinition, DefinitionRetired) as exc:
+        return Failed(error_data(exc))
+    if step.max_concurrency is not None and definition.concurrency is not None:
+        return Failed({
+            "name": "ConcurrencyConflict",
+            "message": f"{definition.name} v{definition.version} has a concurrency key; "
+            "a distributed map of it cannot bound its children with max_concurrency too",
+        })  # fmt: skip
+    state = dataclasses.replace(state, version=definition.version)
+    while state.listing:
+        page = await _next_page(ctx, step, state)
+        if not isinstance(page, Page):
+            return page
+        state = await _start_page(ctx, step, state, definition, page)
+        if state.listing and step.tolerated_failures is not None:
+            failed = await _failed_early(ctx, step, state)
+            if failed is not None:
+                return failed
+    return None
+
+
+async def _failed_early(
+    ctx: StepContext, step: DistributedMapStep, state: MapItemsWait
+) -> Failed | None:
+    """While listing: the step's failure once more items failed than ``tolerated_failures``.
+
+    (A percentage is of all the items: it is checked once they are all listed.)
+    """
+    cycle = ctx.cycle
+    progress = await cycle.retrying(
+        functools.partial(cycle.services.store.map_items.progress, cycle.task.id,
+                          state.occurrence, state.listed)
+    )  # fmt: skip
+    if progress.failed <= _tolerated(step, None):
+        return None
+    summary = await _summary(cycle, state)
+    return Failed({
+        "name": "MapFailed",
+        "message": f"{summary['failed']} items failed while listing (after {state.listed}),"
+        f" more than the {_tolerated(step, None)} tolerated",
+        **summary,
+    })  # fmt: skip
+
+
+async def _count(ctx: StepContext, step: DistributedMapStep, state: MapItemsWait) -> Transition:
+    """Count the children: fail past the tolerance, go on once none is live, else wait."""
+    cycle = ctx.cycle
     store = cycle.services.store
     progress = await cycle.retrying(
-        functools.partial(store.map_items.progress, cycle.task.id, occurrence, state.listed)
-    )
+        functools.partial(store.map_items.progress, cycle.task.id, state.occurrence,
+                          state.listed)
+    )  # fmt: skip
     tolerated = _tolerated(step, state.listed)
     if progress.failed > tolerated:
         summary = await _summary(cycle, state)  # before the cancels: what failed by itself
-        ids = await cycle.retrying(
-            functools.partial(store.map_items.cancel_live, cycle.fence, occurrence,
-                              f"map step {step.id!r} failed")
-        )  # fmt: skip
-        if ids:
-            await cycle.retrying(functools.partial(store.tasks.cancel_descendants, ids))
+        reason = f"map step {step.id!r} failed"
+        ids = await cancel_map_children(cycle, reason, state.occurrence)
         ctx.frame.wait = None
         return Failed({
             "name": "MapFailed",
             "message": f"{summary['failed']} of {state.listed} items failed, more than the "
-            f"{tolerated} tolerated; {len(ids)} live tasks cancelled",
+            f"{tolerated} tolerated; {len(ids)} live tasks cancelled or asked to stop",
             **summary,
         })  # fmt: skip
     if progress.live == 0:
@@ -115,10 +172,13 @@ async def run(ctx: StepContext, step: DistributedMapStep) -> Transition:
     return Wait(WaitReason.MAP, state, Event(EventKind.WAITING, detail), delay_seconds=interval)
 
 
-def _tolerated(step: DistributedMapStep, items: int) -> int:
-    """Failed items ``step`` tolerates out of ``items``: the smaller of the bounds it sets."""
+def _tolerated(step: DistributedMapStep, items: int | None) -> int:
+    """Failed items ``step`` tolerates out of ``items``: the smaller of its bounds, or 0.
+
+    ``items`` None: not all are listed yet, so the percentage does not apply.
+    """
     bounds = [] if step.tolerated_failures is None else [step.tolerated_failures]
-    if step.tolerated_failure_percentage is not None:
+    if step.tolerated_failure_percentage is not None and items is not None:
         bounds.append(math.floor(items * step.tolerated_failure_percentage / 100))
     return min(bounds, default=0)
 
@@ -154,7 +214,7 @@ async def _next_page(
     page_step = source.page
     frame = Frame(
         cursor=step.id, prefix=f"{state.occurrence}/page/",
-        visits={step.id: state.listed}, attempts={},
+        visits={step.id: state.pages + 1}, attempts={},
     )  # fmt: skip
     frame.attempts[frame.occurrence(step.id)] = state.attempts
     rendered = page_step.args.render(ctx.scope)
@@ -162,34 +222,44 @@ async def _next_page(
     done = await attempt(dataclasses.replace(ctx, frame=frame), page_step, args)
     if done.kind is AttemptKind.COMPLETED:
         try:
-            return _effect_page(page_step.handler, done.result)
+            return _effect_page(page_step.handler, done.result, state.cursor)
         except ItemSourceInvalid as exc:
             return Failed(error_data(exc))
     assert done.kind is AttemptKind.FAILED and done.error is not None, done.kind
     delay = retry_delay(page_step, done)
     if delay is None:
-        ctx.frame.wait = None
         return Failed({**done.error, "attempts": done.attempt})
     ctx.frame.wait = dataclasses.replace(state, attempts=done.attempt)
     return Retry(done.occurrence, done.attempt, done.error, delay)
 
 
-def _effect_page(handler: str, result: Any) -> Page:
+def _effect_page(handler: str, result: Any, given: Any) -> Page:
     """The page a page source's handler returned: ``{"items": [...], "cursor": next}``.
 
+    A null or empty ``cursor`` ends the list; a page may be empty and still have a next one
+    (a filtered scan), but not the cursor it was given (that would list it forever).
+
     Raises:
-        ItemSourceInvalid: anything else.
+        ItemSourceInvalid: anything else (the message says what is wrong).
     """
-    if not isinstance(result, dict) or not isinstance(result.get("items"), list):
+    shape = '{"items": [...], "cursor": next or null}'
+    if not isinstance(result, dict):
         raise ItemSourceInvalid(
             f"page source {handler!r} returned {type(result).__name__}; a page is an object "
-            '{"items": [...], "cursor": next or null}'
+            f"{shape}"
+        )
+    if not isinstance(result.get("items"), list):
+        found = "no items" if "items" not in result else f"items {type(result['items']).__name__}"
+        raise ItemSourceInvalid(
+            f"page source {handler!r} returned a page with {found}; a page is {shape}"
         )
     cursor = result.get("cursor")
-    if cursor is not None and not result["items"]:
+    if cursor == "":
+        cursor = None
+    if cursor is not None and cursor == given:
         raise ItemSourceInvalid(
-            f"page source {handler!r} returned no items and a cursor: a page with a next "
-            "one has items (return cursor null to end the list)"
+            f"page source {handler!r} returned the cursor it was given ({given!r}): the same"
+            " page again, forever; return the next page's cursor, or null at the end"
         )
     return Page(result["items"], cursor)
 
@@ -217,10 +287,15 @@ def _file_page(path: str, state: MapItemsWait, size: int) -> Page:
             line += 1
             if raw.strip():
                 try:
-                    items.append(json.loads(raw))
+                    items.append(json.loads(raw, parse_constant=_not_json))
                 except ValueError as exc:
                     raise ItemSourceInvalid(f"{path}:{line - 1}: not a JSON value: {exc}") from None
     return Page(items, {"offset": offset, "line": line})
+
+
+def _not_json(constant: str) -> Any:
+    """``NaN``, ``Infinity``: Python's JSON reads them, JSON (and the store) does not."""
+    raise ValueError(f"{constant} is not JSON")
 
 
 async def _start_page(
@@ -243,9 +318,10 @@ async def _start_page(
             functools.partial(cycle.services.store.map_items.start, cycle.fence,
                               state.occurrence, definition, items)
         )  # fmt: skip
-    state = MapItemsWait(
-        state.occurrence, page.cursor, state.listed + len(page.items), state.tasks + len(items),
-        listing=page.cursor is not None,
+    state = dataclasses.replace(
+        state, cursor=page.cursor, listed=state.listed + len(page.items),
+        tasks=state.tasks + len(items), listing=page.cursor is not None, attempts=0,
+        pages=state.pages + 1,
     )  # fmt: skip
     ctx.frame.wait = state
     await cycle.commit()

@@ -27,7 +27,7 @@ ALTER TABLE toolkit_tasks ADD CONSTRAINT toolkit_tasks_wait_reason_check
                            'map'));
 
 -- The tasks whose distributed map counts its children: `toolkit run --until-idle` waits for
--- them (idle_state) as for queued work, without reading any parked task.
+-- one whose children all ended (idle_state), without reading any parked task.
 CREATE INDEX toolkit_tasks_map_waits
     ON toolkit_tasks (definition_digest)
     WHERE state = 'waiting' AND wait_reason = 'map';

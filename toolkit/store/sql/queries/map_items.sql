@@ -19,7 +19,8 @@ WITH parent AS (
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          parent_id, parent_occurrence, map_index, deadline_at, concurrency_key,
          concurrency_limit, priority, trace_parent, tags, state, error, finished_at)
-    SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, item.input,
+    SELECT parent.tenant, %(name)s, %(version)s, %(digest)s,
+           coalesce(item.input, 'null'::jsonb),  -- an input too large to keep: null
            %(checkpoint)s::jsonb, parent.id, %(occurrence)s || '/' || item.map_index,
            item.map_index, clock_timestamp() + %(timeout)s::float8 * interval '1 second',
            item.concurrency_key, item.concurrency_limit, %(priority)s::smallint,

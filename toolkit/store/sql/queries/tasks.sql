@@ -170,7 +170,7 @@ GROUP BY record;
 -- queued (due or not), leased, or waiting and due, or a concurrency key has a wake not yet
 -- consumed (its admission may have been skipped under contention), which `toolkit run
 -- --until-idle` waits for (a timer or signal wait not yet due does not count; a distributed
--- map counting its children, reason 'map', does). next_due: seconds until the
+-- map whose children all ended does, reason 'map'). next_due: seconds until the
 -- earliest future run_at of a queued or waiting task (a retry or a timer), or a little
 -- sooner, so the worker wakes for it instead of polling. Tasks of paused tenants count for
 -- neither (no worker may claim them). The waiting and future parts read index ranges tenant
@@ -225,13 +225,18 @@ SELECT EXISTS (
                LIMIT 1
            ) due
        )
-       -- a distributed map counting its children: work in progress, not a parked wait
-       -- (toolkit_tasks_map_waits holds these rows only)
+       -- a distributed map none of whose children is live: its next count ends it (while
+       -- children are live, they are the work to wait for, or wait for something outside).
+       -- toolkit_tasks_map_waits holds these parents only, toolkit_tasks_map_live the live
+       -- children.
        OR EXISTS (
-           SELECT 1 FROM toolkit_tasks
-           WHERE state = 'waiting' AND wait_reason = 'map'
-             AND definition_digest = ANY(%(digests)s::text[])
-             AND tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused))
+           SELECT 1 FROM toolkit_tasks p
+           WHERE p.state = 'waiting' AND p.wait_reason = 'map'
+             AND p.definition_digest = ANY(%(digests)s::text[])
+             AND p.tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused))
+             AND NOT EXISTS (SELECT 1 FROM toolkit_tasks c
+                             WHERE c.parent_id = p.id AND c.map_index IS NOT NULL
+                               AND c.state IN ('queued', 'leased', 'waiting'))
        )
        -- a concurrency key has room for a task waiting for it (its wake is not consumed
        -- yet): the next claim admits it
