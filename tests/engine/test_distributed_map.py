@@ -160,6 +160,7 @@ async def test_the_parent_waits_without_a_lease_and_no_child_wakes_it(
     code, out, err = await cli(dsn, "show", str(task_id))
     assert code == 0, err
     assert "the 12 child tasks of each#1 (12 items; toolkit tasks --parent lists them)" in out
+    assert "map:        each#1: 12 items (all listed) in 12 child tasks, 12 live, 0 items" in out
     code, out, err = await cli(dsn, "tasks", "--parent", str(task_id), "--state", "queued")
     assert code == 0 and out.count(" item ") == 12, (out, err)
     before = await sql(store, "SELECT run_at FROM toolkit_tasks WHERE id = %s", task_id)
@@ -169,6 +170,18 @@ async def test_the_parent_waits_without_a_lease_and_no_child_wakes_it(
     assert after == [(before[0][0], False)]
     await drain(store, text)  # waits for the parent's next count: it is work in progress
     assert (await store.tasks.get(task_id)).result["succeeded"] == 12
+
+
+async def test_show_shortens_a_long_list_of_page_calls(store: Store, dsn: str) -> None:
+    text = parent("workflow: {name: item}").replace("size: 10,", "size: 1,")
+    task_id = await run_map(store, text, {"total": 10}, ITEM)
+    code, out, err = await cli(dsn, "show", str(task_id))
+    assert code == 0, err
+    shown = [line for line in out.splitlines() if "each#1/page/each#" in line]
+    assert [line.split()[1] for line in shown] == [
+        f"each#1/page/each#{n}" for n in (1, 2, 3, 8, 9, 10)
+    ], out
+    assert "... 4 more page calls (toolkit show --json lists them)" in out
 
 
 async def test_items_per_task_batches_items_within_a_page(store: Store) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Any
 
 import click
@@ -44,6 +45,7 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
             )
             if record.concurrency_key is not None
             else [],
+            "map": await _map_progress(store, record),
         }
 
     data = run_in_store(settings, task_in_detail)
@@ -95,6 +97,8 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         else:
             due = f"at {wait['occurrence']}, due {task['run_at']}"
             click.echo(f"  waits for:  {_wait_text(wait)} {due}")
+    if data["map"] is not None:
+        click.echo(f"  map:        {data['map']}")
     for line in _budget_lines(task["checkpoint"]):
         click.echo(line)
     for occurrence, callback in (task["checkpoint"].get("callbacks") or {}).items():
@@ -111,7 +115,10 @@ def show(settings: Settings, task_id: int, as_json: bool) -> None:
         click.echo(f"  error:      {json.dumps(task['error'], default=str)}")
     # Every task shows its evidence, none yet included (the notebook's detail says "(none)").
     click.echo("  evidence:" if data["evidence"] else "  evidence:   (none)")
-    for ev in data["evidence"]:
+    for ev in _evidence_shown(data["evidence"]):
+        if isinstance(ev, str):
+            click.echo(f"    {ev}")
+            continue
         outcome = ev["result"] if ev["record"] == "completed" else ev["error"]
         click.echo(
             f"    {ev['recorded_at']:%H:%M:%S.%f} {ev['occurrence']:<20} {ev['record']:<9} "
@@ -171,6 +178,45 @@ def _key_text(task: dict[str, Any], key_tasks: list[int]) -> str:
     holders = [str(other) for other in key_tasks if other != task["id"]]
     waits = f"waits for it, in submission order; live tasks of the key: {', '.join(holders)}"
     return f"{key} ({waits})" if holders else f"{key} (waits for its admission)"
+
+
+#: Page calls of a distributed map shown at each end of its evidence; the others are counted.
+PAGES_SHOWN = 3
+#: The occurrence of a distributed map's page call: ``STEP#N/page/STEP#PAGE``.
+_PAGE_CALL = re.compile(r"^([^/#]+)#\d+/page/\1#\d+$")
+
+
+def _evidence_shown(rows: list[dict[str, Any]]) -> list[dict[str, Any] | str]:
+    """The evidence rows to print, a distributed map's page calls shortened.
+
+    A large map makes thousands (``each#1/page/each#N``): the first and last few are shown,
+    with how many are left out between.
+    """
+    pages = [i for i, row in enumerate(rows) if _PAGE_CALL.match(str(row["occurrence"]))]
+    if len(pages) <= 2 * PAGES_SHOWN + 1:
+        return list(rows)
+    hidden = set(pages[PAGES_SHOWN:-PAGES_SHOWN])
+    shown: list[dict[str, Any] | str] = []
+    for i, row in enumerate(rows):
+        if i not in hidden:
+            shown.append(row)
+        elif i == pages[PAGES_SHOWN]:
+            shown.append(f"... {len(hidden):,} more page calls (toolkit show --json lists them)")
+    return shown
+
+
+async def _map_progress(store: Store, task: Any) -> str | None:
+    """A distributed map's progress, while the task is at one (its checkpoint's wait)."""
+    wait = task.checkpoint.get("wait") if task.state not in ("succeeded", "failed") else None
+    if not isinstance(wait, dict) or not isinstance(wait.get("map"), dict):
+        return None
+    listed = wait["map"]
+    progress = await store.map_items.progress(task.id, wait["occurrence"], listed["listed"])
+    stage = "listing" if listed.get("listing") else "all listed"
+    return (
+        f"{wait['occurrence']}: {listed['listed']:,} items ({stage}) in {listed['tasks']:,}"
+        f" child tasks, {progress.live:,} live, {progress.failed:,} items failed"
+    )
 
 
 def _awaited(name: str) -> str:

@@ -64,6 +64,11 @@ class TaskRecord:
     priority: int = 0
     #: items its handlers published so far (``ctx.publish``, docs/progress.md)
     stream_seq: int = 0
+    #: a child task's parent, and the step occurrence of it that started the child
+    parent_id: int | None = None
+    parent_occurrence: str | None = None
+    #: a distributed map's child: the index of its first item (docs/composition.md)
+    map_index: int | None = None
 
 
 class TaskReads:
