@@ -86,12 +86,14 @@ def worker_command(
     *,
     until_idle: bool = True,
     app: str = APP,
+    options: Sequence[str] = (),
 ) -> list[str]:
-    """The production worker: ``python -m toolkit run`` (until the queue drains, by default)."""
+    """The production worker: ``python -m toolkit run`` (until the queue drains, by default),
+    with ``options`` of ``toolkit run`` added."""
     command = [
         sys.executable, "-m", "toolkit", "--dsn", dsn, "run", "--app", app,
         "--definitions", str(definitions), "--concurrency", str(concurrency),
-        "--worker-id", worker_id,
+        "--worker-id", worker_id, *options,
     ]  # fmt: skip
     return [*command, "--until-idle"] if until_idle else command
 
@@ -219,9 +221,11 @@ def run_workers(
     name: str = "bench",
     app: str = APP,
     env: Mapping[str, str] | None = None,
+    options: Sequence[str] = (),
 ) -> WorkerRun:
     """Spawn ``processes`` workers (ids ``NAME-1``, ``NAME-2``, ...) with ``--until-idle``
-    and wait for all of them; they run ``app`` with ``env`` added to their environment.
+    (and ``options`` of ``toolkit run``) and wait for all of them; they run ``app`` with
+    ``env`` added to their environment.
 
     With ``profile``, py-spy attaches to the first worker by pid (the measured process tree
     stays the production one) and writes raw collapsed stacks there.
@@ -230,7 +234,10 @@ def run_workers(
     started = time.perf_counter()
     workers = [
         WorkerProcess(
-            worker_command(dsn, definitions, concurrency, f"{name}-{index}", app=app), env
+            worker_command(
+                dsn, definitions, concurrency, f"{name}-{index}", app=app, options=options
+            ),
+            env,
         )
         for index in range(1, processes + 1)
     ]

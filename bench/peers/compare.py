@@ -11,7 +11,8 @@ Each round, on fresh databases of one server, in turn:
 - ``dbos``: ``--jobs`` one-step DBOS workflows on a queue, drained by one DBOS process at
   ``--concurrency`` (``worker_concurrency``; the queue polled every 0.1 s);
 - ``runifold 5-step`` and ``dbos 5-step``: ``--jobs``/5 five-step no-op workflows of each,
-  at ``--five-concurrency``.
+  at ``--five-concurrency``; ``runifold 5-step, window`` the same with the worker's
+  ``--checkpoint-window 0.5`` (the five outcomes of a cycle share its last write).
 
 The peers are pinned in ``bench/peers/requirements.txt`` and installed into their own
 virtualenv (``--venv``, made on first use; never the project's). Seeding is not timed; the
@@ -55,9 +56,16 @@ from bench.workload import (
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
 DEFAULT_VENV = Path(tempfile.gettempdir()) / "runifold-bench-peers"
-SYSTEMS = ("runifold", "pgqueuer", "procrastinate", "dbos", "runifold 5-step", "dbos 5-step")
+SYSTEMS = ("runifold", "pgqueuer", "procrastinate", "dbos", "runifold 5-step",
+           "runifold 5-step, window", "dbos 5-step")  # fmt: skip
+#: The worker options of ``runifold 5-step, window``.
+WINDOW = ("--checkpoint-window", "0.5")
 #: What each system is compared with: the one-step runifold, or the five-step.
-BASELINE = {"dbos 5-step": "runifold 5-step", "runifold 5-step": "runifold 5-step"}
+BASELINE = {
+    "dbos 5-step": "runifold 5-step",
+    "runifold 5-step": "runifold 5-step",
+    "runifold 5-step, window": "runifold 5-step",
+}
 
 
 def peers_python(venv: Path) -> Path:
@@ -97,18 +105,21 @@ def _timed(dsn: str, command: Sequence[str], system: str, jobs: int) -> Drain:
     return Drain(system, jobs, wall, exited.cpu, spent)
 
 
-def drain_runifold(dsn: str, jobs: int, concurrency: int, _: Path, steps: int = 1) -> Drain:
+def drain_runifold(
+    dsn: str, jobs: int, concurrency: int, _: Path, steps: int = 1, options: Sequence[str] = ()
+) -> Drain:
     workload = Workload(steps, idempotent=True)
     seed(dsn, workload, jobs)
     with tempfile.TemporaryDirectory(prefix="peers-runifold-") as folder:
         definitions = write_definitions(Path(folder), [workload])
         before = server_cpu(dsn)
-        run = run_workers(dsn, definitions, concurrency)
+        run = run_workers(dsn, definitions, concurrency, options=options)
         after = server_cpu(dsn)
     if task_states(dsn) != {"succeeded": jobs}:
         raise SystemExit(f"runifold: the drain ended with {task_states(dsn)}")
     spent = None if before is None or after is None else after - before
     name = "runifold" if steps == 1 else f"runifold {steps}-step"
+    name += ", window" if options else ""
     return Drain(name, jobs, run.wall, run.cpu, spent)
 
 
@@ -143,6 +154,9 @@ DRAINS: dict[str, Callable[[str, int, int, Path, int], Drain]] = {
     "runifold 5-step": lambda dsn, jobs, _, python, c5: drain_runifold(
         dsn, jobs // 5, c5, python, steps=5
     ),
+    "runifold 5-step, window": lambda dsn, jobs, _, python, c5: drain_runifold(
+        dsn, jobs // 5, c5, python, steps=5, options=WINDOW
+    ),
     "dbos 5-step": lambda dsn, jobs, _, python, c5: drain_dbos(dsn, jobs // 5, c5, python, 5),
 }
 
@@ -176,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.rounds} rounds; jobs/s counts workflows")  # fmt: skip
     print(ratio_table(rounds, "job", lambda name: BASELINE.get(name, "runifold"),
                       baseline_over=True))  # fmt: skip
+    five = [{name: r[name] for name in ("runifold 5-step, window", "dbos 5-step")}
+            for r in rounds]  # fmt: skip
+    print("\nfive-step with the checkpoint window, against DBOS in the same rounds:")
+    print(ratio_table(five, "job", "runifold 5-step, window", baseline_over=True))
 
 
 if __name__ == "__main__":

@@ -164,3 +164,37 @@ def test_crash_at_fault_point(
         )
     assert counts.get(keys["c"], 0) == 1, counts
     assert counts.get(keys["a"], 0) == (2 if point == "before_intent" else 1), counts
+
+
+#: With ``--checkpoint-window``: (calls of a, calls of b) when b is idempotent. a's outcome
+#: is not written before b's call, so every crash before the terminal write calls a again.
+WINDOWED = {"after_intent": (2, 1), "during_call": (2, 2), "after_call": (2, 2)}
+
+
+@pytest.mark.parametrize("point", list(WINDOWED))
+def test_a_crash_inside_the_checkpoint_window_calls_the_unwritten_steps_again(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str
+) -> None:
+    text = WORKFLOW.format(idempotent="true")
+    definitions = tmp_path / "crash-matrix.yaml"
+    definitions.write_text(text)
+    (task_id,) = submit_tasks(dsn, text, [{"n": 7}])
+    keys = {step: f"{task_id}:{step}#1" for step in "abc"}
+    window = ("--checkpoint-window", "60")
+    with monkeypatch.context() as armed:
+        armed.setenv("TOOLKIT_FAULT_POINT", point)
+        armed.setenv("TOOLKIT_FAULT_STEP", "b")
+        code, out, err = _run_to_exit(dsn, definitions, "--worker-id", "faulty", *window)
+    assert code == FAULT_EXIT_CODE, f"worker exited {code}, not at the fault\n{out}\n{err}"
+    assert task_evidence(dsn, task_id) == [], "a's outcome waited for a later write"
+    assert backdate_leases(dsn, [task_id]) == 1
+    code, out, err = _run_to_exit(dsn, definitions, "--worker-id", "healthy", *window)
+    assert code == 0, err
+    task = task_row(dsn, task_id)
+    counts = call_counts(dsn)
+    assert task["state"] == "succeeded", task
+    a_calls, b_calls = WINDOWED[point]
+    assert counts == {keys["a"]: a_calls, keys["b"]: b_calls, keys["c"]: 1}, counts
+    assert task["result"]["b"]["key"] == keys["b"]
+    records = [(e["step"], e["record"]) for e in task_evidence(dsn, task_id)]
+    assert records == [("a", "completed"), ("b", "completed"), ("c", "completed")], records

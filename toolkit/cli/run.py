@@ -82,6 +82,14 @@ from toolkit.store import Store
     "cancellation, before the worker gives it up (stops renewing its lease), seconds.",
 )
 @click.option(
+    "--checkpoint-window",
+    default=SupervisorConfig.checkpoint_window,
+    show_default=True,
+    help="Idempotent effects that end within this long of their cycle's last write leave "
+    "their outcomes to its next write (a crash calls at most this much idempotent work "
+    "again, with the same keys); 0 writes every outcome before the next call, seconds.",
+)
+@click.option(
     "--summary-every",
     default=60.0,
     show_default=True,
@@ -123,6 +131,7 @@ def run(
     poll_max: float,
     listen_probe: float,
     call_grace: float,
+    checkpoint_window: float,
     summary_every: float,
     until_idle: bool,
     metrics_port: int | None,
@@ -133,7 +142,7 @@ def run(
         concurrency=concurrency, claim_batch=claim_batch, lease=lease, heartbeat=heartbeat,
         grace=grace, until_idle=until_idle, idle_backoff_max=poll_max,
         idle_backoff_min=min(SupervisorConfig.idle_backoff_min, poll_max),
-        listen_probe=listen_probe, call_grace=call_grace,
+        listen_probe=listen_probe, call_grace=call_grace, checkpoint_window=checkpoint_window,
     )  # fmt: skip
     app = load_app(app_spec)
     # A version registered before a check was made stricter still runs; registering one

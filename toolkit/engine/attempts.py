@@ -117,6 +117,7 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         deferral = await take_limits(cycle, frame, step, occurrence, limits)
         if deferral is not None:
             return Attempt(AttemptKind.DEFERRED, occurrence, deferral=deferral)
+        cycle.prompt_write = True  # the slots taken are released with this call's outcome
     number = frame.attempts.get(occurrence, 0) + 1
     span = tracing.current()  # the step's span: this attempt is its work
     span.set("step.attempt", number)
@@ -157,7 +158,7 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
             functools.partial(services.store.callbacks.create, cycle.fence, occurrence, number,
                               token)
         )  # fmt: skip
-    if cycle.dirty:
+    if cycle.dirty and not (step.idempotent and cycle.may_defer_write()):
         await cycle.commit()
     # An idempotent attempt is not written before the call: a takeover counts it as lost.
     # (Nor during it: a sibling branch's write stores the attempts without it.)

@@ -16,6 +16,7 @@ import json
 import math
 import random
 import threading
+import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -86,6 +87,8 @@ class CycleControl:
         outage_seen: the worker found the database unreachable within one lease duration
             before this claim: a lapsed lease it takes over may be the outage's, so it is not
             counted against the task (`TaskGraph`).
+        checkpoint_window: idempotent outcomes may wait this long, seconds, for a later
+            write of the cycle (`Cycle.may_defer_write`); 0 writes each before the next call.
     """
 
     cancel_requested: dict[str, Any] | None = None
@@ -98,6 +101,7 @@ class CycleControl:
     abandoned: bool = False
     progress_every: float = 1.0
     outage_seen: bool = False
+    checkpoint_window: float = 0.0
 
     def new_call(self) -> threading.Event:
         """A fresh stop flag for the next handler call."""
@@ -180,6 +184,10 @@ class Cycle:
         #: The traceparent of this cycle's span, carried by its next write (tracing on).
         self.trace_attempt: str | None = None
         self.writes = 0
+        #: Monotonic time of the claim or of the last write built (see `may_defer_write`).
+        self._written_at = time.monotonic()
+        #: Something not yet written must be written before the next call (slots taken).
+        self.prompt_write = False
         #: Branches of a parallel or map step run now, concurrently: writes take turns
         #: (``lock``), a write begun is finished even if its branch is cancelled, and the
         #: checkpoint is copied into each write (a branch may change it while one waits).
@@ -336,6 +344,8 @@ class Cycle:
             **fields,
         )
         self.trace_attempt = None
+        self._written_at = time.monotonic()
+        self.prompt_write = False
         self.tags.clear()
         self.evidence.clear()
         self.events.clear()
@@ -343,6 +353,29 @@ class Cycle:
         self.budget_delta.clear()
         self.budget_released.clear()
         return write
+
+    def may_defer_write(self) -> bool:
+        """Whether what is not yet written may wait for a later write of this cycle.
+
+        True while the cycle's last write (or its claim) is less than
+        ``control.checkpoint_window`` seconds old and all that waits is the outcome of
+        idempotent calls that spent nothing and took no downstream-limit slot, with their
+        events and tags: a crash loses at most that window of idempotent work, which is
+        called again with the same keys (docs/decisions.md, "Idempotent outcomes may share
+        a write").
+        """
+        window = self.control.checkpoint_window
+        if (
+            window <= 0 or self.prompt_write or self.fanning_out or self.signals
+            or self.budget_delta or self.budget_released or self._branches
+            or self._branches_ended or self._unapplied is not None
+        ):  # fmt: skip
+            return False
+        if time.monotonic() - self._written_at >= window:
+            return False
+        return all(
+            r.idempotent and r.record == "completed" and r.spend is None for r in self.evidence
+        )
 
     async def commit(self, **fields: Any) -> None:
         """Write the checkpoint and everything not yet written, in one fenced write.

@@ -67,6 +67,11 @@ class SupervisorConfig:
         call_grace: how long a handler call may run past its step's timeout, or a cycle
             past its cancellation, before the supervisor gives it up (stops renewing its
             lease and stops waiting for it): a handler that ignores cancellation.
+        checkpoint_window: idempotent effects that end within this long of their cycle's
+            last write leave their outcomes to a later write of the cycle, so a crash calls
+            at most this much idempotent work again, with the same keys; 0, the default,
+            writes each outcome before the next call (DESIGN §4; docs/decisions.md,
+            "Idempotent outcomes may share a write").
         until_idle: stop once no task of the loaded definitions is queued, leased, or waiting
             and due (a timer not yet due or a signal wait does not count).
 
@@ -85,6 +90,7 @@ class SupervisorConfig:
     until_idle: bool = False
     listen_probe: float = 10.0
     call_grace: float = 5.0
+    checkpoint_window: float = 0.0
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -96,6 +102,7 @@ class SupervisorConfig:
         _seconds("grace", self.grace, 0.0)
         _seconds("listen_probe", self.listen_probe, 0.0, strictly=True)
         _seconds("call_grace", self.call_grace, 0.0)
+        _seconds("checkpoint_window", self.checkpoint_window, 0.0)
         _seconds("idle_backoff_min", self.idle_backoff_min, 0.0, strictly=True)
         _seconds("idle_backoff_max", self.idle_backoff_max, 0.0, strictly=True)
         if self.heartbeat > self.lease / 3:

@@ -250,6 +250,7 @@ class WorkflowSupervisor:
         control = CycleControl(
             lease_deadline=lease_deadline, call_grace=self.config.call_grace,
             progress_every=self.config.heartbeat,
+            checkpoint_window=self.config.checkpoint_window,
             outage_seen=self._outage.seen_within(self.config.lease),
         )  # fmt: skip
         if task.deadline_in is not None and task.deadline_in > 0:
