@@ -323,3 +323,17 @@ async def test_a_state_and_definition_filter_reads_the_definition_index(
     plan = await _plan_text(store, name, {**where.params(now), "before": None, "limit": 50})
     assert "toolkit_tasks_definition" in plan, plan
     assert "Seq Scan" not in plan, plan
+
+
+async def test_succeeded_tasks_stay_out_of_the_state_and_definition_indexes(store: Store) -> None:
+    """Migration 0025: a success enters neither index (fewer entries per workflow)."""
+    async with store.db.connection() as conn:
+        rows = await (
+            await conn.execute(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
+                (["toolkit_tasks_definition", "toolkit_tasks_state"],),
+            )
+        ).fetchall()
+    assert len(rows) == 2, rows
+    for name, text in rows:
+        assert text.endswith("WHERE (state <> 'succeeded'::text)"), (name, text)

@@ -8,6 +8,7 @@ the lease surely holds and the database is unreachable.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -171,7 +172,6 @@ class Cycle:
         #: them consumed yet, so no other branch of the cycle may take one again; branches
         #: look for a signal one at a time (``signal_lock``).
         self.signals_taken: list[int] = []
-        self.signal_lock = anyio.Lock()
         self.budget_delta: dict[str, float] = {}
         #: Tags handlers set (``ctx.tag``), not yet written; and the task's tags with them.
         self.tags: dict[str, str] = {}
@@ -192,7 +192,6 @@ class Cycle:
         #: (``lock``), a write begun is finished even if its branch is cancelled, and the
         #: checkpoint is copied into each write (a branch may change it while one waits).
         self.fanning_out = False
-        self.lock = anyio.Lock()
         #: Commits asked for, and the number of them the last write began after: a commit
         #: asked for while another is written joins the next write (see `commit`).
         self._commits_asked = 0
@@ -214,6 +213,23 @@ class Cycle:
         #: last yielded; None between runs (see `pace`).
         self._pure_since: float | None = None
         self._yielded_at = 0.0
+
+    @functools.cached_property
+    def lock(self) -> anyio.Lock:
+        """Writes take turns (see :meth:`commit`).
+
+        Taken at every write and rarely held by another branch, so a free lock is taken
+        without a turn of the event loop.
+        """
+        return anyio.Lock(fast_acquire=True)
+
+    @functools.cached_property
+    def signal_lock(self) -> anyio.Lock:
+        """Branches look for a signal one at a time (see :attr:`signals_taken`).
+
+        Made when first needed, as most cycles take no signal.
+        """
+        return anyio.Lock()
 
     @property
     def dirty(self) -> bool:
@@ -389,7 +405,8 @@ class Cycle:
         # Branches share the cycle: one write at a time, and a branch being cancelled (a
         # race decided) finishes the write it has begun. A commit asked for while another
         # is written joins the next write: many branch ends of one task share one commit.
-        with anyio.CancelScope(shield=self.fanning_out):
+        shield = anyio.CancelScope(shield=True) if self.fanning_out else contextlib.nullcontext()
+        with shield:
             self._commits_asked += 1
             asked = self._commits_asked
             async with self.lock:
