@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
+from tests.helpers.tenants import rows_under_another_tenant
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.embedded import start_embedded, stop_embedded
@@ -146,6 +147,8 @@ async def store(dsn: str) -> AsyncIterator[Store]:
     opened = await Store.open(dsn, migrate_schema=False)
     try:
         yield opened
+        misplaced = await rows_under_another_tenant(opened)
+        assert not misplaced, f"rows stored under another tenant than their task's: {misplaced}"
     finally:
         await opened.close()
 

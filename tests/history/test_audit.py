@@ -179,9 +179,10 @@ class Forge:
     ) -> str:
         rows = await sql(
             self.store,
-            "INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail) "
-            "VALUES (%s, %s, %s, %s, %s::jsonb) RETURNING id",
-            self.task_id, kind, worker, token, _json(detail),
+            "INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, "
+            "detail) SELECT %s, tenant, %s, %s, %s, %s::jsonb FROM toolkit_tasks "
+            "WHERE id = %s RETURNING id",
+            self.task_id, kind, worker, token, _json(detail), self.task_id,
         )  # fmt: skip
         return f"event {rows[0][0]}"
 
@@ -191,11 +192,12 @@ class Forge:
         step = occurrence.split("#")[0]
         rows = await sql(
             self.store,
-            "INSERT INTO toolkit_effect_evidence (task_id, occurrence, step, handler, "
+            "INSERT INTO toolkit_effect_evidence (task_id, tenant, occurrence, step, handler, "
             "idempotent, idempotency_key, record, attempt, fencing_token, worker_id) "
-            "VALUES (%s, %s, %s, 'count.work', %s, %s, %s, 1, %s, %s) RETURNING id",
+            "SELECT %s, tenant, %s, %s, 'count.work', %s, %s, %s, 1, %s, %s "
+            "FROM toolkit_tasks WHERE id = %s RETURNING id",
             self.task_id, occurrence, step, idempotent, f"{self.task_id}:{occurrence}", record,
-            token, worker,
+            token, worker, self.task_id,
         )  # fmt: skip
         return f"evidence {rows[0][0]}"
 
@@ -317,6 +319,20 @@ async def test_a_worker_terminal_event_without_a_token(forge: Forge) -> None:
     final = await forge.event("succeeded", None)
     await forge.row("succeeded", 1)
     assert await found(forge) == [(ViolationKind.TERMINAL_WRITE, final)]
+
+
+async def test_a_record_under_another_tenant(forge: Forge) -> None:
+    """Migration 0026: every event and evidence row carries its task's tenant."""
+    await forge.event("claimed", 1)
+    moved = await forge.evidence("first#1", "completed", 1, idempotent=True)
+    await sql(
+        forge.store,
+        "UPDATE toolkit_effect_evidence SET tenant = 'elsewhere' WHERE id = %s",
+        int(moved.split()[1]),
+    )
+    await forge.row("queued", 1)
+    assert await found(forge) == [(ViolationKind.TENANT_MISMATCH, moved)]
+    await sql(forge.store, "DELETE FROM toolkit_effect_evidence WHERE tenant = 'elsewhere'")
 
 
 async def test_audit_all_counts_by_kind(store: Store) -> None:

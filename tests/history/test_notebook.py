@@ -110,9 +110,10 @@ async def test_the_browser_reconciles(store: Store) -> None:
     assert claimed.id == uncertain
     async with store.db.connection() as conn:
         await conn.execute(
-            "INSERT INTO toolkit_effect_evidence (task_id, occurrence, step, handler, "
+            "INSERT INTO toolkit_effect_evidence (task_id, tenant, occurrence, step, handler, "
             "idempotent, idempotency_key, record, attempt, fencing_token, worker_id) "
-            "VALUES (%s, 'only#1', 'only', 'hist.broken', false, 'k', 'started', 1, %s, 'gone')",
+            "VALUES (%s, 'globex', 'only#1', 'only', 'hist.broken', false, 'k', 'started', 1, "
+            "%s, 'gone')",
             (uncertain, claimed.token),
         )
         await conn.execute(

@@ -16,7 +16,10 @@ history alone the audit verifies, per task:
   reconciliation (:attr:`ViolationKind.DOUBLE_START`);
 - **fenced ending**: a terminal task's final write, its terminal event, carries the task's
   last token; only a direct cancel (``toolkit cancel`` of a queued, waiting or expired task)
-  ends a task without one (:attr:`ViolationKind.TERMINAL_WRITE`).
+  ends a task without one (:attr:`ViolationKind.TERMINAL_WRITE`);
+- **one tenant**: every event and evidence record carries its task's tenant, the column a
+  store distributed by tenant keeps them beside their task by
+  (:attr:`ViolationKind.TENANT_MISMATCH`; migration 0026, docs/scaling.md).
 
 Order is judged as the store recorded it: events among themselves by id (one sequence,
 allocated at insert); evidence against claims by database timestamp (``recorded_at``
@@ -86,6 +89,8 @@ class ViolationKind(enum.StrEnum):
     """A non-idempotent occurrence was started again with no outcome or reconciliation between."""
     TERMINAL_WRITE = "terminal_write"
     """A terminal task's final write is missing, unfenced, or not under its last token."""
+    TENANT_MISMATCH = "tenant_mismatch"
+    """A record carries a tenant other than its task's."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +106,7 @@ class HistoryEvent:
         fencing_token: the token issued (claims) or written under; None when unfenced.
         occurrence: for ``reconciled``, the effect occurrence it resolves; else None.
         at: database time of the insert.
+        tenant: the tenant it was stored under (None: not known, not checked).
     """
 
     id: int
@@ -110,6 +116,7 @@ class HistoryEvent:
     fencing_token: int | None
     occurrence: str | None
     at: datetime.datetime
+    tenant: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +133,7 @@ class HistoryEvidence:
         worker_id: the writer: a worker, or the operator of a reconciliation.
         fencing_token: the token it was written under.
         recorded_at: database time of the insert.
+        tenant: the tenant it was stored under (None: not known, not checked).
     """
 
     id: int
@@ -137,6 +145,7 @@ class HistoryEvidence:
     worker_id: str
     fencing_token: int
     recorded_at: datetime.datetime
+    tenant: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +158,7 @@ class TaskHistory:
         lease_token: the task row's token (the last one issued).
         events: its events, oldest (lowest id) first.
         evidence: its effect evidence, oldest (lowest id) first.
+        tenant: the task's tenant (None: not known; records are then not checked for it).
     """
 
     task_id: int
@@ -156,6 +166,7 @@ class TaskHistory:
     lease_token: int
     events: Sequence[HistoryEvent] = ()
     evidence: Sequence[HistoryEvidence] = ()
+    tenant: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +252,7 @@ async def _fetch(
 @dataclasses.dataclass(frozen=True)
 class _TaskRow:
     id: int
+    tenant: str
     state: str
     lease_token: int
 
@@ -278,6 +290,7 @@ async def load_histories(source: Store | Database, task_ids: Sequence[int]) -> l
             lease_token=task.lease_token,
             events=tuple(events_of[task.id]),
             evidence=tuple(evidence_of[task.id]),
+            tenant=task.tenant,
         )
         for task in tasks
     ]
@@ -373,7 +386,8 @@ def check_history(history: TaskHistory) -> list[Violation]:
         history: the task row's state and token, its events and evidence in id order.
 
     Returns:
-        The violations, in the order of the checks: claims, records, starts, terminal.
+        The violations, in the order of the checks: claims, records, starts, terminal,
+        tenants.
     """
     claims = [event for event in history.events if event.kind in CLAIM_KINDS]
     found = _check_claims(history, claims)
@@ -382,7 +396,26 @@ def check_history(history: TaskHistory) -> list[Violation]:
     found.extend(_check_double_starts(history, claims))
     flagged = {v.record for v in record_faults}
     found.extend(_check_terminal(history, claims, flagged))
+    found.extend(_check_tenants(history))
     return found
+
+
+def _check_tenants(history: TaskHistory) -> list[Violation]:
+    """Every record carries the task's tenant (when both are known)."""
+    if history.tenant is None:
+        return []
+    records = [(f"event {e.id}", e.tenant) for e in history.events]
+    records += [(f"evidence {e.id}", e.tenant) for e in history.evidence]
+    return [
+        _violation(
+            history,
+            ViolationKind.TENANT_MISMATCH,
+            f"{where} is stored under tenant {tenant!r}, its task under {history.tenant!r}",
+            record=where,
+        )
+        for where, tenant in records
+        if tenant is not None and tenant != history.tenant
+    ]
 
 
 def _violation(history: TaskHistory, kind: ViolationKind, message: str, **facts: Any) -> Violation:

@@ -390,6 +390,7 @@ class Limits:
                         "slotted": [s["name"] for s in slotted],
                         "slotted_scopes": [s["scope"] for s in slotted],
                         "task_id": task_id,
+                        "tenant": fence.tenant,
                         "token": fence.token,
                         "occurrence": occurrence,
                     },

@@ -13,8 +13,9 @@ ORDER BY id
 LIMIT %(limit)s;
 
 -- name: audit_tasks
--- The task rows the audit needs: the state (terminal or not) and the last token issued.
-SELECT id, state, lease_token
+-- The task rows the audit needs: the tenant, the state (terminal or not) and the last token
+-- issued.
+SELECT id, tenant, state, lease_token
 FROM toolkit_tasks
 WHERE id = ANY(%(task_ids)s::bigint[])
 ORDER BY id;
@@ -23,7 +24,7 @@ ORDER BY id;
 -- Every event of the tasks in insertion order (ids). ``occurrence`` is the effect
 -- occurrence a ``reconciled`` event resolves (NULL for other kinds).
 SELECT id, task_id, kind, worker_id, fencing_token,
-       detail ->> 'occurrence' AS occurrence, at
+       detail ->> 'occurrence' AS occurrence, at, tenant
 FROM toolkit_task_events
 WHERE task_id = ANY(%(task_ids)s::bigint[])
 ORDER BY task_id, id;
@@ -31,7 +32,7 @@ ORDER BY task_id, id;
 -- name: audit_evidence
 -- Every effect evidence record of the tasks in insertion order (ids).
 SELECT id, task_id, occurrence, step, idempotent, record, worker_id, fencing_token,
-       recorded_at
+       recorded_at, tenant
 FROM toolkit_effect_evidence
 WHERE task_id = ANY(%(task_ids)s::bigint[])
 ORDER BY task_id, id;

@@ -37,10 +37,10 @@ WITH updated AS (
         updated_at = clock_timestamp()
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
-    RETURNING t.id
+    RETURNING t.id, t.tenant
 )
-INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-SELECT id, 'budget_reserved', %(worker_id)s, %(token)s, %(detail)s::jsonb FROM updated
+INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+SELECT id, tenant, 'budget_reserved', %(worker_id)s, %(token)s, %(detail)s::jsonb FROM updated
 RETURNING task_id;
 
 -- name: tenant_budget_amounts

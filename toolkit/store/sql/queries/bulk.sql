@@ -93,7 +93,8 @@ item AS (
     ORDER BY i.task_id
     FOR UPDATE
 ), target AS (
-    SELECT t.id, t.state, t.wait_reason, t.lease_expires_at, t.lease_token, t.checkpoint
+    SELECT t.id, t.tenant, t.state, t.wait_reason, t.lease_expires_at, t.lease_token,
+           t.checkpoint
     FROM toolkit_tasks t
     JOIN item ON t.id = item.task_id
     WHERE t.lease_token = item.lease_token AND t.state = item.state

@@ -3,7 +3,7 @@
 -- completion is never refused), and expires the tokens of earlier attempts of the same
 -- occurrence. Fenced: nothing happens unless the fence's lease holds.
 WITH lease AS (
-    SELECT t.id FROM toolkit_tasks t
+    SELECT t.id, t.tenant FROM toolkit_tasks t
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
@@ -13,8 +13,8 @@ WITH lease AS (
     WHERE task_id = (SELECT id FROM lease) AND occurrence = %(occurrence)s
       AND state = 'open' AND token <> %(callback_token)s
 ), created AS (
-    INSERT INTO toolkit_callbacks (token, task_id, occurrence, attempt)
-    SELECT %(callback_token)s, id, %(occurrence)s, %(attempt)s FROM lease
+    INSERT INTO toolkit_callbacks (token, task_id, tenant, occurrence, attempt)
+    SELECT %(callback_token)s, id, tenant, %(occurrence)s, %(attempt)s FROM lease
     ON CONFLICT (token) DO NOTHING
 )
 SELECT (SELECT id FROM lease) AS task_id;
@@ -32,7 +32,7 @@ WHERE c.token = %(callback_token)s;
 -- send_signal does: a wait committed while this statement queued for the row is woken; one
 -- committed after this statement is woken by the worker's own commit (wake_raced_waits).
 WITH target AS (
-    SELECT t.id, t.state, t.wait_reason
+    SELECT t.id, t.tenant, t.state, t.wait_reason
     FROM toolkit_callbacks c
     JOIN toolkit_tasks t ON t.id = c.task_id
     WHERE c.token = %(callback_token)s
@@ -44,7 +44,7 @@ WITH target AS (
     FROM target
     WHERE token = %(callback_token)s AND toolkit_callbacks.state = 'open'
       AND target.state IN ('queued', 'leased', 'waiting')
-    RETURNING toolkit_callbacks.task_id, occurrence
+    RETURNING toolkit_callbacks.task_id, toolkit_callbacks.tenant, occurrence
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -53,8 +53,8 @@ WITH target AS (
       AND target.state = 'waiting' AND target.wait_reason = 'callback'
     RETURNING t.id
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT task_id, 'callback_completed',
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT task_id, tenant, 'callback_completed',
            jsonb_build_object('occurrence', occurrence,
                               'outcome', CASE WHEN %(error)s::jsonb IS NULL
                                               THEN 'completed' ELSE 'failed' END)

@@ -28,10 +28,10 @@ WITH parent AS (
                           ) p), '{}'::jsonb) || %(tags)s::jsonb
     FROM parent
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
-    RETURNING id
+    RETURNING id, tenant
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, 'submitted',
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT id, tenant, 'submitted',
            jsonb_build_object('parent_id', %(task_id)s::bigint, 'occurrence', %(occurrence)s::text)
     FROM inserted
 )

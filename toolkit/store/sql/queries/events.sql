@@ -107,7 +107,7 @@ WHERE id = %(event_id)s AND NOT %(task_id)s::bigint = ANY(delivered || cancelled
 -- Event %(event_id)s delivered to the live tasks %(task_ids)s as signal %(name)s with payload
 -- %(payload)s, once per task, waking those waiting for it (as send_signal does one signal).
 WITH target AS (
-    SELECT id, state, wait_reason, checkpoint
+    SELECT id, tenant, state, wait_reason, checkpoint
     FROM toolkit_tasks
     WHERE id = ANY(%(task_ids)s::bigint[])
     ORDER BY id

@@ -69,8 +69,8 @@ claimed AS (
               extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
               extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT id,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+    SELECT id, tenant,
            CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
            %(worker_id)s, lease_token,
            -- queue_delay: seconds from due to claimed (database time), for history

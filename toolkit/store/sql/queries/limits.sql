@@ -217,8 +217,8 @@ WITH rated AS (
                       WHERE t.id = x.task_id AND t.lease_token = x.token
                         AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp())
 )
-INSERT INTO toolkit_limit_slots (task_id, occurrence, name, scope, token)
-SELECT %(task_id)s, %(occurrence)s, name, scope, %(token)s FROM slotted
+INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
+SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s FROM slotted
 ON CONFLICT (task_id, occurrence, name) DO UPDATE
 SET scope = excluded.scope, token = excluded.token, acquired_at = clock_timestamp();
 

@@ -40,14 +40,14 @@ WITH parent AS (
     FROM parent, item
     ORDER BY item.map_index
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
-    RETURNING id, state, error, parent_occurrence
+    RETURNING id, tenant, state, error, parent_occurrence
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, 'submitted',
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT id, tenant, 'submitted',
            jsonb_build_object('parent_id', %(task_id)s::bigint, 'occurrence', parent_occurrence)
     FROM inserted
     UNION ALL
-    SELECT id, 'failed', jsonb_build_object('error', error)
+    SELECT id, tenant, 'failed', jsonb_build_object('error', error)
     FROM inserted WHERE state = 'failed'
 )
 SELECT (SELECT id FROM parent) AS parent_id,

@@ -40,7 +40,7 @@ WITH target AS (
         updated_at = clock_timestamp()
     FROM target
     WHERE t.id = target.id
-    RETURNING t.id, t.lease_token, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id, t.tenant, t.lease_token, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), rewritten AS (
     UPDATE toolkit_branches b
     SET status = r.status, frame = r.frame, run_at = NULL, waits_for = '{}', wakes = 0,
@@ -55,8 +55,8 @@ WITH target AS (
       AND EXISTS (SELECT 1 FROM unnest(%(dropped)s::text[]) AS d(fanout)
                   WHERE b.fanout = d.fanout OR starts_with(b.fanout, d.fanout || '/'))
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT id, 'redriven', %(operator)s, lease_token, %(detail)s::jsonb
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+    SELECT id, tenant, 'redriven', %(operator)s, lease_token, %(detail)s::jsonb
     FROM updated
 )
 SELECT id, lease_token FROM updated;

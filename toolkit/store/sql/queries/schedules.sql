@@ -122,10 +122,10 @@ WITH s AS (
                                                       tags jsonb, key text,
                                                       concurrency_key text)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, scheduled_at
+    RETURNING id, tenant, scheduled_at
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, 'submitted', jsonb_build_object('schedule', %(name)s::text, 'tick', scheduled_at,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT id, tenant, 'submitted', jsonb_build_object('schedule', %(name)s::text, 'tick', scheduled_at,
                                                'version', %(version)s::int)
     FROM started
 ), updated AS (

@@ -9,10 +9,10 @@ WITH task AS (
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
       AND t.stream_seq < %(max_items)s
-    RETURNING t.id, t.stream_seq
+    RETURNING t.id, t.tenant, t.stream_seq
 ), item AS (
-    INSERT INTO toolkit_task_stream (task_id, seq, occurrence, fencing_token, value)
-    SELECT id, stream_seq, %(occurrence)s, %(token)s, %(value)s FROM task
+    INSERT INTO toolkit_task_stream (task_id, tenant, seq, occurrence, fencing_token, value)
+    SELECT id, tenant, stream_seq, %(occurrence)s, %(token)s, %(value)s FROM task
     RETURNING task_id, seq
 )
 SELECT seq, pg_notify('toolkit_stream', task_id::text) IS NULL AS notified FROM item;

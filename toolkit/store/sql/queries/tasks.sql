@@ -31,8 +31,8 @@ WITH tenant AS (
     ORDER BY i.n
     RETURNING id
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind)
-    SELECT id, 'submitted' FROM submitted
+    INSERT INTO toolkit_task_events (task_id, tenant, kind)
+    SELECT id, %(tenant)s, 'submitted' FROM submitted
 )
 SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 FROM submitted
@@ -57,8 +57,9 @@ WITH tenant AS (
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, definition_name, definition_version, definition_digest
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, 'submitted', jsonb_build_object('idempotency_key', %(key)s::text) FROM submitted
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT id, %(tenant)s, 'submitted', jsonb_build_object('idempotency_key', %(key)s::text)
+    FROM submitted
 )
 SELECT id, definition_name, definition_version, definition_digest, true AS created,
        pg_notify('toolkit_wakeup', '') IS NULL AS notified
@@ -281,7 +282,7 @@ SELECT EXISTS (
 -- seen and woken. A wait committed after this statement finds it (the task was leased) is
 -- woken by the worker's own commit (wake_raced_waits).
 WITH target AS (
-    SELECT id, state, wait_reason, checkpoint
+    SELECT id, tenant, state, wait_reason, checkpoint
     FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
 ), r AS (
     SELECT %(task_id)s::bigint AS task_id, %(payload)s::jsonb AS payload
@@ -292,7 +293,7 @@ SELECT (SELECT state FROM target) AS state,
        EXISTS (SELECT 1 FROM woken) AS woken;
 
 -- fragment: signal_targets
--- Stores signal %(name)s for each live row of CTE target (id, state, wait_reason,
+-- Stores signal %(name)s for each live row of CTE target (id, tenant, state, wait_reason,
 -- checkpoint, locked), with its payload from CTE r (task_id, payload), addressed to branch
 -- %(address)s (null: the task as a whole), and makes those already waiting for it at the
 -- task's level due now (a branch waiting for it is woken by wake_branches, the next
@@ -301,12 +302,13 @@ SELECT (SELECT state FROM target) AS state,
 -- and its operator (null for one task). An event delivered as a signal (%(event_id)s, null
 -- for a signal) is stored once per task: a second delivery of it stores nothing.
 inserted AS (
-    INSERT INTO toolkit_signals (task_id, name, payload, address, event_id)
-    SELECT target.id, %(name)s, r.payload, %(address)s::text, %(event_id)s::bigint
+    INSERT INTO toolkit_signals (task_id, tenant, name, payload, address, event_id)
+    SELECT target.id, target.tenant, %(name)s, r.payload, %(address)s::text,
+           %(event_id)s::bigint
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
     ON CONFLICT (task_id, event_id) WHERE event_id IS NOT NULL DO NOTHING
-    RETURNING id, task_id
+    RETURNING id, task_id, tenant
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = clock_timestamp(), updated_at = clock_timestamp()
@@ -318,8 +320,8 @@ inserted AS (
            OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
     RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT task_id, 'signal_received', %(operator)s::text,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
+    SELECT task_id, tenant, 'signal_received', %(operator)s::text,
            jsonb_strip_nulls(jsonb_build_object('name', %(name)s, 'signal_id', id,
                                                 'plan', %(plan_id)s::bigint,
                                                 'event', %(event_id)s::bigint))
@@ -406,7 +408,7 @@ now_cancelled AS (
     WHERE t.id = target.id
       AND (target.state IN ('queued', 'waiting')
            OR (target.state = 'leased' AND target.lease_expires_at <= clock_timestamp()))
-    RETURNING t.id
+    RETURNING t.id, t.tenant
 ), requested AS (
     UPDATE toolkit_tasks t
     SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', clock_timestamp()),
@@ -414,7 +416,7 @@ now_cancelled AS (
     FROM target
     WHERE t.id = target.id
       AND target.state = 'leased' AND target.lease_expires_at > clock_timestamp()
-    RETURNING t.id
+    RETURNING t.id, t.tenant
 ), woken_parent AS (
     -- A child cancelled here wakes its parent, as a child ending under a lease does.
     UPDATE toolkit_tasks p
@@ -427,13 +429,13 @@ now_cancelled AS (
       AND p.state IN ('leased', 'waiting')
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT id, 'cancelled', %(operator)s::text,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
+    SELECT id, tenant, 'cancelled', %(operator)s::text,
            jsonb_strip_nulls(jsonb_build_object('reason', %(reason)s::text,
                                                 'plan', %(plan_id)s::bigint))
     FROM now_cancelled
     UNION ALL
-    SELECT id, 'cancel_requested', %(operator)s::text,
+    SELECT id, tenant, 'cancel_requested', %(operator)s::text,
            jsonb_strip_nulls(jsonb_build_object('reason', %(reason)s::text,
                                                 'plan', %(plan_id)s::bigint))
     FROM requested
@@ -465,9 +467,9 @@ SELECT id, notified FROM updated;
 -- when there is one.
 evidence AS (
     INSERT INTO toolkit_effect_evidence
-        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-         fencing_token, worker_id, result, error)
-    SELECT g.id, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
+        (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
+         attempt, fencing_token, worker_id, result, error)
+    SELECT g.id, e.tenant, e.occurrence, e.step, e.handler, e.idempotent, e.idempotency_key,
            %(record)s::text, e.attempt, g.lease_token, %(operator)s, %(result)s::jsonb,
            %(error)s::jsonb
     FROM reconciling g
@@ -484,10 +486,10 @@ evidence AS (
         updated_at = clock_timestamp()
     FROM reconciling g
     WHERE t.id = g.id
-    RETURNING t.id, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id, t.tenant, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, detail)
-    SELECT id, 'reconciled', %(operator)s,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
+    SELECT id, tenant, 'reconciled', %(operator)s,
            resolution || CASE WHEN %(plan_id)s::bigint IS NULL THEN '{}'::jsonb
                               ELSE jsonb_build_object('plan', %(plan_id)s::bigint) END
     FROM updated
@@ -552,8 +554,8 @@ WITH tenant AS (
         updated_at = clock_timestamp()
     RETURNING id, xmax = 0 AS created
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, detail)
-    SELECT id, CASE WHEN created THEN 'submitted' ELSE 'debounced' END,
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+    SELECT id, %(tenant)s, CASE WHEN created THEN 'submitted' ELSE 'debounced' END,
            jsonb_build_object('debounce_key', %(debounce_key)s::text)
     FROM submitted
 )

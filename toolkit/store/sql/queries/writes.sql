@@ -95,9 +95,9 @@ WITH w AS (
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index
 ), evidence AS (
     INSERT INTO toolkit_effect_evidence
-        (task_id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
-         fencing_token, worker_id, result, error, spend)
-    SELECT g.id, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
+        (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
+         attempt, fencing_token, worker_id, result, error, spend)
+    SELECT g.id, g.tenant, r.occurrence, r.step, r.handler, r.idempotent, r.idempotency_key,
            r.record, r.attempt, g.token, %(worker_id)s, r.result, r.error, r.spend
     FROM guard g
     JOIN w ON w.task_id = g.id
@@ -138,8 +138,8 @@ WITH w AS (
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), branch_rows AS (
     INSERT INTO toolkit_branches AS b
-        (task_id, fanout, name, position, status, frame, run_at, waits_for, seen)
-    SELECT g.id, r.fanout, r.name, r.position, r.status, r.frame, r.run_at,
+        (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
+    SELECT g.id, g.tenant, r.fanout, r.name, r.position, r.status, r.frame, r.run_at,
            ARRAY(SELECT jsonb_array_elements_text(r.waits_for)), r.seen
     FROM guard g
     JOIN w ON w.task_id = g.id
@@ -157,13 +157,13 @@ WITH w AS (
     WHERE b.task_id = g.id
       AND (b.fanout = e.fanout OR starts_with(b.fanout, e.fanout || '/'))
 ), events AS (
-    INSERT INTO toolkit_task_events (task_id, kind, worker_id, fencing_token, detail)
-    SELECT g.id, e.kind, %(worker_id)s, g.token, e.detail
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+    SELECT g.id, g.tenant, e.kind, %(worker_id)s, g.token, e.detail
     FROM guard g
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
     UNION ALL
-    SELECT g.id, 'cancelled', %(worker_id)s, g.token,
+    SELECT g.id, g.tenant, 'cancelled', %(worker_id)s, g.token,
            jsonb_build_object('reason', 'cancel request found at the end of a cycle')
     FROM guard g
     WHERE g.cancelling

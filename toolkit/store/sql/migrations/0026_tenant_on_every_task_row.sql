@@ -1,0 +1,103 @@
+-- Every per-task table carries its task's tenant (issue 25, first step; docs/scaling.md,
+-- "Distributing by tenant").
+--
+-- Citus keeps a distributed table's rows on the node of their distribution column's value,
+-- and co-locates two tables' rows only when both have that column: a task's evidence,
+-- events, signals, callbacks, limit slots, branch rows and stream values can live beside
+-- the task only if they carry its tenant. On one PostgreSQL the column is written and
+-- otherwise unused: every statement that inserts such a row sets it from the task's row
+-- in the same statement, and NOT NULL refuses a statement that would not.
+ALTER TABLE toolkit_effect_evidence ADD COLUMN tenant text;
+UPDATE toolkit_effect_evidence x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_effect_evidence ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_task_events ADD COLUMN tenant text;
+UPDATE toolkit_task_events x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_task_events ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_signals ADD COLUMN tenant text;
+UPDATE toolkit_signals x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_signals ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_callbacks ADD COLUMN tenant text;
+UPDATE toolkit_callbacks x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_callbacks ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_limit_slots ADD COLUMN tenant text;
+UPDATE toolkit_limit_slots x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_limit_slots ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_branches ADD COLUMN tenant text;
+UPDATE toolkit_branches x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_branches ALTER COLUMN tenant SET NOT NULL;
+
+ALTER TABLE toolkit_task_stream ADD COLUMN tenant text;
+UPDATE toolkit_task_stream x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
+ALTER TABLE toolkit_task_stream ALTER COLUMN tenant SET NOT NULL;
+
+-- toolkit_admit_keys (migration 0015) writes its key_admitted events with the tenant.
+CREATE OR REPLACE FUNCTION toolkit_admit_keys(max_keys integer, OUT admitted integer, OUT remaining boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    k record;
+    held integer;
+    room integer;
+    n integer;
+BEGIN
+    admitted := 0;
+    FOR k IN
+        SELECT DISTINCT tenant, definition_name, concurrency_key
+        FROM toolkit_key_wakes
+        ORDER BY tenant, definition_name, concurrency_key
+        LIMIT max_keys
+    LOOP
+        CONTINUE WHEN NOT pg_try_advisory_xact_lock(hashtextextended(
+            k.tenant || chr(31) || k.definition_name || chr(31) || k.concurrency_key, 20));
+        DELETE FROM toolkit_key_wakes
+        WHERE tenant = k.tenant AND definition_name = k.definition_name
+          AND concurrency_key = k.concurrency_key;
+        SELECT count(*) INTO held FROM toolkit_tasks
+        WHERE tenant = k.tenant AND definition_name = k.definition_name
+          AND concurrency_key = k.concurrency_key
+          AND key_held AND state IN ('queued', 'leased', 'waiting');
+        SELECT concurrency_limit - held INTO room FROM toolkit_tasks
+        WHERE tenant = k.tenant AND definition_name = k.definition_name
+          AND concurrency_key = k.concurrency_key
+          AND state = 'waiting' AND wait_reason = 'concurrency'
+        ORDER BY id LIMIT 1;
+        CONTINUE WHEN room IS NULL OR room <= 0;
+        WITH next AS (
+            SELECT id FROM toolkit_tasks
+            WHERE tenant = k.tenant AND definition_name = k.definition_name
+              AND concurrency_key = k.concurrency_key
+              AND state = 'waiting' AND wait_reason = 'concurrency'
+            ORDER BY id
+            LIMIT room
+            FOR UPDATE
+        ), taken AS (
+            UPDATE toolkit_tasks t
+            SET state = CASE WHEN t.start_after > clock_timestamp() THEN 'waiting'
+                             ELSE 'queued' END,
+                wait_reason = CASE WHEN t.start_after > clock_timestamp() THEN 'start' END,
+                run_at = least(greatest(t.start_after, clock_timestamp()),
+                               coalesce(t.deadline_at, 'infinity')),
+                start_after = NULL,
+                key_held = true,
+                updated_at = clock_timestamp()
+            FROM next
+            WHERE t.id = next.id AND t.state = 'waiting' AND t.wait_reason = 'concurrency'
+            RETURNING t.id, t.tenant, t.concurrency_key, t.concurrency_limit
+        )
+        INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+        SELECT id, tenant, 'key_admitted',
+               jsonb_build_object('key', concurrency_key, 'max_active', concurrency_limit,
+                                  'holders', held)
+        FROM taken;
+        GET DIAGNOSTICS n = ROW_COUNT;
+        admitted := admitted + n;
+    END LOOP;
+    IF admitted > 0 THEN
+        PERFORM pg_notify('toolkit_wakeup', '');
+    END IF;
+    remaining := EXISTS (SELECT 1 FROM toolkit_key_wakes);
+END $$;
