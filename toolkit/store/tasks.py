@@ -49,6 +49,9 @@ from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
 
+#: Descendants of one cancelled task cancelled per statement at most (`cancel_descendants`).
+CANCEL_BATCH = 1000
+
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
 def check_error_name(error: str) -> None:
@@ -371,12 +374,27 @@ class Tasks(TaskReads):
     async def cancel_descendants(self, task_ids: Sequence[int]) -> int:
         """Cancel the live children of cancelled tasks (and theirs), as :meth:`cancel` does.
 
+        One statement per :data:`CANCEL_BATCH` descendants of each cancelled task (a
+        distributed map's parent may have tens of thousands), each reason naming that task.
+
         Returns:
             How many were cancelled or asked to stop.
         """
         children = await self._db.fetch_all("live_children", {"task_ids": list(task_ids)})
+        by_root: dict[int, list[int]] = {}
         for child in children:
-            await self._request_cancel(child["id"], f"parent task {child['root']} cancelled")
+            by_root.setdefault(child["root"], []).append(child["id"])
+        for root, ids in by_root.items():
+            for start in range(0, len(ids), CANCEL_BATCH):
+                params = {
+                    "task_ids": ids[start : start + CANCEL_BATCH],
+                    "reason": f"parent task {root} cancelled",
+                    "plan_id": None,
+                    "operator": None,
+                }
+                await self._db.fetch_all_then(
+                    "cancel_tasks", params, lambda done: ended_children(done[0]["cancelled"])
+                )
         return len(children)
 
     async def _request_cancel(self, task_id: int, reason: str) -> dict[str, Any] | None:

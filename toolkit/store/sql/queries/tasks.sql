@@ -393,6 +393,20 @@ SELECT (SELECT state FROM target) AS previous_state,
        EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
        EXISTS (SELECT 1 FROM requested) AS requested;
 
+-- name: cancel_tasks
+-- request_cancel for the tasks %(task_ids)s at once, with one %(reason)s: the live
+-- descendants of a cancelled task (Tasks.cancel_descendants), in one statement rather than
+-- one each. Rows are locked in id order.
+WITH target AS (
+    SELECT id, state, lease_expires_at FROM toolkit_tasks
+    WHERE id = ANY(%(task_ids)s::bigint[])
+    ORDER BY id
+    FOR NO KEY UPDATE
+),
+-- include: cancel_targets
+SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
+       ARRAY(SELECT id FROM requested ORDER BY id) AS requested;
+
 -- fragment: cancel_targets
 -- Cancels the locked rows of CTE target (id, state, lease_expires_at): a queued, waiting or
 -- recoverable task at once, a leased one by a request its holder learns of at its next
@@ -427,6 +441,7 @@ now_cancelled AS (
     WHERE c.id IN (SELECT id FROM now_cancelled)
       AND p.id = c.parent_id AND c.map_index IS NULL
       AND p.state IN ('leased', 'waiting')
+      AND p.id NOT IN (SELECT id FROM target)  -- cancelled here too: its row is written above
     RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
