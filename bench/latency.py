@@ -182,6 +182,7 @@ def probe_statements(
         "digests": list(digests),
         "limit": CLAIM_BATCH,
         "lease_seconds": LEASE_SECONDS,
+        "deferring": False,
         "locked": [],  # no limited tenant locked: the claim's one-statement path
         "window": rotation.window(CLAIM_BATCH),
     }

@@ -214,6 +214,7 @@ class Worker:
             "digests": [self.digest],
             "limit": self.batch,
             "lease_seconds": LEASE_SECONDS,
+            "deferring": False,
             "locked": [],  # the engine's claim: no limited tenant locked (the one-statement path)
             "window": rotation.window(self.batch),
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.helpers.inprocess import calls, deploy_submit, drain, sql
@@ -121,7 +122,7 @@ async def test_a_crash_inside_the_window_calls_the_unwritten_steps_again_with_th
     (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0)
     with pytest.raises(Crash):
         await Interpreter(store, crashing, "dead").execute(
-            task, d, CycleControl(checkpoint_window=60.0)
+            task, d, CycleControl(checkpoint_window=60.0, lease_deadline=anyio.current_time() + 25)
         )
     assert await _records(store, task_id) == [], "a and b were never written"
     await sql(
@@ -134,3 +135,48 @@ async def test_a_crash_inside_the_window_calls_the_unwritten_steps_again_with_th
     again = await calls(store)
     # a, b and c were called again, each with the key of its first call; d once.
     assert again == {**dict.fromkeys(keys, 1), f"{task_id}:d#1": 1}, (keys, again)
+
+
+STRICT_FIRST = """
+name: strict-first
+version: 1
+input: {type: object}
+start: a
+steps:
+  a: {effect: count.work, idempotent: true, retry: {max_attempts: 1}, next: b}
+  b: {effect: count.work, idempotent: true, next: c}
+  c: {effect: count.work, idempotent: true}
+"""
+
+
+async def test_a_crash_inside_the_window_is_not_blamed_on_the_step_under_the_cursor(
+    store: Store,
+) -> None:
+    """Regression (a helper's report): the cursor stays on a, which completed; b crashed.
+    Blamed on a (max_attempts 1), the healthy task failed AttemptsExhausted."""
+    (task_id,) = await deploy_submit(store, STRICT_FIRST, [{}])
+    d = definition(STRICT_FIRST)
+    crashing = App("crashing")
+
+    class Crash(BaseException):
+        pass
+
+    @crashing.effect("count.work")
+    async def work(ctx: Any) -> dict[str, Any]:
+        if ctx.step == "b":
+            raise Crash
+        return {}
+
+    (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0, deferring=True)
+    control = CycleControl(checkpoint_window=60.0, lease_deadline=anyio.current_time() + 25)
+    with pytest.raises(Crash):
+        await Interpreter(store, crashing, "dead").execute(task, d, control)
+    await sql(
+        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+    )
+    await drain(store, STRICT_FIRST, checkpoint_window=60.0)
+    record = await store.tasks.get(task_id)
+    assert record.state == "succeeded", (record.error, await store.tasks.events(task_id))
+    kinds = [e["kind"] for e in await store.tasks.events(task_id)]
+    assert "attempt_lost" not in kinds, kinds  # the lapse is the task's, not a step's
+    assert (await sql(store, "SELECT checkpoint -> 'lapses' FROM toolkit_tasks"))[0][0] is None

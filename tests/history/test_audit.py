@@ -20,6 +20,7 @@ from toolkit.engine import Interpreter
 from toolkit.errors import LeaseLost, UnknownTask
 from toolkit.history.audit import ViolationKind, audit_all, audit_task
 from toolkit.store import Store
+from toolkit.store.filters import TaskFilter
 from toolkit.store.writes import Event, FencedWrite
 
 pytestmark = pytest.mark.anyio
@@ -162,6 +163,18 @@ async def test_a_direct_cancel_ends_a_task_without_a_token(store: Store) -> None
     assert await store.tasks.cancel(waiting) == "cancelled"
     report = await audit_all(store)
     assert report.ok and report.tasks_checked == 2
+
+
+async def test_a_bulk_cancel_ends_tasks_without_a_token_too(store: Store) -> None:
+    """Regression (a helper's report): a bulk cancel's event names its operator, and the
+    audit took that unfenced terminal event for a worker's (terminal_write)."""
+    await deploy_submit(store, TIMER_AND_SIGNAL, [{}, {}])
+    await drain(store, TIMER_AND_SIGNAL)
+    plan = await store.bulk.plan_cancel(TaskFilter(definition="timer-and-signal"), operator="ana")
+    applied = await store.bulk.apply(plan.id)
+    assert applied.applied == 2, applied
+    report = await audit_all(store)
+    assert report.ok and report.tasks_checked == 2, report.violations
 
 
 # --- hand-made corrupt histories ------------------------------------------------------------

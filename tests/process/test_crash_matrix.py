@@ -198,3 +198,45 @@ def test_a_crash_inside_the_checkpoint_window_calls_the_unwritten_steps_again(
     assert task["result"]["b"]["key"] == keys["b"]
     records = [(e["step"], e["record"]) for e in task_evidence(dsn, task_id)]
     assert records == [("a", "completed"), ("b", "completed"), ("c", "completed")], records
+
+
+POISON = """
+name: poison
+version: 1
+input: {type: object}
+start: a
+steps:
+  a: {effect: scn.work, idempotent: true, retry: {max_attempts: unlimited}, next: b}
+  b: {effect: scn.work, idempotent: true, retry: {max_attempts: 2}, next: done}
+  done: {succeed: {output: "${ steps.b }"}}
+"""
+
+
+def test_a_step_that_crashes_every_worker_fails_its_task_with_a_checkpoint_window(
+    dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression (a helper's report): behind a window the cursor stays on a, so every
+    takeover blamed a (unlimited attempts) and b crashed every worker for ever. Now the first
+    takeover counts a lapse and writes every outcome, so later crashes name b."""
+    definitions = tmp_path / "poison.yaml"
+    definitions.write_text(POISON)
+    (task_id,) = submit_tasks(dsn, POISON, [{}])
+    monkeypatch.setenv("TOOLKIT_FAULT_POINT", "during_call")
+    monkeypatch.setenv("TOOLKIT_FAULT_STEP", "b")
+    exits = []
+    for run in range(6):
+        code, out, err = _run_to_exit(
+            dsn, definitions, "--worker-id", f"w{run}", "--checkpoint-window", "60"
+        )
+        exits.append(code)
+        if code == 0:
+            break
+        assert code == FAULT_EXIT_CODE, f"run {run} exited {code}\n{out}\n{err}"
+        assert backdate_leases(dsn, [task_id]) == 1
+    task = task_row(dsn, task_id)
+    events = task_events(dsn, task_id)
+    assert task["state"] == "failed", (task, events)
+    assert task["error"]["name"] == "AttemptsExhausted" and task["error"]["step"] == "b", task
+    lost = [e["detail"]["step"] for e in events if e["kind"] == "attempt_lost"]
+    assert lost == ["b", "b"], events
+    assert exits == [FAULT_EXIT_CODE] * 3 + [0], exits

@@ -92,12 +92,12 @@ async def test_claim_loop_survives_a_refused_claim(
     real_claim = worker.claim
     refused = 0
 
-    async def claim(limit: int, lease: float) -> Any:
+    async def claim(limit: int, lease: float, *, deferring: bool = False) -> Any:
         nonlocal refused
         if not refused:
             refused += 1
             raise StoreError("database error 40001: could not serialize access")
-        return await real_claim(limit, lease)
+        return await real_claim(limit, lease, deferring=deferring)
 
     monkeypatch.setattr(worker, "claim", claim)
     report = await run_until_idle(worker, idle_backoff_max=0.05)

@@ -39,6 +39,7 @@ UNFENCED = {
     "deliver_event": "an event's delivery: as send_signal, it moves run_at of waiting tasks",
     "complete_callback": "a completion's wake-up: it moves run_at of a waiting task only",
     "request_cancel": "an operator's cancel: it ends tasks nobody holds, asks holders",
+    "cancel_tasks": "request_cancel for the live descendants of a cancelled task",
     "reconcile_effect": "an operator's record of an outcome, for a task nobody holds",
     "prune_tasks": "retention deletes ended tasks only",
     "set_limit": "an operator's change of a limit: it wakes the tasks waiting for it",

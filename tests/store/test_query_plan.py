@@ -42,6 +42,7 @@ CLAIM_TYPES = {
     "digests": "text[]",
     "limit": "bigint",
     "lease_seconds": "float8",
+    "deferring": "boolean",
     "locked": "text[]",
     "window": "bigint",
 }
@@ -117,7 +118,7 @@ async def _mixed(store: Store) -> WorkflowDefinition:
 def _claim_params(d: WorkflowDefinition) -> dict[str, Any]:
     return {
         "worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0,
-        "locked": ["limited"], "window": 32,
+        "deferring": False, "locked": ["limited"], "window": 32,
     }  # fmt: skip
 
 

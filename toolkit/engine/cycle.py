@@ -17,7 +17,6 @@ import json
 import math
 import random
 import threading
-import time
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -184,8 +183,8 @@ class Cycle:
         #: The traceparent of this cycle's span, carried by its next write (tracing on).
         self.trace_attempt: str | None = None
         self.writes = 0
-        #: Monotonic time of the claim or of the last write built (see `may_defer_write`).
-        self._written_at = time.monotonic()
+        #: Event-loop time of the claim or of the last write built (see `may_defer_write`).
+        self._written_at = anyio.current_time()
         #: Something not yet written must be written before the next call (slots taken).
         self.prompt_write = False
         #: Branches of a parallel or map step run now, concurrently: writes take turns
@@ -360,7 +359,7 @@ class Cycle:
             **fields,
         )
         self.trace_attempt = None
-        self._written_at = time.monotonic()
+        self._written_at = anyio.current_time()
         self.prompt_write = False
         self.tags.clear()
         self.evidence.clear()
@@ -374,20 +373,22 @@ class Cycle:
         """Whether what is not yet written may wait for a later write of this cycle.
 
         True while the cycle's last write (or its claim) is less than
-        ``control.checkpoint_window`` seconds old and all that waits is the outcome of
-        idempotent calls that spent nothing and took no downstream-limit slot, with their
-        events and tags: a crash loses at most that window of idempotent work, which is
-        called again with the same keys (docs/decisions.md, "Idempotent outcomes may share
-        a write").
+        ``control.checkpoint_window`` seconds old, the lease surely holds (a write would
+        find out that it does not: a worker paused past its lease must not call on), and all
+        that waits is the outcome of idempotent calls that spent nothing and took no
+        downstream-limit slot, with their events and tags: a crash loses at most that window
+        of idempotent work, which is called again with the same keys (docs/decisions.md,
+        "Idempotent outcomes may share a write").
         """
-        window = self.control.checkpoint_window
+        control = self.control
         if (
-            window <= 0 or self.prompt_write or self.fanning_out or self.signals
-            or self.budget_delta or self.budget_released or self._branches
-            or self._branches_ended or self._unapplied is not None
+            control.checkpoint_window <= 0 or control.lease_lost or self.prompt_write
+            or self.fanning_out or self.signals or self.budget_delta or self.budget_released
+            or self._branches or self._branches_ended or self._unapplied is not None
         ):  # fmt: skip
             return False
-        if time.monotonic() - self._written_at >= window:
+        now = anyio.current_time()
+        if now - self._written_at >= control.checkpoint_window or now >= control.lease_deadline:
             return False
         return all(
             r.idempotent and r.record == "completed" and r.spend is None for r in self.evidence

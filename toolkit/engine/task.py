@@ -123,9 +123,10 @@ class TaskGraph:
     async def _taken_over(self) -> CycleOutcome | None:
         """A takeover: the previous lease expired mid-cycle. Its attempt counts.
 
-        At an effect, the lost attempt counts against its retries. At a pure step the lapse
-        itself counts: :data:`MAX_LAPSES` in a row without a step finished fail the task
-        ``LeasesLapsed`` (a step that stalls or crashes every worker that runs it). A lapse
+        At an effect, the lost attempt counts against its retries. At a pure step, or when
+        the lapsed lease's holder had a checkpoint window, the lapse itself counts:
+        :data:`MAX_LAPSES` in a row without a step finished fail the task ``LeasesLapsed``
+        (a step that stalls or crashes every worker that runs it). A lapse
         is not counted across a restart of the database server, or when this worker found
         the database unreachable within the lease before the claim (an outage's lapse).
         """
@@ -133,7 +134,9 @@ class TaskGraph:
         assert cp.cursor is not None
         step = self.cycle.definition.steps[cp.cursor]
         kind = self.kinds[type(step)]
-        if kind.pure:
+        if kind.pure or self.cycle.task.deferred_before:
+            # A holder with a checkpoint window may have run past the cursor: which step
+            # crashed is not known, so the lapse counts against the task (migration 0027).
             return await self._lapsed(step)
         taken_over = kind.taken_over
         if taken_over is None:
@@ -145,7 +148,10 @@ class TaskGraph:
         return await self.apply(step, transition)
 
     async def _lapsed(self, step: Step) -> CycleOutcome | None:
-        """Count a lease that lapsed at pure ``step``; fail the task at the bound."""
+        """Count a lease that lapsed at ``step``; fail the task at the bound.
+
+        ``step`` is pure, or the lapsed lease's holder had a checkpoint window.
+        """
         cycle = self.cycle
         if cycle.control.outage_seen:
             return None

@@ -633,8 +633,10 @@ def _terminal_fault(
     if final.kind != history.state:
         return f"the task is {history.state} but its last terminal event {final.id} is {final.kind}"
     if final.fencing_token is None:
-        if final.kind == "cancelled" and final.worker_id is None:
-            return None  # a direct cancel of a task no worker held
+        if final.kind == "cancelled":
+            # A direct cancel of a task no worker held: `toolkit cancel` (no writer) or a
+            # bulk cancel (its operator); a worker's terminal write always has a token.
+            return None
         return f"{final.kind} event {final.id} by {final.worker_id} carries no token"
     last = max([history.lease_token, *(c.fencing_token or 0 for c in claims)])
     if final.fencing_token != last:

@@ -198,7 +198,10 @@ class WorkflowSupervisor:
             try:
                 with anyio.CancelScope() as self._claim_scope:
                     with self.metrics.claim_latency.time():
-                        tasks = await self.worker.claim(min(free, config.claim_batch), config.lease)
+                        tasks = await self.worker.claim(
+                            min(free, config.claim_batch), config.lease,
+                            deferring=config.checkpoint_window > 0,
+                        )  # fmt: skip
                     if not tasks:
                         pending, next_due = await self.worker.idle_state()
                         if config.until_idle and self._in_flight == 0 and not pending:
@@ -250,7 +253,8 @@ class WorkflowSupervisor:
         control = CycleControl(
             lease_deadline=lease_deadline, call_grace=self.config.call_grace,
             progress_every=self.config.heartbeat,
-            checkpoint_window=self.config.checkpoint_window,
+            # a takeover writes every outcome: a second crash then names its step
+            checkpoint_window=0.0 if task.recovered else self.config.checkpoint_window,
             outage_seen=self._outage.seen_within(self.config.lease),
         )  # fmt: skip
         if task.deadline_in is not None and task.deadline_in > 0:

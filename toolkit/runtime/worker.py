@@ -109,9 +109,13 @@ class Worker:
         except Exception:
             pass
 
-    async def claim(self, limit: int, lease_seconds: float) -> list[ClaimedTask]:
-        """Claim up to ``limit`` due tasks of the loaded definitions."""
-        return await self.store.leases.claim(self.worker_id, self._digests, limit, lease_seconds)
+    async def claim(
+        self, limit: int, lease_seconds: float, *, deferring: bool = False
+    ) -> list[ClaimedTask]:
+        """Claim up to ``limit`` due tasks of the loaded definitions (see ``Leases.claim``)."""
+        return await self.store.leases.claim(
+            self.worker_id, self._digests, limit, lease_seconds, deferring=deferring
+        )
 
     async def renew(self, fences: Sequence[Fence], lease_seconds: float) -> Renewal:
         """Renew the held leases and the worker's registration (see ``Leases.renew``)."""

@@ -70,6 +70,8 @@ class ClaimedTask:
         child: the task is a child (a ``workflow`` step started it).
         trace_parent: the W3C traceparent the task was submitted under (None: untraced).
         trace_attempt: the traceparent of the span of its previous attempt, if traced.
+        deferred_before: a takeover of a lease whose holder had a checkpoint window: it may
+            have run past the stored cursor (migration 0027).
     """
 
     id: int
@@ -87,6 +89,7 @@ class ClaimedTask:
     child: bool = False
     trace_parent: str | None = None
     trace_attempt: str | None = None
+    deferred_before: bool = False
 
     def fence(self, worker_id: str) -> Fence:
         """The fence of this lease, held by ``worker_id``."""
@@ -122,7 +125,13 @@ class Leases:
         return self._db.payload_limits
 
     async def claim(
-        self, worker_id: str, digests: Sequence[str], limit: int, lease_seconds: float
+        self,
+        worker_id: str,
+        digests: Sequence[str],
+        limit: int,
+        lease_seconds: float,
+        *,
+        deferring: bool = False,
     ) -> list[ClaimedTask]:
         """Claim up to ``limit`` due tasks of the given definitions, fairly across tenants.
 
@@ -145,6 +154,8 @@ class Leases:
             digests: definition digests this worker has loaded; no other task is claimed.
             limit: most tasks to claim.
             lease_seconds: lease duration, seconds, from database now.
+            deferring: the claimer runs with a checkpoint window (a takeover of its lease
+                then learns it: ``ClaimedTask.deferred_before``).
 
         Returns:
             The claimed tasks, in id order (possibly none).
@@ -159,6 +170,7 @@ class Leases:
             "digests": list(digests),
             "limit": limit,
             "lease_seconds": lease_seconds,
+            "deferring": deferring,
             "locked": [],
             "window": rotation.window(limit),
         }
@@ -183,6 +195,7 @@ class Leases:
                 child=row["child"],
                 trace_parent=row["trace_parent"],
                 trace_attempt=row["trace_attempt"],
+                deferred_before=row["deferred_before"],
             )
             for row in rows
         ]

@@ -35,6 +35,7 @@ from toolkit.payload import check_payload
 from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
+from toolkit.store.descendants import cancel_descendants
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
 from toolkit.store.signal_waits import (
@@ -48,9 +49,6 @@ from toolkit.store.submit_flow import no_delayed_start, submit_flowing
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
-
-#: Descendants of one cancelled task cancelled per statement at most (`cancel_descendants`).
-CANCEL_BATCH = 1000
 
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
@@ -372,30 +370,11 @@ class Tasks(TaskReads):
         raise TaskTerminal(f"task {task_id} {ended}; it cannot be cancelled")
 
     async def cancel_descendants(self, task_ids: Sequence[int]) -> int:
-        """Cancel the live children of cancelled tasks (and theirs), as :meth:`cancel` does.
+        """Cancel the live children of cancelled tasks (and theirs); how many.
 
-        One statement per :data:`CANCEL_BATCH` descendants of each cancelled task (a
-        distributed map's parent may have tens of thousands), each reason naming that task.
-
-        Returns:
-            How many were cancelled or asked to stop.
+        As :meth:`cancel` does each (:func:`toolkit.store.descendants.cancel_descendants`).
         """
-        children = await self._db.fetch_all("live_children", {"task_ids": list(task_ids)})
-        by_root: dict[int, list[int]] = {}
-        for child in children:
-            by_root.setdefault(child["root"], []).append(child["id"])
-        for root, ids in by_root.items():
-            for start in range(0, len(ids), CANCEL_BATCH):
-                params = {
-                    "task_ids": ids[start : start + CANCEL_BATCH],
-                    "reason": f"parent task {root} cancelled",
-                    "plan_id": None,
-                    "operator": None,
-                }
-                await self._db.fetch_all_then(
-                    "cancel_tasks", params, lambda done: ended_children(done[0]["cancelled"])
-                )
-        return len(children)
+        return await cancel_descendants(self._db, task_ids)
 
     async def _request_cancel(self, task_id: int, reason: str) -> dict[str, Any] | None:
         """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""

@@ -1,39 +1,29 @@
 -- Every per-task table carries its task's tenant (issue 25, first step; docs/scaling.md,
--- "Distributing by tenant").
+-- "A distributed PostgreSQL (Citus on `tenant`)").
 --
 -- Citus keeps a distributed table's rows on the node of their distribution column's value,
 -- and co-locates two tables' rows only when both have that column: a task's evidence,
 -- events, signals, callbacks, limit slots, branch rows and stream values can live beside
 -- the task only if they carry its tenant. On one PostgreSQL the column is written and
--- otherwise unused: every statement that inserts such a row sets it from the task's row
--- in the same statement, and NOT NULL refuses a statement that would not.
-ALTER TABLE toolkit_effect_evidence ADD COLUMN tenant text;
-UPDATE toolkit_effect_evidence x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_effect_evidence ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_task_events ADD COLUMN tenant text;
-UPDATE toolkit_task_events x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_task_events ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_signals ADD COLUMN tenant text;
-UPDATE toolkit_signals x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_signals ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_callbacks ADD COLUMN tenant text;
-UPDATE toolkit_callbacks x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_callbacks ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_limit_slots ADD COLUMN tenant text;
-UPDATE toolkit_limit_slots x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_limit_slots ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_branches ADD COLUMN tenant text;
-UPDATE toolkit_branches x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_branches ALTER COLUMN tenant SET NOT NULL;
-
-ALTER TABLE toolkit_task_stream ADD COLUMN tenant text;
-UPDATE toolkit_task_stream x SET tenant = t.tenant FROM toolkit_tasks t WHERE t.id = x.task_id;
-ALTER TABLE toolkit_task_stream ALTER COLUMN tenant SET NOT NULL;
+-- otherwise unused: every statement of this release that inserts such a row sets it from
+-- the task's row in the same statement. The rows already there get it here.
+--
+-- The column stays nullable: the runbook migrates while the previous release's workers
+-- still run (docs/operations.md, "Deploying a release"), and their inserts do not name it.
+-- Distributing the tables fills what those left empty and makes it NOT NULL then.
+DO $$
+DECLARE
+    name text;
+BEGIN
+    FOREACH name IN ARRAY ARRAY['toolkit_effect_evidence', 'toolkit_task_events',
+                                'toolkit_signals', 'toolkit_callbacks', 'toolkit_limit_slots',
+                                'toolkit_branches', 'toolkit_task_stream']
+    LOOP
+        EXECUTE format('ALTER TABLE %I ADD COLUMN tenant text', name);
+        EXECUTE format('UPDATE %I x SET tenant = t.tenant FROM toolkit_tasks t '
+                       'WHERE t.id = x.task_id', name);
+    END LOOP;
+END $$;
 
 -- toolkit_admit_keys (migration 0015) writes its key_admitted events with the tenant.
 CREATE OR REPLACE FUNCTION toolkit_admit_keys(max_keys integer, OUT admitted integer, OUT remaining boolean)

@@ -25,6 +25,7 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- (tasks above priority 0 due within 9 minutes). Not locked here: the statement locks what
 -- it chooses.
 SELECT id, state AS previous_state, lease_owner AS previous_owner,
+       lease_deferred AS previous_deferred,
        CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at,
        (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
            - priority * interval '1 minute' AS claim_at
@@ -42,10 +43,12 @@ ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TI
 LIMIT tn.slots
 
 -- fragment: take_leases
--- The claim of the candidate rows (id, previous_state, previous_owner, due_at): each becomes
--- leased by %(worker_id)s until database now + %(lease_seconds)s, its fencing token one
--- higher (DESIGN §2), with a claimed (or recovered, for an expired lease) event carrying its
--- queue delay. One row per task claimed, or a single row with a NULL id when none was; each
+-- The claim of the candidate rows (id, previous_state, previous_owner, previous_deferred,
+-- due_at): each becomes leased by %(worker_id)s until database now + %(lease_seconds)s, its
+-- fencing token one higher (DESIGN §2), with a claimed (or recovered, for an expired lease)
+-- event carrying its queue delay; lease_deferred is %(deferring)s (the claimer has a
+-- checkpoint window, migration 0027) except for a takeover, and deferred_before tells a
+-- takeover whether the lease it took over was. One row per task claimed, or a single row with a NULL id when none was; each
 -- carries the claim's summary (dry: the picked tenants that had nothing due for this
 -- worker; window_full: the window held as many tenants as it may), whether tenants with a
 -- max_active exist (limits), whether more than one tenant is unpaused (tenants: 1 or 2) and
@@ -59,13 +62,14 @@ claimed AS (
         lease_token = t.lease_token + 1,
         lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
         attempts = t.attempts + 1,
+        lease_deferred = %(deferring)s::boolean AND c.previous_state <> 'leased',
         updated_at = clock_timestamp()
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
               t.attempts, t.cancel_requested, t.tags, t.parent_id, t.map_index, t.trace_parent,
               t.trace_attempt, c.previous_state,
-              c.previous_owner,
+              c.previous_owner, c.previous_deferred,
               extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
               extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
 ), events AS (
@@ -84,7 +88,8 @@ SELECT c.id, c.tenant, c.definition_digest, c.input, c.checkpoint, c.lease_token
        c.cancel_requested, c.tags,
        -- a child whose end wakes its parent (not a distributed map's item: DESIGN §2)
        c.parent_id IS NOT NULL AND c.map_index IS NULL AS child, c.trace_parent,
-       c.trace_attempt, c.previous_state = 'leased' AS recovered, c.queue_delay,
+       c.trace_attempt, c.previous_state = 'leased' AS recovered,
+       c.previous_state = 'leased' AND c.previous_deferred AS deferred_before, c.queue_delay,
        c.deadline_in, s.dry, s.window_full,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
@@ -154,6 +159,7 @@ WITH promoted AS (
     ) d
 ), candidates AS (
     SELECT t.id, t.state AS previous_state, t.lease_owner AS previous_owner,
+           t.lease_deferred AS previous_deferred,
            CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END AS due_at
     FROM due
     JOIN toolkit_tasks t ON t.id = due.id
