@@ -100,34 +100,44 @@ async def test_an_intent_or_a_spend_is_written_before_the_next_call(store: Store
     ]
 
 
-async def test_a_crash_inside_the_window_calls_the_unwritten_steps_again_with_their_keys(
-    store: Store,
-) -> None:
-    (task_id,) = await deploy_submit(store, FOUR_IDEMPOTENT, [{"seconds": 0}])
-    d = definition(FOUR_IDEMPOTENT)
+class Crash(BaseException):
+    """The worker process dies (not an error a handler returns)."""
+
+
+async def crash_inside_the_window(store: Store, text: str, at: str) -> list[str]:
+    """Run one cycle of the task of ``text`` under a window of 60 s, claimed by a worker with
+    a window, dying when step ``at`` is called; then let its lease lapse.
+
+    Returns:
+        The idempotency keys of the calls made before the crash, the crashing one included.
+    """
+    d = definition(text)
     crashing = App("crashing")
-
-    class Crash(BaseException):
-        pass
-
     keys: list[str] = []
 
     @crashing.effect("count.work")
     async def work(ctx: Any, seconds: float = 0.0) -> dict[str, Any]:
         keys.append(ctx.idempotency_key)
-        if ctx.step == "c":
+        if ctx.step == at:
             raise Crash
         return {}
 
-    (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0)
+    (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0, deferring=True)
+    control = CycleControl(checkpoint_window=60.0, lease_deadline=anyio.current_time() + 25)
     with pytest.raises(Crash):
-        await Interpreter(store, crashing, "dead").execute(
-            task, d, CycleControl(checkpoint_window=60.0, lease_deadline=anyio.current_time() + 25)
-        )
-    assert await _records(store, task_id) == [], "a and b were never written"
+        await Interpreter(store, crashing, "dead").execute(task, d, control)
     await sql(
         store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
     )
+    return keys
+
+
+async def test_a_crash_inside_the_window_calls_the_unwritten_steps_again_with_their_keys(
+    store: Store,
+) -> None:
+    (task_id,) = await deploy_submit(store, FOUR_IDEMPOTENT, [{"seconds": 0}])
+    keys = await crash_inside_the_window(store, FOUR_IDEMPOTENT, "c")
+    assert await _records(store, task_id) == [], "a and b were never written"
     await drain(store, FOUR_IDEMPOTENT, checkpoint_window=60.0)
     record = await store.tasks.get(task_id)
     assert record.state == "succeeded", record
@@ -155,25 +165,7 @@ async def test_a_crash_inside_the_window_is_not_blamed_on_the_step_under_the_cur
     """Regression (a helper's report): the cursor stays on a, which completed; b crashed.
     Blamed on a (max_attempts 1), the healthy task failed AttemptsExhausted."""
     (task_id,) = await deploy_submit(store, STRICT_FIRST, [{}])
-    d = definition(STRICT_FIRST)
-    crashing = App("crashing")
-
-    class Crash(BaseException):
-        pass
-
-    @crashing.effect("count.work")
-    async def work(ctx: Any) -> dict[str, Any]:
-        if ctx.step == "b":
-            raise Crash
-        return {}
-
-    (task,) = await store.leases.claim("dead", [d.digest], 1, 30.0, deferring=True)
-    control = CycleControl(checkpoint_window=60.0, lease_deadline=anyio.current_time() + 25)
-    with pytest.raises(Crash):
-        await Interpreter(store, crashing, "dead").execute(task, d, control)
-    await sql(
-        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
-    )
+    await crash_inside_the_window(store, STRICT_FIRST, "b")
     await drain(store, STRICT_FIRST, checkpoint_window=60.0)
     record = await store.tasks.get(task_id)
     assert record.state == "succeeded", (record.error, await store.tasks.events(task_id))

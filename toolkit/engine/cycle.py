@@ -183,8 +183,9 @@ class Cycle:
         #: The traceparent of this cycle's span, carried by its next write (tracing on).
         self.trace_attempt: str | None = None
         self.writes = 0
-        #: Event-loop time of the claim or of the last write built (see `may_defer_write`).
-        self._written_at = anyio.current_time()
+        #: Event-loop time of the claim or of the last write built, kept only under a
+        #: checkpoint window (see `may_defer_write`).
+        self._written_at = anyio.current_time() if control.checkpoint_window > 0 else 0.0
         #: Something not yet written must be written before the next call (slots taken).
         self.prompt_write = False
         #: Branches of a parallel or map step run now, concurrently: writes take turns
@@ -359,7 +360,8 @@ class Cycle:
             **fields,
         )
         self.trace_attempt = None
-        self._written_at = anyio.current_time()
+        if self.control.checkpoint_window > 0:
+            self._written_at = anyio.current_time()
         self.prompt_write = False
         self.tags.clear()
         self.evidence.clear()

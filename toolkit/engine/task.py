@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolkit.checkpoint import Checkpoint, Compensation, Lapses
-from toolkit.definition import Step, catch_target
+from toolkit.definition import EffectStep, Step, catch_target
 from toolkit.engine.compensation import compensate as run_compensations
 from toolkit.engine.cycle import Cycle, CycleOutcome
 from toolkit.engine.deadline import deadline_passed
@@ -123,8 +123,8 @@ class TaskGraph:
     async def _taken_over(self) -> CycleOutcome | None:
         """A takeover: the previous lease expired mid-cycle. Its attempt counts.
 
-        At an effect, the lost attempt counts against its retries. At a pure step, or when
-        the lapsed lease's holder had a checkpoint window, the lapse itself counts:
+        At an effect, the lost attempt counts against its retries. At a pure step, or at an
+        effect when the lapsed lease's holder had a checkpoint window, the lapse counts:
         :data:`MAX_LAPSES` in a row without a step finished fail the task ``LeasesLapsed``
         (a step that stalls or crashes every worker that runs it). A lapse
         is not counted across a restart of the database server, or when this worker found
@@ -134,8 +134,9 @@ class TaskGraph:
         assert cp.cursor is not None
         step = self.cycle.definition.steps[cp.cursor]
         kind = self.kinds[type(step)]
-        if kind.pure or self.cycle.task.deferred_before:
-            # A holder with a checkpoint window may have run past the cursor: which step
+        if kind.pure or (self.cycle.task.deferred_before and isinstance(step, EffectStep)):
+            # A holder with a checkpoint window may have run past an effect under the cursor
+            # (only idempotent calls and pure steps are passed without a write): which step
             # crashed is not known, so the lapse counts against the task (migration 0027).
             return await self._lapsed(step)
         taken_over = kind.taken_over
