@@ -166,7 +166,16 @@ async def history(store: Store) -> dict[str, dict[str, Any]]:
                 " FROM toolkit_effect_evidence ORDER BY id"
             )
         ).fetchall()
+        callbacks = await (
+            await conn.execute(
+                "SELECT token FROM toolkit_callbacks ORDER BY task_id, occurrence, attempt, token"
+            )
+        ).fetchall()
     normalise = _Normaliser()
+    # Numbered by task and step occurrence, not by first appearance: concurrent branches
+    # create their callbacks in an order that depends on timing (a flaky golden in CI).
+    for (token,) in callbacks:
+        normalise(token)
     tasks: dict[str, list[dict[str, Any]]] = {}
     seen_events: dict[int, int] = {}
     seen_evidence: dict[int, int] = {}
