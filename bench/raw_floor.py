@@ -66,11 +66,11 @@ TENANT = "default"
 CLAIM: LiteralString = """
 UPDATE toolkit_tasks t
 SET state = 'leased', lease_owner = %(worker_id)s, lease_token = t.lease_token + 1,
-    lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
-    attempts = t.attempts + 1, updated_at = clock_timestamp()
+    lease_expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second',
+    attempts = t.attempts + 1, updated_at = statement_timestamp()
 FROM (SELECT id FROM toolkit_tasks
-      WHERE state IN ('queued', 'leased') AND run_at <= clock_timestamp()
-        AND (state = 'queued' OR lease_expires_at <= clock_timestamp())
+      WHERE state IN ('queued', 'leased') AND run_at <= statement_timestamp()
+        AND (state = 'queued' OR lease_expires_at <= statement_timestamp())
         AND definition_digest = ANY(%(digests)s::text[])
       ORDER BY run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) c
 WHERE t.id = c.id
@@ -79,31 +79,31 @@ RETURNING t.id, t.lease_token
 
 # Per-row statements, positional: (checkpoint, id, owner, token).
 ROW_CHECKPOINT: LiteralString = """
-UPDATE toolkit_tasks SET checkpoint = %s::jsonb, updated_at = clock_timestamp()
+UPDATE toolkit_tasks SET checkpoint = %s::jsonb, updated_at = statement_timestamp()
 WHERE id = %s AND lease_owner = %s AND lease_token = %s
-  AND state = 'leased' AND lease_expires_at > clock_timestamp()
+  AND state = 'leased' AND lease_expires_at > statement_timestamp()
 """
 ROW_COMPLETE: LiteralString = """
 UPDATE toolkit_tasks
 SET checkpoint = %s::jsonb, state = 'succeeded', result = '{}', lease_owner = NULL,
-    lease_expires_at = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    lease_expires_at = NULL, finished_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE id = %s AND lease_owner = %s AND lease_token = %s
-  AND state = 'leased' AND lease_expires_at > clock_timestamp()
+  AND state = 'leased' AND lease_expires_at > statement_timestamp()
 """
 # Set statements, positional: (checkpoint, ids, tokens, owner).
 SET_CHECKPOINT: LiteralString = """
-UPDATE toolkit_tasks t SET checkpoint = %s::jsonb, updated_at = clock_timestamp()
+UPDATE toolkit_tasks t SET checkpoint = %s::jsonb, updated_at = statement_timestamp()
 FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)
 WHERE t.id = h.id AND t.lease_token = h.token AND t.lease_owner = %s
-  AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+  AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
 """
 SET_COMPLETE: LiteralString = """
 UPDATE toolkit_tasks t
 SET checkpoint = %s::jsonb, state = 'succeeded', result = '{}', lease_owner = NULL,
-    lease_expires_at = NULL, finished_at = clock_timestamp(), updated_at = clock_timestamp()
+    lease_expires_at = NULL, finished_at = statement_timestamp(), updated_at = statement_timestamp()
 FROM unnest(%s::bigint[], %s::bigint[]) AS h(id, token)
 WHERE t.id = h.id AND t.lease_token = h.token AND t.lease_owner = %s
-  AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+  AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
 """
 
 

@@ -23,7 +23,7 @@ history alone the audit verifies, per task:
 
 Order is judged as the store recorded it: events among themselves by id (one sequence,
 allocated at insert); evidence against claims by database timestamp (``recorded_at``
-against the claim event's ``at``, both ``clock_timestamp()``). A record whose insert
+against the claim event's ``at``, both database time). A record whose insert
 happened before a claim but whose transaction committed after it cannot be told apart from
 history alone; the fence (the row lock of the fenced write) is what rules that out.
 

@@ -27,6 +27,7 @@ from psycopg.rows import DictRow, dict_row
 
 from toolkit.errors import DatabaseUnavailable, StoreError
 from toolkit.payload import PayloadLimits
+from toolkit.store.notifying_cursor import NotifyingCursor
 from toolkit.store.queries import query
 
 logger = logging.getLogger(__name__)
@@ -121,7 +122,12 @@ _Pools = tuple[psycopg_pool.AsyncConnectionPool[Any], psycopg_pool.AsyncConnecti
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Every pooled connection: autocommit, and no JIT compilation (docs/decisions.md)."""
+    """Configure every pooled connection.
+
+    Autocommit, no JIT compilation (docs/decisions.md), and cursors that send the
+    notifications a statement's result asks for (:class:`NotifyingCursor`).
+    """
+    conn.cursor_factory = NotifyingCursor
     await conn.set_autocommit(True)
     await conn.execute("SET jit = off")
 

@@ -6,15 +6,15 @@
 -- branch nested in it (its occurrences are under 'STEP#N/NAME/') has a wake or a due timer
 -- (toolkit_branches_woken, toolkit_branches_timers).
 SELECT name, position, status, frame, wakes, seen,
-       status = 'waiting' AND run_at <= clock_timestamp() AS due
+       status = 'waiting' AND run_at <= statement_timestamp() AS due
 FROM toolkit_branches b
 WHERE task_id = %(task_id)s AND fanout = %(fanout)s
   AND (status IN ('running', 'blocked')
-       OR (status = 'waiting' AND (wakes > seen OR run_at <= clock_timestamp()))
+       OR (status = 'waiting' AND (wakes > seen OR run_at <= statement_timestamp()))
        OR (status = 'waiting' AND waits_for @> '{branches}' AND EXISTS (
                SELECT 1 FROM toolkit_branches i
                WHERE i.task_id = b.task_id AND i.status = 'waiting'
-                 AND (i.wakes > i.seen OR i.run_at <= clock_timestamp())
+                 AND (i.wakes > i.seen OR i.run_at <= statement_timestamp())
                  AND starts_with(i.fanout, b.fanout || '/' || b.name || '/'))))
 ORDER BY position;
 

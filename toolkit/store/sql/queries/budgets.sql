@@ -34,7 +34,7 @@ WHERE b.tenant = %(tenant)s AND b.resource = r.key;
 WITH updated AS (
     UPDATE toolkit_tasks t
     SET checkpoint = %(checkpoint)s::jsonb || jsonb_build_object('write', %(write_id)s::text),
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     RETURNING t.id, t.tenant

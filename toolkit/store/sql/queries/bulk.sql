@@ -75,7 +75,7 @@ ORDER BY i.task_id
 LIMIT %(limit)s;
 
 -- name: finish_bulk_plan
-UPDATE toolkit_bulk_plans SET finished_at = clock_timestamp()
+UPDATE toolkit_bulk_plans SET finished_at = statement_timestamp()
 WHERE id = %(plan_id)s AND finished_at IS NULL
   AND NOT EXISTS (SELECT 1 FROM toolkit_bulk_plan_tasks
                   WHERE plan_id = %(plan_id)s AND outcome IS NULL);
@@ -104,7 +104,7 @@ item AS (
 
 -- fragment: bulk_marked
 -- Each item of the batch gets its outcome, in the statement that acted (CTE acted: task_id,
--- detail): applied; refused (unchanged, but the action's own check refused it); moved (its
+-- detail; and CTE wakeup, a row when idle workers are to be woken): applied; refused (unchanged, but the action's own check refused it); moved (its
 -- token or state changed since the plan); gone (the task was deleted).
 marked AS (
     UPDATE toolkit_bulk_plan_tasks i
@@ -114,13 +114,14 @@ marked AS (
             WHEN EXISTS (SELECT 1 FROM toolkit_tasks x WHERE x.id = item.task_id) THEN 'moved'
             ELSE 'gone' END,
         detail = a.detail,
-        applied_at = clock_timestamp()
+        applied_at = statement_timestamp()
     FROM item
     LEFT JOIN acted a ON a.task_id = item.task_id
     WHERE i.plan_id = %(plan_id)s AND i.task_id = item.task_id
     RETURNING i.task_id, i.outcome
 )
-SELECT task_id, outcome FROM marked ORDER BY task_id;
+SELECT task_id, outcome, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup
+FROM marked ORDER BY task_id;
 
 -- name: bulk_cancel
 WITH
@@ -192,7 +193,7 @@ FOR UPDATE;
 -- name: bulk_mark_item
 -- The outcome of one task's item of plan %(plan_id)s acted on alone, with its detail.
 UPDATE toolkit_bulk_plan_tasks
-SET outcome = %(outcome)s, detail = %(detail)s, applied_at = clock_timestamp()
+SET outcome = %(outcome)s, detail = %(detail)s, applied_at = statement_timestamp()
 WHERE plan_id = %(plan_id)s AND task_id = %(task_id)s AND outcome IS NULL;
 
 -- name: lock_task_state

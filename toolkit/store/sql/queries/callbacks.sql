@@ -40,14 +40,14 @@ WITH target AS (
 ), completed AS (
     UPDATE toolkit_callbacks
     SET state = 'completed', result = %(result)s::jsonb, error = %(error)s::jsonb,
-        completed_at = clock_timestamp()
+        completed_at = statement_timestamp()
     FROM target
     WHERE token = %(callback_token)s AND toolkit_callbacks.state = 'open'
       AND target.state IN ('queued', 'leased', 'waiting')
     RETURNING toolkit_callbacks.task_id, toolkit_callbacks.tenant, occurrence
 ), woken AS (
     UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM completed c, target
     WHERE t.id = c.task_id AND target.id = c.task_id
       AND target.state = 'waiting' AND target.wait_reason = 'callback'
@@ -61,7 +61,8 @@ WITH target AS (
     FROM completed
 )
 SELECT task_id, occurrence,
-       EXISTS (SELECT 1 FROM woken) AND pg_notify('toolkit_wakeup', '') IS NULL AS woken
+       EXISTS (SELECT 1 FROM woken) AS woken,
+       CASE WHEN EXISTS (SELECT 1 FROM woken) THEN '' END AS notify_toolkit_wakeup
 FROM completed;
 
 -- name: expire_callback

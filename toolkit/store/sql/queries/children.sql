@@ -14,7 +14,7 @@ WITH parent AS (
          priority, trace_parent, tags)
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s, %(input)s::jsonb,
            %(checkpoint)s::jsonb, parent.id, %(occurrence)s,
-           clock_timestamp() + %(timeout)s::float8 * interval '1 second',
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second',
            %(concurrency_key)s::text, %(concurrency_limit)s::int, %(priority)s::smallint,
            %(trace_parent)s::text,
            -- The parent's tags (first keys first, as many as the limit leaves room for),
@@ -37,7 +37,7 @@ WITH parent AS (
 )
 SELECT (SELECT id FROM parent) AS parent_id,
        (SELECT id FROM inserted) AS inserted_id,
-       pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+       CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN '' END AS notify_toolkit_wakeup;
 
 -- name: get_child
 -- The child task a parent's step occurrence started, if any.

@@ -22,7 +22,7 @@ LIMIT 1;
 -- version with live tasks and no such worker is "definition unavailable" (DESIGN §5).
 SELECT d.name, d.version, d.digest, d.deployed_at, d.retired_at,
        EXISTS (SELECT 1 FROM toolkit_workers w
-               WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+               WHERE w.stopped_at IS NULL AND w.expires_at > statement_timestamp()
                  AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', d.digest))
        ) AS served,
        coalesce(
@@ -38,7 +38,7 @@ ORDER BY d.name, d.version;
 -- name: retire_definition
 -- A retired version takes no new submissions; its tasks run on.
 UPDATE toolkit_definitions
-SET retired_at = coalesce(retired_at, clock_timestamp())
+SET retired_at = coalesce(retired_at, statement_timestamp())
 WHERE name = %(name)s AND version = %(version)s
 RETURNING name;
 
@@ -84,6 +84,6 @@ FROM toolkit_tasks t
 WHERE t.state IN ('queued', 'leased', 'waiting')
   AND NOT EXISTS (
       SELECT 1 FROM toolkit_workers w
-      WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+      WHERE w.stopped_at IS NULL AND w.expires_at > statement_timestamp()
         AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', t.definition_digest)))
 GROUP BY t.definition_name, t.definition_version

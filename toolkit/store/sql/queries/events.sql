@@ -116,7 +116,8 @@ WITH target AS (
     SELECT id AS task_id, %(payload)s::jsonb AS payload FROM target
 ),
 -- include: signal_targets
-SELECT task_id FROM inserted ORDER BY task_id;
+SELECT task_id, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup
+FROM inserted ORDER BY task_id;
 
 -- name: subscribe_event
 -- Task %(task_id)s subscribes to event %(name)s of tenant %(tenant)s matching on %(fields)s

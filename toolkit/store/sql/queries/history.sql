@@ -12,7 +12,7 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 -- The upper bound of this export, taken by the statement that takes the snapshot. A row
 -- stamped before the transaction start (now()) is either committed and visible in this
 -- snapshot, or written by a transaction still open, which started before the row's time
--- (xact_start <= clock_timestamp() at the write). So nothing stamped before `until` can
+-- (xact_start <= statement_timestamp() at the write). So nothing stamped before `until` can
 -- commit later: the next export, from `until` on, misses no row. Sessions of other roles
 -- show no xact_start; they do not write toolkit tables.
 SELECT least(
@@ -116,7 +116,7 @@ SELECT t.id,
                           AND v.recorded_at >= %(exported_until)s::timestamptz)) AS exported
 FROM toolkit_tasks t
 WHERE t.state IN ('succeeded', 'failed', 'cancelled')
-  AND t.finished_at < clock_timestamp() - %(older_than)s * interval '1 second'
+  AND t.finished_at < statement_timestamp() - %(older_than)s * interval '1 second'
   AND t.id > %(after_id)s
   AND NOT EXISTS (SELECT 1 FROM toolkit_tasks c
                   WHERE c.parent_id = t.id AND c.state IN ('queued', 'leased', 'waiting'))
@@ -158,7 +158,7 @@ SELECT (SELECT count(*) FROM tasks) AS tasks,
 -- holds. An event key de-duplicates emits for as long as its event is kept.
 WITH doomed AS (
     SELECT id FROM toolkit_events
-    WHERE emitted_at < clock_timestamp() - %(retention)s::float8 * interval '1 second'
+    WHERE emitted_at < statement_timestamp() - %(retention)s::float8 * interval '1 second'
       AND (%(exported_until)s::timestamptz IS NULL OR emitted_at < %(exported_until)s)
     ORDER BY id
     LIMIT %(batch)s
@@ -175,7 +175,7 @@ SELECT count(*) AS emitted FROM gone;
 -- both start now (take_throttle_start). Skips rows a submit holds.
 WITH doomed AS (
     SELECT tenant, definition_name, throttle_key FROM toolkit_throttle_keys
-    WHERE next_at < clock_timestamp()
+    WHERE next_at < statement_timestamp()
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (

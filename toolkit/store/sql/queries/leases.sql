@@ -34,9 +34,9 @@ WHERE tenant = tn.tenant
   AND state IN ('queued', 'leased', 'waiting')
   AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
       - priority * interval '1 minute'
-      <= (SELECT clock_timestamp() AT TIME ZONE 'UTC')  -- a sub-select: an index bound
+      <= (SELECT statement_timestamp() AT TIME ZONE 'UTC')  -- a sub-select: an index bound
   AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
-      <= (SELECT clock_timestamp())
+      <= (SELECT statement_timestamp())
   AND definition_digest = ANY(%(digests)s::text[])
 ORDER BY (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
          - priority * interval '1 minute', id
@@ -60,18 +60,18 @@ claimed AS (
         wait_reason = NULL,
         lease_owner = %(worker_id)s,
         lease_token = t.lease_token + 1,
-        lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second',
+        lease_expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second',
         attempts = t.attempts + 1,
         lease_deferred = %(deferring)s::boolean AND c.previous_state <> 'leased',
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     FROM candidates c
     WHERE t.id = c.id
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
               t.attempts, t.cancel_requested, t.tags, t.parent_id, t.map_index, t.trace_parent,
               t.trace_attempt, c.previous_state,
               c.previous_owner, c.previous_deferred,
-              extract(epoch FROM clock_timestamp() - c.due_at)::float8 AS queue_delay,
-              extract(epoch FROM t.deadline_at - clock_timestamp())::float8 AS deadline_in
+              extract(epoch FROM statement_timestamp() - c.due_at)::float8 AS queue_delay,
+              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS deadline_in
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
     SELECT id, tenant,
@@ -120,7 +120,7 @@ WITH promoted AS (
     UPDATE toolkit_tenants tn
     SET ready = true, next_due = NULL
     WHERE tn.tenant = ANY(ARRAY(SELECT tenant FROM toolkit_tenants
-                                WHERE NOT ready AND next_due <= (SELECT clock_timestamp())
+                                WHERE NOT ready AND next_due <= (SELECT statement_timestamp())
                                 ORDER BY next_due
                                 LIMIT %(window)s
                                 FOR NO KEY UPDATE SKIP LOCKED))
@@ -139,7 +139,7 @@ WITH promoted AS (
                 THEN 0
                 ELSE (SELECT count(*) FROM toolkit_tasks a
                       WHERE a.state = 'leased' AND a.tenant = p.tenant
-                        AND a.lease_expires_at > (SELECT clock_timestamp())) END AS active,
+                        AND a.lease_expires_at > (SELECT statement_timestamp())) END AS active,
            p.max_active
     FROM (SELECT tenant, weight, max_active, vtime FROM rotation
           UNION ALL
@@ -168,7 +168,7 @@ WITH promoted AS (
     WHERE t.id = ANY(ARRAY(SELECT id FROM due))
       AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
       AND CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END
-          <= clock_timestamp()
+          <= statement_timestamp()
     ORDER BY due.vtime + (due.active + due.rank - 1)::float8 / due.weight, due.claim_at, due.id
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
@@ -240,8 +240,8 @@ SELECT toolkit_demote_tenants(%(tenants)s::text[]) AS demoted;
 -- there is none.
 WITH worker AS (
     UPDATE toolkit_workers
-    SET heartbeat_at = clock_timestamp(),
-        expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+    SET heartbeat_at = statement_timestamp(),
+        expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second'
     WHERE worker_id = %(worker_id)s AND incarnation = %(incarnation)s AND stopped_at IS NULL
     RETURNING worker_id
 ), held AS (
@@ -255,7 +255,7 @@ WITH worker AS (
     FOR NO KEY UPDATE OF t
 ), renewed AS (
     UPDATE toolkit_tasks t
-    SET lease_expires_at = clock_timestamp() + %(lease_seconds)s * interval '1 second'
+    SET lease_expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second'
     FROM held
     WHERE t.id = held.id
       AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)

@@ -18,7 +18,7 @@ WITH declared AS (
         rate_per_second = excluded.rate_per_second,
         burst = excluded.burst,
         per_tenant = excluded.per_tenant,
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     WHERE l.source = 'app'
       AND (l.max_concurrency, l.rate_per_second, l.burst, l.per_tenant)
           IS DISTINCT FROM (excluded.max_concurrency, excluded.rate_per_second, excluded.burst,
@@ -55,17 +55,17 @@ WITH changed AS (
             ELSE coalesce(l.burst, greatest(excluded.rate_per_second, 1)) END,
         per_tenant = coalesce(%(per_tenant)s::boolean, l.per_tenant),
         source = 'operator',
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     RETURNING l.name
 ), woken AS (
     UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp()
+    SET run_at = statement_timestamp()
     FROM changed
     WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
       AND t.checkpoint -> 'wait' ->> 'limit' = changed.name
-      AND t.run_at > clock_timestamp()
+      AND t.run_at > statement_timestamp()
 )
-SELECT name, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM changed;
+SELECT name, ''::text AS notify_toolkit_wakeup FROM changed;
 
 -- name: list_limits
 -- Every limit (or the one named by %(name)s) with its settings and its use by scope ('' for
@@ -80,7 +80,7 @@ WITH lim AS (
     FROM toolkit_limit_slots s
     JOIN lim ON lim.name = s.name
     JOIN toolkit_tasks t ON t.id = s.task_id AND t.lease_token = s.token
-    WHERE t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+    WHERE t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     GROUP BY s.name, s.scope
 ), waits AS (
     SELECT t.checkpoint -> 'wait' ->> 'limit' AS name,
@@ -93,7 +93,7 @@ WITH lim AS (
     SELECT b.name, b.scope,
            CASE WHEN lim.rate_per_second IS NOT NULL
                 THEN least(lim.burst, b.tokens + lim.rate_per_second * greatest(
-                         extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) END
+                         extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) END
                AS tokens
     FROM toolkit_limit_buckets b
     JOIN lim ON lim.name = b.name
@@ -171,24 +171,24 @@ SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
                  AND x.name = s.name AND x.token = %(token)s) AS held,
        CASE WHEN l.rate_per_second IS NOT NULL
             THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
-                     extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) END AS tokens,
+                     extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) END AS tokens,
        (SELECT count(*) FROM toolkit_tasks w
         WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
           AND w.checkpoint -> 'wait' ->> 'limit' = s.name
           AND w.checkpoint -> 'wait' ->> 'scope' = s.scope
           AND w.id <> %(task_id)s) AS waiting,
-       clock_timestamp() AS now
+       statement_timestamp() AS now
 FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
 JOIN toolkit_limits l ON l.name = s.name
 JOIN toolkit_limit_buckets b ON b.name = s.name AND b.scope = s.scope
 CROSS JOIN LATERAL (
     SELECT count(*) AS in_use,
-           extract(epoch FROM min(t.lease_expires_at) - clock_timestamp())::float8
+           extract(epoch FROM min(t.lease_expires_at) - statement_timestamp())::float8
                AS first_free_seconds
     FROM toolkit_limit_slots x
     JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
     WHERE x.name = s.name AND x.scope = s.scope
-      AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp()
+      AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
       AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
 ) live
 ORDER BY s.name;
@@ -205,8 +205,8 @@ WITH rated AS (
 ), tokens AS (
     UPDATE toolkit_limit_buckets b
     SET tokens = least(l.burst, b.tokens + l.rate_per_second * greatest(
-                     extract(epoch FROM clock_timestamp() - b.refreshed_at), 0)) - 1,
-        refreshed_at = clock_timestamp()
+                     extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) - 1,
+        refreshed_at = statement_timestamp()
     FROM rated r, toolkit_limits l
     WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name
 ), stale AS (
@@ -215,12 +215,12 @@ WITH rated AS (
     WHERE x.name = s.name AND x.scope = s.scope AND x.task_id <> %(task_id)s
       AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
                       WHERE t.id = x.task_id AND t.lease_token = x.token
-                        AND t.state = 'leased' AND t.lease_expires_at > clock_timestamp())
+                        AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp())
 )
 INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
 SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s FROM slotted
 ON CONFLICT (task_id, occurrence, name) DO UPDATE
-SET scope = excluded.scope, token = excluded.token, acquired_at = clock_timestamp();
+SET scope = excluded.scope, token = excluded.token, acquired_at = statement_timestamp();
 
 -- name: limit_health
 -- Per limit, for `toolkit doctor`: live slots in use, tasks waiting for it, and how long
@@ -229,12 +229,12 @@ SELECT l.name, l.max_concurrency, l.rate_per_second,
        (SELECT count(*) FROM toolkit_limit_slots x
         JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
         WHERE x.name = l.name AND t.state = 'leased'
-          AND t.lease_expires_at > clock_timestamp()) AS in_use,
+          AND t.lease_expires_at > statement_timestamp()) AS in_use,
        w.waiting, w.oldest_wait
 FROM toolkit_limits l
 CROSS JOIN LATERAL (
     SELECT count(*) AS waiting,
-           extract(epoch FROM clock_timestamp() - min(coalesce(
+           extract(epoch FROM statement_timestamp() - min(coalesce(
                (t.checkpoint -> 'wait' ->> 'since')::timestamptz, t.updated_at)))::float8
                AS oldest_wait
     FROM toolkit_tasks t

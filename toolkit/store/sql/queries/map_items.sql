@@ -22,7 +22,7 @@ WITH parent AS (
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s,
            coalesce(item.input, 'null'::jsonb),  -- an input too large to keep: null
            %(checkpoint)s::jsonb, parent.id, %(occurrence)s || '/' || item.map_index,
-           item.map_index, clock_timestamp() + %(timeout)s::float8 * interval '1 second',
+           item.map_index, statement_timestamp() + %(timeout)s::float8 * interval '1 second',
            item.concurrency_key, item.concurrency_limit, %(priority)s::smallint,
            %(trace_parent)s::text,
            -- The parent's tags (first keys first, as many as the limit leaves room for),
@@ -36,7 +36,7 @@ WITH parent AS (
                           ) p), '{}'::jsonb) || item.tags,
            CASE WHEN item.error IS NULL THEN 'queued' ELSE 'failed' END,
            item.error,
-           CASE WHEN item.error IS NOT NULL THEN clock_timestamp() END
+           CASE WHEN item.error IS NOT NULL THEN statement_timestamp() END
     FROM parent, item
     ORDER BY item.map_index
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
@@ -52,7 +52,7 @@ WITH parent AS (
 )
 SELECT (SELECT id FROM parent) AS parent_id,
        (SELECT count(*) FROM inserted) AS inserted,
-       pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+       CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN '' END AS notify_toolkit_wakeup;
 
 -- name: map_progress
 -- How many child tasks of distributed map occurrence %(occurrence)s of task %(parent_id)s
@@ -112,7 +112,8 @@ WITH parent AS (
     FOR NO KEY UPDATE
 ),
 -- include: cancel_targets
-SELECT ARRAY(SELECT id FROM now_cancelled UNION ALL SELECT id FROM requested) AS ids;
+SELECT ARRAY(SELECT id FROM now_cancelled UNION ALL SELECT id FROM requested) AS ids,
+       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
 
 -- name: map_item_results
 -- The child tasks of task %(parent_id)s's distributed map steps, in item order from

@@ -8,7 +8,7 @@ ORDER BY id;
 
 -- name: redrive_clock
 -- Whether the task's workflow deadline has passed (database time).
-SELECT deadline_at IS NOT NULL AND deadline_at <= clock_timestamp() AS deadline_passed
+SELECT deadline_at IS NOT NULL AND deadline_at <= statement_timestamp() AS deadline_passed
 FROM toolkit_tasks
 WHERE id = %(task_id)s;
 
@@ -29,18 +29,18 @@ WITH target AS (
     FOR NO KEY UPDATE
 ), updated AS (
     UPDATE toolkit_tasks t
-    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
+    SET state = 'queued', wait_reason = NULL, run_at = statement_timestamp(),
         checkpoint = %(checkpoint)s::jsonb, lease_token = t.lease_token + 1,
         lease_owner = NULL, lease_expires_at = NULL, result = NULL, error = NULL,
         cancel_requested = NULL, finished_at = NULL, child_wake = false,
         definition_digest = %(digest)s, definition_version = %(version)s,
         deadline_at = CASE WHEN %(timeout)s::float8 IS NULL THEN t.deadline_at
-                           ELSE clock_timestamp() + make_interval(secs => %(timeout)s::float8)
+                           ELSE statement_timestamp() + make_interval(secs => %(timeout)s::float8)
                       END,
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     FROM target
     WHERE t.id = target.id
-    RETURNING t.id, t.tenant, t.lease_token, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id, t.tenant, t.lease_token
 ), rewritten AS (
     UPDATE toolkit_branches b
     SET status = r.status, frame = r.frame, run_at = NULL, waits_for = '{}', wakes = 0,
@@ -59,4 +59,4 @@ WITH target AS (
     SELECT id, tenant, 'redriven', %(operator)s, lease_token, %(detail)s::jsonb
     FROM updated
 )
-SELECT id, lease_token FROM updated;
+SELECT id, lease_token, ''::text AS notify_toolkit_wakeup FROM updated;

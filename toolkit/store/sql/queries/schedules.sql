@@ -26,7 +26,7 @@ UPDATE toolkit_schedules
 SET cadence = %(cadence)s, input = %(input)s, tenant = %(tenant)s, tags = %(tags)s,
     overlap = %(overlap)s, catchup = %(catchup)s, catchup_window = %(catchup_window)s,
     pause_after_failures = %(pause_after_failures)s, next_tick = %(next_tick)s,
-    updated_at = clock_timestamp()
+    updated_at = statement_timestamp()
 WHERE name = %(name)s
 RETURNING name;
 
@@ -37,7 +37,7 @@ UPDATE toolkit_schedules
 SET owner_version = %(owner_version)s, cadence = %(cadence)s, input = %(input)s,
     tenant = %(tenant)s, tags = %(tags)s, overlap = %(overlap)s, catchup = %(catchup)s,
     catchup_window = %(catchup_window)s, pause_after_failures = %(pause_after_failures)s,
-    next_tick = %(next_tick)s, updated_at = clock_timestamp()
+    next_tick = %(next_tick)s, updated_at = statement_timestamp()
 WHERE name = %(name)s AND owner = 'definition' AND definition_name = %(definition_name)s
 RETURNING name;
 
@@ -58,7 +58,7 @@ DELETE FROM toolkit_schedules WHERE name = %(name)s RETURNING name;
 
 -- name: pause_schedule
 UPDATE toolkit_schedules
-SET paused = true, pause_note = %(note)s, updated_at = clock_timestamp()
+SET paused = true, pause_note = %(note)s, updated_at = statement_timestamp()
 WHERE name = %(name)s
 RETURNING name;
 
@@ -67,7 +67,7 @@ RETURNING name;
 -- (%(next_tick)s); the failure count starts again.
 UPDATE toolkit_schedules
 SET paused = false, pause_note = NULL, consecutive_failures = 0, buffered = '[]'::jsonb,
-    next_tick = %(next_tick)s, updated_at = clock_timestamp()
+    next_tick = %(next_tick)s, updated_at = statement_timestamp()
 WHERE name = %(name)s
 RETURNING name;
 
@@ -75,7 +75,7 @@ RETURNING name;
 -- A firing pass: the unpaused schedules of these definitions with a tick due now or a
 -- buffered tick, and how many of their runs are live; with database now. Read without
 -- locks: fire_schedule decides, by compare-and-set.
-WITH now AS (SELECT clock_timestamp() AS now)
+WITH now AS (SELECT statement_timestamp() AS now)
 -- include: schedule_columns
 , now.now
 FROM toolkit_schedules s, now
@@ -87,7 +87,7 @@ LIMIT %(limit)s;
 
 -- name: next_schedule_tick
 -- Seconds until the earliest tick of these definitions' unpaused schedules (null: none).
-SELECT extract(epoch FROM min(next_tick) - clock_timestamp())::float8 AS seconds
+SELECT extract(epoch FROM min(next_tick) - statement_timestamp())::float8 AS seconds
 FROM toolkit_schedules
 WHERE NOT paused AND definition_name = ANY(%(names)s::text[]);
 
@@ -114,7 +114,7 @@ WITH s AS (
          idempotency_key, deadline_at, tags, schedule_name, scheduled_at, concurrency_key,
          concurrency_limit, priority, trace_parent)
     SELECT s.tenant, %(definition_name)s, %(version)s, %(digest)s, r.input, %(checkpoint)s,
-           r.key, clock_timestamp() + %(timeout)s::float8 * interval '1 second', r.tags,
+           r.key, statement_timestamp() + %(timeout)s::float8 * interval '1 second', r.tags,
            s.name, r.tick, r.concurrency_key,
            CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency_limit)s::int END,
            %(priority)s::smallint, %(trace_parent)s::text
@@ -136,14 +136,14 @@ WITH s AS (
         skipped = t.skipped + %(skipped)s, missed = t.missed + %(missed)s,
         caught_up = t.caught_up + %(caught_up)s,
         last_tick = greatest(t.last_tick, (SELECT max(scheduled_at) FROM started)),
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     FROM s
     WHERE t.name = s.name
     RETURNING t.name
 )
 SELECT (SELECT count(*) FROM updated) AS applied,
        coalesce((SELECT jsonb_agg(id ORDER BY id) FROM started), '[]'::jsonb) AS task_ids,
-       pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+       CASE WHEN EXISTS (SELECT 1 FROM started) THEN '' END AS notify_toolkit_wakeup;
 
 -- name: schedule_live_runs
 SELECT id FROM toolkit_tasks

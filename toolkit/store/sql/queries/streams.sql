@@ -15,7 +15,7 @@ WITH task AS (
     SELECT id, tenant, stream_seq, %(occurrence)s, %(token)s, %(value)s FROM task
     RETURNING task_id, seq
 )
-SELECT seq, pg_notify('toolkit_stream', task_id::text) IS NULL AS notified FROM item;
+SELECT seq, task_id::text AS notify_toolkit_stream FROM item;
 
 -- name: stream_full
 SELECT stream_seq >= %(max_items)s AS full FROM toolkit_tasks WHERE id = %(task_id)s;

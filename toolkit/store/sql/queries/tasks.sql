@@ -6,7 +6,7 @@ CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL
 CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL THEN NULL
      ELSE 'start' END,
 coalesce(%(run_at)s::timestamptz,
-         clock_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second')
+         statement_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second')
 
 -- name: submit_tasks
 -- Inserts one task per input and wakes idle workers (payload: nothing but ids). The tenant
@@ -19,7 +19,7 @@ WITH tenant AS (
          deadline_at, tags, priority, trace_parent, concurrency_key, concurrency_limit,
          state, wait_reason, run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
-           clock_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
            %(priority)s, %(trace_parent)s,
            k.key ->> 0, CASE WHEN k.key ->> 0 IS NOT NULL THEN %(concurrency_limit)s::int END,
            -- include: start_at
@@ -34,7 +34,7 @@ WITH tenant AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind)
     SELECT id, %(tenant)s, 'submitted' FROM submitted
 )
-SELECT id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+SELECT id, ''::text AS notify_toolkit_wakeup
 FROM submitted
 ORDER BY id;
 
@@ -49,7 +49,7 @@ WITH tenant AS (
          idempotency_key, deadline_at, tags, priority, trace_parent, concurrency_key,
          concurrency_limit, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
-            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
             %(priority)s, %(trace_parent)s,
             %(concurrency_key)s, %(concurrency_limit)s,
             -- include: start_at
@@ -62,10 +62,10 @@ WITH tenant AS (
     FROM submitted
 )
 SELECT id, definition_name, definition_version, definition_digest, true AS created,
-       pg_notify('toolkit_wakeup', '') IS NULL AS notified
+       ''::text AS notify_toolkit_wakeup
 FROM submitted
 UNION ALL
-SELECT id, definition_name, definition_version, definition_digest, false, false
+SELECT id, definition_name, definition_version, definition_digest, false, NULL
 FROM toolkit_tasks
 WHERE tenant = %(tenant)s AND idempotency_key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM submitted);
@@ -193,7 +193,7 @@ GROUP BY record;
 -- uses one reading of the clock (now_at): a task due between two readings would count as
 -- neither due nor ahead.
 WITH now_at AS MATERIALIZED (
-    SELECT clock_timestamp() AS at
+    SELECT statement_timestamp() AS at
 ), probed AS (
     SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
     UNION ALL
@@ -290,14 +290,15 @@ WITH target AS (
 -- include: signal_targets
 SELECT (SELECT state FROM target) AS state,
        (SELECT id FROM inserted) AS signal_id,
-       EXISTS (SELECT 1 FROM woken) AS woken;
+       EXISTS (SELECT 1 FROM woken) AS woken,
+       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
 
 -- fragment: signal_targets
 -- Stores signal %(name)s for each live row of CTE target (id, tenant, state, wait_reason,
 -- checkpoint, locked), with its payload from CTE r (task_id, payload), addressed to branch
 -- %(address)s (null: the task as a whole), and makes those already waiting for it at the
 -- task's level due now (a branch waiting for it is woken by wake_branches, the next
--- statement of the same transaction) (woken: their ids; idle workers are notified); a
+-- statement of the same transaction) (woken: their ids; wakeup: a row when idle workers are to be woken); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
 -- and its operator (null for one task). An event delivered as a signal (%(event_id)s, null
 -- for a signal) is stored once per task: a second delivery of it stores nothing.
@@ -311,14 +312,14 @@ inserted AS (
     RETURNING id, task_id, tenant
 ), woken AS (
     UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM inserted i, target
     WHERE t.id = i.task_id AND target.id = i.task_id
       AND target.state = 'waiting'
       AND target.wait_reason = 'signal' AND %(address)s::text IS NULL
       AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
            OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
-    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT task_id, tenant, 'signal_received', %(operator)s::text,
@@ -326,6 +327,8 @@ inserted AS (
                                                 'plan', %(plan_id)s::bigint,
                                                 'event', %(event_id)s::bigint))
     FROM inserted
+), wakeup AS (
+    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM woken)
 )
 
 -- name: wake_branches
@@ -347,10 +350,10 @@ WITH k AS (
     RETURNING b.task_id
 )
 UPDATE toolkit_tasks t
-SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+SET run_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE t.id IN (SELECT task_id FROM woken)
   AND t.state = 'waiting' AND t.wait_reason = 'branches'
-RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+RETURNING t.id, ''::text AS notify_toolkit_wakeup;
 
 -- name: wake_parent_branches
 -- The statement after one that ended tasks (%(task_ids)s), in its transaction: a waiting
@@ -370,10 +373,10 @@ WITH ended AS (
     RETURNING b.task_id
 )
 UPDATE toolkit_tasks t
-SET run_at = clock_timestamp(), updated_at = clock_timestamp()
+SET run_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE t.id IN (SELECT task_id FROM woken)
   AND t.state = 'waiting' AND t.wait_reason = 'branches'
-RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+RETURNING t.id, ''::text AS notify_toolkit_wakeup;
 
 -- name: task_signals
 SELECT id, name, address, payload, sent_at, consumed_at, consumed_by, consumed_token
@@ -391,7 +394,8 @@ WITH target AS (
 -- include: cancel_targets
 SELECT (SELECT state FROM target) AS previous_state,
        EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
-       EXISTS (SELECT 1 FROM requested) AS requested;
+       EXISTS (SELECT 1 FROM requested) AS requested,
+       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
 
 -- name: cancel_tasks
 -- request_cancel for the tasks %(task_ids)s at once, with one %(reason)s: the live
@@ -405,44 +409,48 @@ WITH target AS (
 ),
 -- include: cancel_targets
 SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
-       ARRAY(SELECT id FROM requested ORDER BY id) AS requested;
+       ARRAY(SELECT id FROM requested ORDER BY id) AS requested,
+       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
 
 -- fragment: cancel_targets
 -- Cancels the locked rows of CTE target (id, state, lease_expires_at): a queued, waiting or
 -- recoverable task at once, a leased one by a request its holder learns of at its next
 -- heartbeat; %(reason)s is the reason, %(plan_id)s and %(operator)s name the bulk plan and
--- its operator (null for one task). A task cancelled here wakes its parent.
+-- its operator (null for one task). A task cancelled here wakes its parent (wakeup: a row
+-- when idle workers are to be woken).
 now_cancelled AS (
     UPDATE toolkit_tasks t
     SET state = 'cancelled', wait_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
         error = jsonb_build_object('name', 'Cancelled', 'message', %(reason)s::text),
-        cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', clock_timestamp()),
-        finished_at = clock_timestamp(), updated_at = clock_timestamp()
+        cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
+        finished_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM target
     WHERE t.id = target.id
       AND (target.state IN ('queued', 'waiting')
-           OR (target.state = 'leased' AND target.lease_expires_at <= clock_timestamp()))
+           OR (target.state = 'leased' AND target.lease_expires_at <= statement_timestamp()))
     RETURNING t.id, t.tenant
 ), requested AS (
     UPDATE toolkit_tasks t
-    SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', clock_timestamp()),
-        updated_at = clock_timestamp()
+    SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
+        updated_at = statement_timestamp()
     FROM target
     WHERE t.id = target.id
-      AND target.state = 'leased' AND target.lease_expires_at > clock_timestamp()
+      AND target.state = 'leased' AND target.lease_expires_at > statement_timestamp()
     RETURNING t.id, t.tenant
 ), woken_parent AS (
     -- A child cancelled here wakes its parent, as a child ending under a lease does.
     UPDATE toolkit_tasks p
     SET child_wake = true,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
-                      THEN clock_timestamp() ELSE p.run_at END
+                      THEN statement_timestamp() ELSE p.run_at END
     FROM toolkit_tasks c
     WHERE c.id IN (SELECT id FROM now_cancelled)
       AND p.id = c.parent_id AND c.map_index IS NULL
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT id FROM target)  -- cancelled here too: its row is written above
-    RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING p.id
+), wakeup AS (
+    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM woken_parent)
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT id, tenant, 'cancelled', %(operator)s::text,
@@ -471,14 +479,14 @@ WITH reconciling AS (
     FOR NO KEY UPDATE
 ),
 -- include: reconcile_targets
-SELECT id, notified FROM updated;
+SELECT id, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup FROM updated;
 
 -- fragment: reconcile_targets
 -- Records the outcome of the pending occurrence of each row of CTE reconciling (id,
 -- lease_token, occurrence, resolution; locked, waiting for that reconciliation): evidence
 -- of %(record)s (none for a retry) under the task's token, by %(operator)s, with
 -- %(result)s or %(error)s; the resolution in the checkpoint; the task queued again
--- (updated: id, resolution, notified); a reconciled event, naming bulk plan %(plan_id)s
+-- (updated: id, tenant, resolution; wakeup: a row when idle workers are to be woken); a reconciled event, naming bulk plan %(plan_id)s
 -- when there is one.
 evidence AS (
     INSERT INTO toolkit_effect_evidence
@@ -496,12 +504,14 @@ evidence AS (
     WHERE %(record)s::text IS NOT NULL
 ), updated AS (
     UPDATE toolkit_tasks t
-    SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp(),
+    SET state = 'queued', wait_reason = NULL, run_at = statement_timestamp(),
         checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     FROM reconciling g
     WHERE t.id = g.id
-    RETURNING t.id, t.tenant, g.resolution, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id, t.tenant, g.resolution
+), wakeup AS (
+    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM updated)
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT id, tenant, 'reconciled', %(operator)s,
@@ -550,10 +560,10 @@ WITH tenant AS (
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          deadline_at, tags, priority, trace_parent, debounce_key, state, wait_reason, run_at)
     VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
-            clock_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+            statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
             %(priority)s, %(trace_parent)s,
             %(debounce_key)s, 'waiting', 'debounce',
-            clock_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
+            statement_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
                                       %(timeout)s::float8) * interval '1 second')
     ON CONFLICT (tenant, definition_name, debounce_key)
         WHERE state = 'waiting' AND wait_reason = 'debounce'
@@ -562,11 +572,11 @@ WITH tenant AS (
         definition_version = EXCLUDED.definition_version,
         definition_digest = EXCLUDED.definition_digest,
         deadline_at = EXCLUDED.deadline_at, priority = EXCLUDED.priority,
-        run_at = least(clock_timestamp() + %(quiet)s::float8 * interval '1 second',
+        run_at = least(statement_timestamp() + %(quiet)s::float8 * interval '1 second',
                        coalesce(t.created_at + %(max_wait)s::float8 * interval '1 second',
                                 'infinity'),
                        coalesce(EXCLUDED.deadline_at, 'infinity')),
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     RETURNING id, xmax = 0 AS created
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
@@ -575,7 +585,7 @@ WITH tenant AS (
     FROM submitted
 )
 -- a new task wakes idle workers (their next wake-up is its start), a moved one need not
-SELECT id, created, CASE WHEN created THEN pg_notify('toolkit_wakeup', '') END IS NULL
+SELECT id, created, CASE WHEN created THEN '' END AS notify_toolkit_wakeup
 FROM submitted;
 
 -- name: take_throttle_start
@@ -584,18 +594,18 @@ FROM submitted;
 -- the rate with %(delay)s false nothing is taken and nothing returned.
 INSERT INTO toolkit_throttle_keys AS k (tenant, definition_name, throttle_key, next_at)
 VALUES (%(tenant)s, %(name)s, %(key)s,
-        clock_timestamp() + %(interval)s::float8 * interval '1 second')
+        statement_timestamp() + %(interval)s::float8 * interval '1 second')
 ON CONFLICT (tenant, definition_name, throttle_key) DO UPDATE
-SET next_at = greatest(k.next_at, clock_timestamp()) + %(interval)s::float8 * interval '1 second'
+SET next_at = greatest(k.next_at, statement_timestamp()) + %(interval)s::float8 * interval '1 second'
 WHERE %(delay)s::boolean
-   OR greatest(k.next_at, clock_timestamp()) + %(interval)s::float8 * interval '1 second'
-      <= clock_timestamp() + %(period)s::float8 * interval '1 second'
-RETURNING greatest(extract(epoch FROM k.next_at - clock_timestamp()) - %(period)s::float8,
+   OR greatest(k.next_at, statement_timestamp()) + %(interval)s::float8 * interval '1 second'
+      <= statement_timestamp() + %(period)s::float8 * interval '1 second'
+RETURNING greatest(extract(epoch FROM k.next_at - statement_timestamp()) - %(period)s::float8,
                    0)::float8 AS start_in;
 
 -- name: throttle_free_in
 -- Seconds until a throttled key has a start free (0: now).
-SELECT greatest(extract(epoch FROM next_at - clock_timestamp()) + %(interval)s::float8
+SELECT greatest(extract(epoch FROM next_at - statement_timestamp()) + %(interval)s::float8
                 - %(period)s::float8, 0)::float8 AS free_in
 FROM toolkit_throttle_keys
 WHERE tenant = %(tenant)s AND definition_name = %(name)s AND throttle_key = %(key)s;
@@ -605,7 +615,7 @@ WHERE tenant = %(tenant)s AND definition_name = %(name)s AND throttle_key = %(ke
 -- 5), and how long the oldest has waited (seconds since its submit, database time). Reads
 -- only the tasks waiting for keys (toolkit_tasks_key_queue), never the holders.
 SELECT tenant, definition_name, concurrency_key, count(*) AS waiting,
-       extract(epoch FROM clock_timestamp() - min(created_at))::float8 AS oldest_wait
+       extract(epoch FROM statement_timestamp() - min(created_at))::float8 AS oldest_wait
 FROM toolkit_tasks
 WHERE state = 'waiting' AND wait_reason = 'concurrency'
 GROUP BY tenant, definition_name, concurrency_key
@@ -619,18 +629,18 @@ LIMIT 5;
 -- worker's path.
 WITH due AS (
     SELECT tenant, count(*) AS due,
-           extract(epoch FROM clock_timestamp()
+           extract(epoch FROM statement_timestamp()
                    - min(CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END)
            )::float8 AS oldest_due
     FROM toolkit_tasks
     WHERE state IN ('queued', 'leased', 'waiting')
-      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END <= clock_timestamp()
+      AND CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END <= statement_timestamp()
     GROUP BY tenant
 )
 SELECT d.tenant, d.due, d.oldest_due, tn.max_active, tn.weight,
        (SELECT count(*) FROM toolkit_tasks a
         WHERE a.tenant = d.tenant AND a.state = 'leased'
-          AND a.lease_expires_at > clock_timestamp()) AS active
+          AND a.lease_expires_at > statement_timestamp()) AS active
 FROM due d
 JOIN toolkit_tenants tn ON tn.tenant = d.tenant
 WHERE NOT tn.paused
@@ -638,26 +648,27 @@ ORDER BY d.due DESC, d.tenant
 LIMIT 5;
 
 -- name: task_queue_position
--- For `toolkit show`: whether a task is due for a claim, and why it is not running yet. Its tenant's settings and
--- unexpired leases, how many due tasks of its tenant come before it in claim order (at most
--- 10,000 counted: an index range of the claim index), and whether a live worker has loaded
--- its definition version.
-SELECT t.state IN ('queued', 'waiting') AND t.run_at <= clock_timestamp() AS due,
+-- For `toolkit show`: whether a task is due for a claim, and why it is not running yet. Its
+-- tenant's settings and unexpired leases, how many due tasks of its tenant come before it
+-- in claim order (due time less priority, then id: the tasks of one submit share a due
+-- time; at most 10,000 counted: an index range of the claim index), and whether a live
+-- worker has loaded its definition version.
+SELECT t.state IN ('queued', 'waiting') AND t.run_at <= statement_timestamp() AS due,
        tn.paused, tn.max_active,
        (SELECT count(*) FROM toolkit_tasks a
         WHERE a.tenant = t.tenant AND a.state = 'leased'
-          AND a.lease_expires_at > clock_timestamp()) AS active,
+          AND a.lease_expires_at > statement_timestamp()) AS active,
        (SELECT count(*) FROM (
             SELECT 1 FROM toolkit_tasks a
             WHERE a.tenant = t.tenant AND a.state IN ('queued', 'leased', 'waiting')
-              AND (CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
-                   AT TIME ZONE 'UTC') - a.priority * interval '1 minute'
-                  < (t.run_at AT TIME ZONE 'UTC') - t.priority * interval '1 minute'
+              AND ((CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
+                    AT TIME ZONE 'UTC') - a.priority * interval '1 minute', a.id)
+                  < ((t.run_at AT TIME ZONE 'UTC') - t.priority * interval '1 minute', t.id)
               AND CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
-                  <= clock_timestamp()
+                  <= statement_timestamp()
             LIMIT 10000) ahead) AS ahead,
        EXISTS (SELECT 1 FROM toolkit_workers w
-               WHERE w.stopped_at IS NULL AND w.expires_at > clock_timestamp()
+               WHERE w.stopped_at IS NULL AND w.expires_at > statement_timestamp()
                  AND w.definitions @> jsonb_build_array(
                          jsonb_build_object('digest', t.definition_digest))) AS served
 FROM toolkit_tasks t
@@ -678,7 +689,7 @@ SELECT definition_name, wait_reason AS reason, count(*) AS n
 FROM toolkit_tasks
 WHERE state = 'waiting'
   AND wait_reason IN ('concurrency', 'debounce', 'start', 'budget', 'limit')
-  AND (run_at IS NULL OR run_at > clock_timestamp())
+  AND (run_at IS NULL OR run_at > statement_timestamp())
 GROUP BY definition_name, wait_reason
 UNION ALL
 SELECT t.definition_name,
@@ -686,10 +697,10 @@ SELECT t.definition_name,
        count(*) AS n
 FROM toolkit_tenants tn
 JOIN toolkit_tasks t
-  ON t.tenant = tn.tenant AND t.state IN ('queued', 'waiting') AND t.run_at <= clock_timestamp()
+  ON t.tenant = tn.tenant AND t.state IN ('queued', 'waiting') AND t.run_at <= statement_timestamp()
 WHERE tn.paused
    OR (tn.max_active IS NOT NULL
        AND tn.max_active <= (SELECT count(*) FROM toolkit_tasks a
                              WHERE a.tenant = tn.tenant AND a.state = 'leased'
-                               AND a.lease_expires_at > clock_timestamp()))
+                               AND a.lease_expires_at > statement_timestamp()))
 GROUP BY t.definition_name, tn.paused

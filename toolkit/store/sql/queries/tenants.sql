@@ -14,7 +14,7 @@ WITH tenant AS (
                           ELSE tn.max_active END,
         weight = coalesce(%(weight)s::integer, tn.weight),
         paused = coalesce(%(paused)s::boolean, tn.paused),
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     RETURNING tn.tenant
 ), budget AS (
     SELECT b.resource, b.amount
@@ -30,7 +30,7 @@ WITH tenant AS (
     USING budget
     WHERE tb.tenant = %(tenant)s AND tb.resource = budget.resource AND budget.amount IS NULL
 )
-SELECT tenant, pg_notify('toolkit_wakeup', '') IS NULL AS notified FROM tenant;
+SELECT tenant, ''::text AS notify_toolkit_wakeup FROM tenant;
 
 -- name: list_tenants
 -- Every tenant (or the one named by %(tenant)s) with its settings, its live task counts
@@ -46,7 +46,7 @@ FROM toolkit_tenants tn
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
            count(*) FILTER (WHERE state = 'leased') AS leased,
-           count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > clock_timestamp())
+           count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > statement_timestamp())
                AS active,
            count(*) FILTER (WHERE state = 'waiting') AS waiting
     FROM toolkit_tasks

@@ -68,10 +68,10 @@ WITH w AS (
         run_at = LEAST(CASE
             WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason IN ('child', 'branches')
                  AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
-                THEN clock_timestamp()
+                THEN statement_timestamp()
             WHEN w.run_at IS NOT NULL THEN w.run_at
             WHEN w.delay_seconds IS NOT NULL
-                THEN clock_timestamp() + w.delay_seconds * interval '1 second'
+                THEN statement_timestamp() + w.delay_seconds * interval '1 second'
             ELSE t.run_at END,
             -- a task waits no longer than its workflow deadline
             CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END),
@@ -85,11 +85,11 @@ WITH w AS (
                          'step', w.checkpoint ->> 'cursor')
                      ELSE w.error END,
         finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
-                           THEN clock_timestamp() END,
+                           THEN statement_timestamp() END,
         child_wake = false,
         -- tags a handler set (ctx.tag); unchanged otherwise, so the update stays HOT
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
-        updated_at = clock_timestamp()
+        updated_at = statement_timestamp()
     FROM w, locked l
     WHERE t.id = w.task_id AND l.id = w.task_id
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index
@@ -129,13 +129,13 @@ WITH w AS (
     UPDATE toolkit_tasks p
     SET child_wake = true,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
-                      THEN clock_timestamp() ELSE p.run_at END
+                      THEN statement_timestamp() ELSE p.run_at END
     FROM guard g
     WHERE p.id = g.parent_id AND g.map_index IS NULL
       AND g.state IN ('succeeded', 'failed', 'cancelled')
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)
-    RETURNING p.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING p.id
 ), branch_rows AS (
     INSERT INTO toolkit_branches AS b
         (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
@@ -169,7 +169,7 @@ WITH w AS (
     WHERE g.cancelling
 ), consumed AS (
     UPDATE toolkit_signals s
-    SET consumed_at = clock_timestamp(), consumed_by = c.occurrence, consumed_token = g.token
+    SET consumed_at = statement_timestamp(), consumed_by = c.occurrence, consumed_token = g.token
     FROM guard g
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
@@ -188,7 +188,7 @@ WITH w AS (
 ), limit_woken AS (
     -- Each released slot makes the first task waiting for its limit and scope due now.
     UPDATE toolkit_tasks t
-    SET run_at = clock_timestamp()
+    SET run_at = statement_timestamp()
     FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
     CROSS JOIN LATERAL (
         SELECT x.id
@@ -196,17 +196,22 @@ WITH w AS (
         WHERE x.state = 'waiting' AND x.wait_reason = 'limit'
           AND x.checkpoint -> 'wait' ->> 'limit' = r.name
           AND x.checkpoint -> 'wait' ->> 'scope' = r.scope
-          AND x.run_at > clock_timestamp()
+          AND x.run_at > statement_timestamp()
         ORDER BY x.run_at
         LIMIT r.n
         FOR NO KEY UPDATE SKIP LOCKED
     ) x
     WHERE t.id = x.id
-    RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified
+    RETURNING t.id
+), wakeup AS (
+    -- idle workers are woken (after the statement, on its connection) when a parent or a
+    -- task waiting for a limit was made due
+    SELECT ''::text AS notify
+    WHERE EXISTS (SELECT 1 FROM woken_parents) OR EXISTS (SELECT 1 FROM limit_woken)
 )
-SELECT id, state FROM guard
+SELECT id, state, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup FROM guard
 UNION ALL
-SELECT id, state FROM replayed;
+SELECT id, state, NULL FROM replayed;
 
 -- name: next_signal
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
@@ -230,10 +235,10 @@ LIMIT 1;
 -- taken after the row locks were granted, has it. It makes such a wait due at once, in the
 -- transaction that commits the wait, so no crash or outage between the two can lose it.
 UPDATE toolkit_tasks t
-SET run_at = clock_timestamp()
+SET run_at = statement_timestamp()
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.state = 'waiting'
-  AND t.run_at > clock_timestamp()
+  AND t.run_at > statement_timestamp()
   AND CASE t.wait_reason
       WHEN 'signal' THEN EXISTS (
           SELECT 1 FROM toolkit_signals s
@@ -244,7 +249,7 @@ WHERE t.id = ANY(%(task_ids)s::bigint[])
           SELECT 1 FROM toolkit_callbacks c
           WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
       ELSE false END
-RETURNING t.id, pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+RETURNING t.id, ''::text AS notify_toolkit_wakeup;
 
 -- name: wake_waiting_branches
 -- The second statement of a group commit whose batch parks branches or makes tasks wait
@@ -292,15 +297,15 @@ SET run_at = LEAST(
                   OR EXISTS (SELECT 1 FROM toolkit_branches b
                              WHERE b.task_id = t.id AND b.status = 'waiting'
                                AND b.wakes > b.seen)
-             THEN clock_timestamp() END)
+             THEN statement_timestamp() END)
 WHERE t.id = ANY(%(task_ids)s::bigint[])
   AND t.state = 'waiting' AND t.wait_reason = 'branches'
 RETURNING t.id,
-          t.run_at <= clock_timestamp() AND pg_notify('toolkit_wakeup', '') IS NULL AS notified;
+          CASE WHEN t.run_at <= statement_timestamp() THEN '' END AS notify_toolkit_wakeup;
 
 -- name: database_now
 -- The database's clock (time is always the database's, DESIGN §2).
-SELECT clock_timestamp() AS now;
+SELECT statement_timestamp() AS now;
 
 -- name: server_started
 -- When the database server started: a lease that lapsed across a restart of the server is

@@ -1,0 +1,108 @@
+"""Notifications as statements of their own, asked for by a statement's result.
+
+A statement that should wake idle workers, or tell a task's readers something, does not call
+``pg_notify`` itself: it returns a column named ``notify_<channel>`` (for example
+``notify_toolkit_wakeup``) whose non-null values (text, or arrays of text) are the
+payloads to send. The cursor
+of every pooled connection (:class:`NotifyingCursor`) then sends them with one
+``pg_notify`` statement on the same connection: in the same transaction when one is open
+(delivered at its commit, as before), else right after the autocommitted statement.
+
+Why (issue 25; docs/scaling.md, "Wake-ups on the coordinator"): on a distributed store
+(Citus) a ``pg_notify`` inside a statement routed to one shard runs on the worker node
+that holds the shard, so a ``LISTEN`` on the coordinator never hears it, and ``pg_notify``
+in the ``RETURNING`` of a modification is refused there. A statement of its own runs on
+the coordinator. The notification is a hint either way: a worker polls with backoff when
+none comes, so one lost between an autocommitted statement and its notification (a crash
+in between) delays work, never loses it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, LiteralString, Self, overload
+
+from psycopg import AsyncCursor, pq
+from psycopg.abc import Params, Query, QueryNoTemplate
+
+if TYPE_CHECKING:
+    from psycopg._compat import Template  # string.templatelib's, where Python has it
+
+#: The prefix of a result column whose values are notifications to send.
+NOTIFY_PREFIX = b"notify_"
+
+_SEND: LiteralString = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
+
+
+class NotifyingCursor(AsyncCursor[Any]):
+    """A cursor that sends the notifications its statement's result asks for.
+
+    After each ``execute``, every result column named ``notify_<channel>`` has its distinct
+    non-null values (or those of its arrays) sent on ``<channel>`` (text payloads, at most
+    8000 bytes each, as ``pg_notify`` allows), in one statement on the same connection.
+    The result itself is left for the caller to fetch.
+    """
+
+    @overload
+    async def execute(
+        self,
+        query: QueryNoTemplate,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> Self: ...
+
+    @overload
+    async def execute(
+        self, query: Template, *, prepare: bool | None = None, binary: bool | None = None
+    ) -> Self: ...
+
+    async def execute(
+        self,
+        query: Query,
+        params: Params | None = None,
+        *,
+        prepare: bool | None = None,
+        binary: bool | None = None,
+    ) -> Self:
+        """Run the statement (as ``AsyncCursor.execute``), then send its notifications.
+
+        Raises:
+            psycopg.Error: the statement or its notifications failed.
+        """
+        await super().execute(query, params, prepare=prepare, binary=binary)  # type: ignore[arg-type, misc]
+        await send_notifications(self)
+        return self
+
+
+async def send_notifications(cursor: AsyncCursor[Any]) -> None:
+    """Send what the cursor's current result asks for (see the module's docstring).
+
+    Raises:
+        psycopg.Error: the notification statement failed (as any statement may).
+    """
+    result = cursor.pgresult
+    if result is None or not result.ntuples:
+        return
+    for column in range(result.nfields):
+        name = result.fname(column)
+        if not name or not name.startswith(NOTIFY_PREFIX):
+            continue
+        if result.fformat(column) != pq.Format.TEXT:
+            raise ValueError(f"notification column {name!r} must be read as text")
+        oid = result.ftype(column)
+        load = cursor.adapters.get_loader(oid, pq.Format.TEXT)
+        if load is None:
+            raise ValueError(f"notification column {name!r} has a type no loader reads")
+        loader = load(oid, cursor)
+        sent: set[str] = set()
+        for row in range(result.ntuples):
+            raw = result.get_value(row, column)
+            value = None if raw is None else loader.load(raw)
+            if isinstance(value, list):
+                sent.update(str(item) for item in value if item is not None)
+            elif value is not None:
+                sent.add(str(value))
+        if sent:
+            channel = name[len(NOTIFY_PREFIX) :].decode()
+            await cursor.connection.execute(_SEND, (channel, sorted(sent)))
