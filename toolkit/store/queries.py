@@ -3,8 +3,8 @@
 Each file holds blocks that start with a ``-- name: NAME`` line (STYLE.md: SQL lives in
 ``.sql`` files and the store calls queries by name). A block that starts with
 ``-- fragment: NAME`` is a piece that several statements share, written once: a line
-``-- include: NAME`` in a statement is replaced by that fragment's text when the files are
-loaded (the claim's due tasks and its lease-taking tail are fragments).
+``-- include: NAME`` in a statement (or in a fragment) is replaced by that fragment's text
+when the files are loaded (the claim's due tasks and its lease-taking tail are fragments).
 """
 
 from __future__ import annotations
@@ -48,14 +48,19 @@ def _blocks(text: str) -> tuple[dict[str, str], dict[str, str]]:
     return statements, fragments
 
 
-def _expanded(name: str, sql: str, fragments: dict[str, str]) -> str:
-    """``sql`` with each ``-- include: NAME`` line replaced by that fragment."""
+def _expanded(name: str, sql: str, fragments: dict[str, str], within: tuple[str, ...] = ()) -> str:
+    """``sql`` with each ``-- include: NAME`` line replaced by that fragment, expanded too.
+
+    A fragment may include others; one that includes itself, at any depth, is refused.
+    """
 
     def fragment(match: re.Match[str]) -> str:
         included = match.group("name")
         if included not in fragments:
             raise ValueError(f"SQL block {name!r} includes {included!r}, which no file defines")
-        return fragments[included]
+        if included in within:
+            raise ValueError(f"SQL fragment {included!r} includes itself (in {name!r})")
+        return _expanded(name, fragments[included], fragments, (*within, included))
 
     return _INCLUDE.sub(fragment, sql)
 

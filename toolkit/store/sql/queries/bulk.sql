@@ -120,7 +120,8 @@ marked AS (
     WHERE i.plan_id = %(plan_id)s AND i.task_id = item.task_id
     RETURNING i.task_id, i.outcome
 )
-SELECT task_id, outcome, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup
+SELECT task_id, outcome, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended
 FROM marked ORDER BY task_id;
 
 -- name: bulk_cancel

@@ -116,7 +116,8 @@ WITH target AS (
     SELECT id AS task_id, %(payload)s::jsonb AS payload FROM target
 ),
 -- include: signal_targets
-SELECT task_id, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup
+SELECT task_id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended
 FROM inserted ORDER BY task_id;
 
 -- name: subscribe_event

@@ -113,7 +113,8 @@ WITH parent AS (
 ),
 -- include: cancel_targets
 SELECT ARRAY(SELECT id FROM now_cancelled UNION ALL SELECT id FROM requested) AS ids,
-       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
+       (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended;
 
 -- name: map_item_results
 -- The child tasks of task %(parent_id)s's distributed map steps, in item order from

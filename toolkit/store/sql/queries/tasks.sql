@@ -291,14 +291,15 @@ WITH target AS (
 SELECT (SELECT state FROM target) AS state,
        (SELECT id FROM inserted) AS signal_id,
        EXISTS (SELECT 1 FROM woken) AS woken,
-       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
+       (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended;
 
 -- fragment: signal_targets
 -- Stores signal %(name)s for each live row of CTE target (id, tenant, state, wait_reason,
 -- checkpoint, locked), with its payload from CTE r (task_id, payload), addressed to branch
 -- %(address)s (null: the task as a whole), and makes those already waiting for it at the
 -- task's level due now (a branch waiting for it is woken by wake_branches, the next
--- statement of the same transaction) (woken: their ids; wakeup: a row when idle workers are to be woken); a
+-- statement of the same transaction) (woken: their ids; notices: whether idle workers are to be woken, and no ended task); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
 -- and its operator (null for one task). An event delivered as a signal (%(event_id)s, null
 -- for a signal) is stored once per task: a second delivery of it stores nothing.
@@ -327,8 +328,8 @@ inserted AS (
                                                 'plan', %(plan_id)s::bigint,
                                                 'event', %(event_id)s::bigint))
     FROM inserted
-), wakeup AS (
-    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM woken)
+), notices AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM woken) THEN '' END AS wakeup, NULL::text[] AS ended
 )
 
 -- name: wake_branches
@@ -395,7 +396,8 @@ WITH target AS (
 SELECT (SELECT state FROM target) AS previous_state,
        EXISTS (SELECT 1 FROM now_cancelled) AS cancelled,
        EXISTS (SELECT 1 FROM requested) AS requested,
-       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
+       (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended;
 
 -- name: cancel_tasks
 -- request_cancel for the tasks %(task_ids)s at once, with one %(reason)s: the live
@@ -410,25 +412,49 @@ WITH target AS (
 -- include: cancel_targets
 SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
        ARRAY(SELECT id FROM requested ORDER BY id) AS requested,
-       (SELECT notify FROM wakeup) AS notify_toolkit_wakeup;
+       (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended;
 
 -- fragment: cancel_targets
 -- Cancels the locked rows of CTE target (id, state, lease_expires_at): a queued, waiting or
 -- recoverable task at once, a leased one by a request its holder learns of at its next
 -- heartbeat; %(reason)s is the reason, %(plan_id)s and %(operator)s name the bulk plan and
--- its operator (null for one task). A task cancelled here wakes its parent (wakeup: a row
--- when idle workers are to be woken).
-now_cancelled AS (
+-- its operator (null for one task). A task cancelled here wakes its parent, and ends as
+-- task_ended says. notices: whether idle workers are to be woken, and the awaited tasks
+-- that ended (their ids).
+-- include: ends_in_statement
+, now_cancelled AS (
     UPDATE toolkit_tasks t
     SET state = 'cancelled', wait_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
         error = jsonb_build_object('name', 'Cancelled', 'message', %(reason)s::text),
         cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
         finished_at = statement_timestamp(), updated_at = statement_timestamp()
-    FROM target
+    FROM target, ends_in_statement
     WHERE t.id = target.id
       AND (target.state IN ('queued', 'waiting')
            OR (target.state = 'leased' AND target.lease_expires_at <= statement_timestamp()))
-    RETURNING t.id, t.tenant
+    RETURNING t.id, t.tenant, t.state, t.definition_name, t.concurrency_key, t.key_held,
+              t.schedule_name, t.awaited, t.checkpoint -> 'fanout' AS fanout
+), ended AS (
+    SELECT * FROM now_cancelled
+),
+-- include: task_ended
+, reservation_returned AS (
+    -- a task cancelled mid-step returns what its tenant's budget rows hold of the
+    -- reservations its checkpoint records; their spend counts
+    UPDATE toolkit_tenant_budgets b
+    SET used = b.used - least(r.reserved, b.reserved) + r.spent,
+        reserved = b.reserved - least(r.reserved, b.reserved)
+    FROM (
+        SELECT e.tenant, k.key AS resource, sum(k.value::numeric) AS reserved,
+               sum(coalesce((e.fanout #>> ARRAY['spent', k.key])::numeric, 0)) AS spent
+        FROM ended e
+        CROSS JOIN LATERAL jsonb_each_text(e.fanout -> 'reserved') AS k
+        WHERE jsonb_typeof(e.fanout -> 'reserved') = 'object'
+        GROUP BY e.tenant, k.key
+        ORDER BY e.tenant, k.key
+    ) r
+    WHERE b.tenant = r.tenant AND b.resource = r.resource
 ), requested AS (
     UPDATE toolkit_tasks t
     SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
@@ -449,8 +475,10 @@ now_cancelled AS (
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT id FROM target)  -- cancelled here too: its row is written above
     RETURNING p.id
-), wakeup AS (
-    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM woken_parent)
+), notices AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM woken_parent) OR EXISTS (SELECT 1 FROM ended_wakeup)
+                THEN '' END AS wakeup,
+           (SELECT ids FROM ended_awaited) AS ended
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT id, tenant, 'cancelled', %(operator)s::text,
@@ -479,14 +507,16 @@ WITH reconciling AS (
     FOR NO KEY UPDATE
 ),
 -- include: reconcile_targets
-SELECT id, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup FROM updated;
+SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended FROM updated;
 
 -- fragment: reconcile_targets
 -- Records the outcome of the pending occurrence of each row of CTE reconciling (id,
 -- lease_token, occurrence, resolution; locked, waiting for that reconciliation): evidence
 -- of %(record)s (none for a retry) under the task's token, by %(operator)s, with
 -- %(result)s or %(error)s; the resolution in the checkpoint; the task queued again
--- (updated: id, tenant, resolution; wakeup: a row when idle workers are to be woken); a reconciled event, naming bulk plan %(plan_id)s
+-- (updated: id, tenant, resolution; notices: whether idle workers are to be woken, and no
+-- ended task); a reconciled event, naming bulk plan %(plan_id)s
 -- when there is one.
 evidence AS (
     INSERT INTO toolkit_effect_evidence
@@ -510,8 +540,8 @@ evidence AS (
     FROM reconciling g
     WHERE t.id = g.id
     RETURNING t.id, t.tenant, g.resolution
-), wakeup AS (
-    SELECT ''::text AS notify WHERE EXISTS (SELECT 1 FROM updated)
+), notices AS (
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM updated) THEN '' END AS wakeup, NULL::text[] AS ended
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT id, tenant, 'reconciled', %(operator)s,

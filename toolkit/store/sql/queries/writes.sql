@@ -37,7 +37,9 @@ WITH w AS (
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
         budget_released jsonb, clear_deadline boolean, tags jsonb, branches jsonb,
         branches_ended jsonb, trace_attempt text)
-), replayed AS (
+),
+-- include: ends_in_statement
+, replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id AND t.lease_token = w.token
@@ -90,10 +92,17 @@ WITH w AS (
         -- tags a handler set (ctx.tag); unchanged otherwise, so the update stays HOT
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = statement_timestamp()
-    FROM w, locked l
+    FROM w, locked l, ends_in_statement
     WHERE t.id = w.task_id AND l.id = w.task_id
-    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index
-), evidence AS (
+    RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index,
+              t.definition_name, t.concurrency_key, t.key_held, t.schedule_name, t.awaited,
+              CASE WHEN t.state IN ('succeeded', 'failed', 'cancelled')
+                   THEN t.checkpoint -> 'fanout' END AS fanout
+), ended AS (
+    SELECT * FROM guard WHERE state IN ('succeeded', 'failed', 'cancelled')
+),
+-- include: task_ended
+, evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
          attempt, fencing_token, worker_id, result, error, spend)
@@ -108,18 +117,29 @@ WITH w AS (
 ), budget_use AS (
     UPDATE toolkit_tenant_budgets b
     -- A released reservation leaves used by what the row really held of it (none when the
-    -- budget was set after the reservation was taken): its spend counts either way.
-    SET used = b.used + d.delta + (d.released - least(d.released, b.reserved)),
+    -- budget was set after the reservation was taken): its spend counts either way. Then a
+    -- task that ends while its checkpoint still records reservations (failed or cancelled
+    -- mid-step) returns what the row holds of them, its spend counting (returned, spent).
+    SET used = b.used + d.delta + (d.released - least(d.released, b.reserved))
+               - least(d.returned, b.reserved - least(d.released, b.reserved)) + d.spent,
         reserved = b.reserved - least(d.released, b.reserved)
+                   - least(d.returned, b.reserved - least(d.released, b.reserved))
     FROM (
-        SELECT g.tenant, k.resource, sum(k.delta) AS delta, sum(k.released) AS released
+        SELECT g.tenant, k.resource, sum(k.delta) AS delta, sum(k.released) AS released,
+               sum(k.returned) AS returned, sum(k.spent) AS spent
         FROM guard g
         JOIN w ON w.task_id = g.id
         CROSS JOIN LATERAL (
-            SELECT key AS resource, value::numeric AS delta, 0::numeric AS released
+            SELECT key AS resource, value::numeric AS delta, 0::numeric AS released,
+                   0::numeric AS returned, 0::numeric AS spent
             FROM jsonb_each_text(w.budget_delta)
             UNION ALL
-            SELECT key, 0, value::numeric FROM jsonb_each_text(w.budget_released)
+            SELECT key, 0, value::numeric, 0, 0 FROM jsonb_each_text(w.budget_released)
+            UNION ALL
+            SELECT key, 0, 0, value::numeric,
+                   coalesce((g.fanout #>> ARRAY['spent', key])::numeric, 0)
+            FROM jsonb_each_text(CASE WHEN jsonb_typeof(g.fanout -> 'reserved') = 'object'
+                                      THEN g.fanout -> 'reserved' END)
         ) k
         GROUP BY g.tenant, k.resource
         ORDER BY g.tenant, k.resource
@@ -203,15 +223,20 @@ WITH w AS (
     ) x
     WHERE t.id = x.id
     RETURNING t.id
-), wakeup AS (
-    -- idle workers are woken (after the statement, on its connection) when a parent or a
-    -- task waiting for a limit was made due
-    SELECT ''::text AS notify
-    WHERE EXISTS (SELECT 1 FROM woken_parents) OR EXISTS (SELECT 1 FROM limit_woken)
+), notices AS (
+    -- idle workers are woken (after the statement, on its connection) when a parent, a
+    -- task waiting for a limit or one waiting for a released key was made due; the ends of
+    -- awaited tasks are announced
+    SELECT CASE WHEN EXISTS (SELECT 1 FROM woken_parents) OR EXISTS (SELECT 1 FROM limit_woken)
+                     OR EXISTS (SELECT 1 FROM ended_wakeup)
+                THEN '' END AS wakeup,
+           (SELECT ids FROM ended_awaited) AS ended
 )
-SELECT id, state, (SELECT notify FROM wakeup) AS notify_toolkit_wakeup FROM guard
+SELECT id, state, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended
+FROM guard
 UNION ALL
-SELECT id, state, NULL FROM replayed;
+SELECT id, state, NULL, NULL FROM replayed;
 
 -- name: next_signal
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
