@@ -71,7 +71,9 @@ class NotifyingCursor(AsyncCursor[Any]):
             psycopg.Error: the statement or its notifications failed.
         """
         await super().execute(query, params, prepare=prepare, binary=binary)  # type: ignore[arg-type, misc]
-        await send_notifications(self)
+        # most statements ask for none: their text says so, without reading the result
+        if not isinstance(query, str) or "notify_" in query:
+            await send_notifications(self)
         return self
 
 
@@ -88,6 +90,11 @@ async def send_notifications(cursor: AsyncCursor[Any]) -> None:
         name = result.fname(column)
         if not name or not name.startswith(NOTIFY_PREFIX):
             continue
+        # the same value on every row is common (a statement-wide notice): load it once
+        values = (result.get_value(row, column) for row in range(result.ntuples))
+        distinct = {value for value in values if value is not None}
+        if not distinct:
+            continue
         if result.fformat(column) != pq.Format.TEXT:
             raise ValueError(f"notification column {name!r} must be read as text")
         oid = result.ftype(column)
@@ -96,9 +103,8 @@ async def send_notifications(cursor: AsyncCursor[Any]) -> None:
             raise ValueError(f"notification column {name!r} has a type no loader reads")
         loader = load(oid, cursor)
         sent: set[str] = set()
-        for row in range(result.ntuples):
-            raw = result.get_value(row, column)
-            value = None if raw is None else loader.load(raw)
+        for raw in distinct:
+            value = loader.load(raw)
             if isinstance(value, list):
                 sent.update(str(item) for item in value if item is not None)
             elif value is not None:

@@ -16,7 +16,8 @@
 --   that end together count in id order: each failure's streak is the failures since the
 --   last success before it (added to the stored count when there is none), and the
 --   schedule pauses at the first failure whose streak reaches the limit.
--- * ended_awaited: the ids of the awaited tasks, to announce on channel toolkit_task_ended.
+-- * ended_awaited: the ids of the awaited tasks, to announce on channel toolkit_task_ended
+--   (null for none: a null result column costs its reader nothing).
 key_released AS (
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
     SELECT tenant, definition_name, concurrency_key FROM ended WHERE key_held
@@ -84,7 +85,7 @@ key_released AS (
     FROM schedule_outcomes o
     WHERE s.name = o.schedule_name
 ), ended_awaited AS (
-    SELECT ARRAY(SELECT id::text FROM ended WHERE awaited ORDER BY id) AS ids
+    SELECT (SELECT array_agg(id::text ORDER BY id) FROM ended WHERE awaited) AS ids
 )
 
 -- fragment: ends_in_statement
