@@ -56,3 +56,10 @@ async def test_no_toolkit_function_or_default_reads_the_volatile_clock(store: St
         " AND prosrc ~* 'clock_timestamp\\s*\\('",
     )
     assert found == [("toolkit_probe_clock",)]
+
+
+async def test_the_fence_is_stable(store: Store) -> None:
+    """Citus refuses a VOLATILE function in an update of a distributed table."""
+    rows = await sql(store, "SELECT provolatile FROM pg_proc WHERE proname = 'toolkit_lease_held'")
+    assert rows == [("s",)]
+
