@@ -13,8 +13,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers.inprocess import deploy_submit
+from tests.helpers.inprocess import deploy_submit, sql
 from tests.helpers.workflows import THREE_STEPS
+from toolkit.errors import StoreError
 from toolkit.store import Store
 from toolkit.store.queries import query, query_names
 
@@ -86,6 +87,27 @@ async def test_an_array_column_sends_each_element(store: Store, dsn: str) -> Non
         assert sorted(await _notices(listener)) == ["a,b", "c"]
     finally:
         await listener.close()
+
+
+async def test_a_notification_that_fails_after_a_commit_does_not_fail_the_statement(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The statement committed; raising would tell its caller it did not (a caller that
+    submits again would submit twice). Inside a transaction the failure is the
+    transaction's, which then commits nothing."""
+    too_long = "x" * 9000  # pg_notify refuses a payload of 8000 bytes or more
+    statement = (
+        "INSERT INTO toolkit_tenants (tenant) VALUES (%s) RETURNING %s::text AS notify_probe"
+    )
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(statement, ("committed", too_long))
+        assert await cursor.fetchall() == [(too_long,)]
+    assert "notification_lost" in [getattr(r, "action", None) for r in caplog.records]
+    with pytest.raises(StoreError, match="payload string too long"):
+        async with store.db.transaction() as conn:
+            await conn.execute(statement, ("rolled_back", too_long))
+    names = await sql(store, "SELECT tenant FROM toolkit_tenants ORDER BY tenant")
+    assert names == [("committed",)]
 
 
 async def test_a_column_without_the_prefix_sends_nothing(store: Store, dsn: str) -> None:

@@ -9,6 +9,7 @@ statement says it does the work (docs/scaling.md, docs/decisions.md).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -20,7 +21,7 @@ from tests.store.test_concurrency_keys import keyed
 from toolkit.store import Store
 from toolkit.store.budgets import Budgets, ReservationOutcome
 from toolkit.store.leases import ClaimedTask
-from toolkit.store.queries import _expanded
+from toolkit.store.queries import _expanded, query, query_names
 from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
@@ -176,3 +177,37 @@ def test_a_fragment_includes_others_and_never_itself() -> None:
     assert _expanded("s", "-- include: outer", fragments) == "a,\nb\n"
     with pytest.raises(ValueError, match="'loop' includes itself"):
         _expanded("s", "-- include: loop", fragments)
+
+
+_TASK_UPDATE_SET = re.compile(
+    r"UPDATE\s+toolkit_tasks\b[^;]*?\bSET\b(?P<set>.*?)(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)",
+    re.IGNORECASE | re.DOTALL,
+)
+_SETS_ENDING_STATE = re.compile(
+    r"(?<![\w.])state\s*=(?!\s*'(?:queued|leased|waiting)')", re.IGNORECASE
+)
+
+
+def ending_statements(statements: dict[str, str]) -> set[str]:
+    """The statements whose update of toolkit_tasks may set a state that is not live."""
+    found = set()
+    for name, text in statements.items():
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+        if any(_SETS_ENDING_STATE.search(m.group("set")) for m in _TASK_UPDATE_SET.finditer(code)):
+            found.add(name)
+    return found
+
+
+def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
+    """The transaction-wide flag (toolkit.ends_in_statement) turns the triggers off for the
+    rest of its transaction: every statement that can end a task must do their work."""
+    statements = {name: query(name) for name in query_names()}
+    ending = ending_statements(statements)
+    assert "commit_fenced" in ending and "request_cancel" in ending  # not vacuous
+    assert "claim_tasks" not in ending and "redrive_task" not in ending
+    missing = sorted(
+        name
+        for name in ending
+        if "ends_in_statement" not in statements[name] or "key_released AS" not in statements[name]
+    )
+    assert missing == []

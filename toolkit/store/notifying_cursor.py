@@ -19,13 +19,17 @@ in between) delays work, never loses it.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, LiteralString, Self, overload
 
+import psycopg
 from psycopg import AsyncCursor, pq
 from psycopg.abc import Params, Query, QueryNoTemplate
 
 if TYPE_CHECKING:
     from psycopg._compat import Template  # string.templatelib's, where Python has it
+
+logger = logging.getLogger(__name__)
 
 #: The prefix of a result column whose values are notifications to send.
 NOTIFY_PREFIX = b"notify_"
@@ -81,7 +85,8 @@ async def send_notifications(cursor: AsyncCursor[Any]) -> None:
     """Send what the cursor's current result asks for (see the module's docstring).
 
     Raises:
-        psycopg.Error: the notification statement failed (as any statement may).
+        psycopg.Error: the notification statement failed inside a transaction (after an
+            autocommitted statement, a failure is logged instead: see ``_send``).
     """
     result = cursor.pgresult
     if result is None or not result.ntuples:
@@ -111,4 +116,25 @@ async def send_notifications(cursor: AsyncCursor[Any]) -> None:
                 sent.add(str(value))
         if sent:
             channel = name[len(NOTIFY_PREFIX) :].decode()
-            await cursor.connection.execute(_SEND, (channel, sorted(sent)))
+            await _send(cursor, channel, sorted(sent))
+
+
+async def _send(cursor: AsyncCursor[Any], channel: str, payloads: list[str]) -> None:
+    """Send on the cursor's connection.
+
+    Inside a transaction a failure is the transaction's. After an autocommitted statement it
+    is only logged: that statement has committed, and raising would tell its caller it
+    failed (a caller that submits again would submit twice); a lost notification costs a
+    worker's poll interval.
+    """
+    conn = cursor.connection
+    if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        await conn.execute(_SEND, (channel, payloads))
+        return
+    try:
+        await conn.execute(_SEND, (channel, payloads))
+    except psycopg.Error as exc:
+        logger.warning(
+            "notification on %s not sent after its statement committed: %s",
+            channel, exc, extra={"action": "notification_lost", "channel": channel},
+        )  # fmt: skip
