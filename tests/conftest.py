@@ -21,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
+from tests.helpers.endings import ENDING_TRIGGERS
 from tests.helpers.tenants import rows_under_another_tenant
 from toolkit.store import Store
 from toolkit.store.database import Database
@@ -151,6 +152,17 @@ async def store(dsn: str) -> AsyncIterator[Store]:
         assert not misplaced, f"rows stored under another tenant than their task's: {misplaced}"
     finally:
         await opened.close()
+
+
+@pytest.fixture(params=["triggers kept", "triggers dropped"])
+async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
+    """The store as migrated, and without the four end triggers, as a distributed store will
+    be (tests/helpers/endings.py)."""
+    if request.param == "triggers dropped":
+        async with store.db.connection() as conn:
+            for trigger in ENDING_TRIGGERS:
+                await conn.execute(f"DROP TRIGGER {trigger} ON toolkit_tasks")
+    return store
 
 
 @dataclasses.dataclass

@@ -1,7 +1,8 @@
 """What a task's end does, done by the statement that ends it (issue 25; migration 0029).
 
 The fenced write and the cancel release a concurrency key, return reservations, count a
-scheduled run's outcome and announce an awaited task's end themselves (the ``task_ended``
+scheduled run's outcome and announce an awaited task's end themselves (a cancel's return of
+a reservation: tests/store/test_budgets.py, with the same fixture) (the ``task_ended``
 fragment), as a distributed store with no triggers needs. The four triggers that did it stay
 for the previous release's workers during an upgrade, and leave alone a transaction whose
 statement says it does the work (docs/scaling.md, docs/decisions.md).
@@ -18,39 +19,14 @@ import pytest
 from tests.helpers.inprocess import set_tenant_budget, sql, tenant_use
 from tests.helpers.workflows import RESERVE, definition
 from tests.store.test_concurrency_keys import keyed
+from tests.store.test_schedules import FAILING
 from toolkit.store import Store
-from toolkit.store.budgets import Budgets, ReservationOutcome
+from toolkit.store.budgets import Budgets
 from toolkit.store.leases import ClaimedTask
 from toolkit.store.queries import _expanded, query, query_names
 from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
-
-ENDING_TRIGGERS = (
-    "toolkit_tasks_return_reservation",
-    "toolkit_tasks_notify_ended",
-    "toolkit_tasks_count_schedule_outcome",
-    "toolkit_tasks_release_key",
-)
-
-FAILING = """
-name: failing
-version: 1
-input: {type: object}
-start: boom
-steps:
-  boom: {effect: count.fail, idempotent: true, retry: {max_attempts: 1}}
-"""
-
-
-@pytest.fixture(params=["triggers kept", "triggers dropped"])
-async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
-    """The store as migrated, and as a distributed store will be: without the triggers."""
-    if request.param == "triggers dropped":
-        for trigger in ENDING_TRIGGERS:
-            await sql(store, f"DROP TRIGGER {trigger} ON toolkit_tasks")
-    return store
-
 
 async def _fail(store: Store, tasks: list[ClaimedTask], worker: str = "w") -> None:
     writes = [
@@ -72,25 +48,6 @@ async def test_a_key_holders_end_lets_the_next_task_of_its_key_in(ending: Store)
     await _fail(store, [task])
     (task,) = await store.leases.claim("w", [d.digest], 10, 30.0)
     assert task.id == second
-
-
-async def test_a_cancel_returns_what_a_reservation_did_not_spend(ending: Store) -> None:
-    store = ending
-    await set_tenant_budget(store, "acme", 1000)
-    d = definition(RESERVE)
-    await store.definitions.deploy(d)
-    (task_id,) = await store.tasks.submit(d, [{"items": [1]}], tenant="acme")
-    (task,) = await store.leases.claim("dead", [d.digest], 1, 60)
-    fanout = {"occurrence": "fan#1", "branches": {}, "winner": None,
-              "reserved": {"tokens": 100}, "spent": {"tokens": 40}}  # fmt: skip
-    outcome, _ = await Budgets(store.db).reserve(
-        task.fence("dead"), {"tokens": 100},
-        {**task.checkpoint, "fanout": fanout}, f"{task.token}:1", {},
-    )  # fmt: skip
-    assert outcome is ReservationOutcome.RESERVED
-    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = now() WHERE id = %s", task_id)
-    assert await store.tasks.cancel(task_id) == "cancelled"
-    assert await tenant_use(store, "acme") == (40, 0)
 
 
 async def test_a_failed_write_mid_step_returns_the_reservation_it_holds(ending: Store) -> None:
