@@ -27,7 +27,11 @@
 -- nested in their branches (occurrences under 'STEP#N/'). (A child that ends wakes
 -- a waiting branch of its parent that waits for it: wake_branches, in the same
 -- transaction, after this statement locked the parent's row.)
--- Returns (id, applied state) of every write applied; a missing id means LeaseLost.
+-- A task that ends does here what task_ended says (endings.sql: its concurrency key, a
+-- scheduled run's outcome, an awaited task's announcement); the reservations it still
+-- holds are returned by budget_use.
+-- Returns (id, applied state) of every write applied, a missing id meaning LeaseLost, and
+-- the notifications to send (notify_toolkit_wakeup, notify_toolkit_task_ended).
 WITH w AS (
     SELECT *,
            state IN ('queued', 'waiting') AS may_cancel
