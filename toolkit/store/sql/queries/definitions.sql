@@ -38,7 +38,7 @@ ORDER BY d.name, d.version;
 -- name: retire_definition
 -- A retired version takes no new submissions; its tasks run on.
 UPDATE toolkit_definitions
-SET retired_at = coalesce(retired_at, statement_timestamp())
+SET retired_at = coalesce(retired_at, (SELECT statement_timestamp()))
 WHERE name = %(name)s AND version = %(version)s
 RETURNING name;
 

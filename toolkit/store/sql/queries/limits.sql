@@ -18,7 +18,7 @@ WITH declared AS (
         rate_per_second = excluded.rate_per_second,
         burst = excluded.burst,
         per_tenant = excluded.per_tenant,
-        updated_at = statement_timestamp()
+        updated_at = excluded.updated_at
     WHERE l.source = 'app'
       AND (l.max_concurrency, l.rate_per_second, l.burst, l.per_tenant)
           IS DISTINCT FROM (excluded.max_concurrency, excluded.rate_per_second, excluded.burst,
@@ -55,7 +55,7 @@ WITH changed AS (
             ELSE coalesce(l.burst, greatest(excluded.rate_per_second, 1)) END,
         per_tenant = coalesce(%(per_tenant)s::boolean, l.per_tenant),
         source = 'operator',
-        updated_at = statement_timestamp()
+        updated_at = excluded.updated_at
     RETURNING l.name
 ), woken AS (
     UPDATE toolkit_tasks t

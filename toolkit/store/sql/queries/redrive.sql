@@ -35,7 +35,8 @@ WITH target AS (
         cancel_requested = NULL, finished_at = NULL, child_wake = false,
         definition_digest = %(digest)s, definition_version = %(version)s,
         deadline_at = CASE WHEN %(timeout)s::float8 IS NULL THEN t.deadline_at
-                           ELSE statement_timestamp() + make_interval(secs => %(timeout)s::float8)
+                           ELSE (SELECT statement_timestamp()
+                                         + make_interval(secs => %(timeout)s::float8))
                       END,
         updated_at = statement_timestamp()
     FROM target

@@ -370,7 +370,7 @@ WITH ended AS (
     SET wakes = b.wakes + 1
     FROM ended e
     WHERE b.task_id = e.parent_id AND b.status = 'waiting'
-      AND b.waits_for @> ARRAY['child:' || e.id]
+      AND b.waits_for @> ARRAY['child:' || e.id::text]
     RETURNING b.task_id
 )
 UPDATE toolkit_tasks t
@@ -468,7 +468,7 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
     UPDATE toolkit_tasks p
     SET child_wake = true,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
-                      THEN statement_timestamp() ELSE p.run_at END
+                      THEN (SELECT statement_timestamp()) ELSE p.run_at END
     FROM toolkit_tasks c
     WHERE c.id IN (SELECT id FROM now_cancelled)
       AND p.id = c.parent_id AND c.map_index IS NULL

@@ -14,7 +14,7 @@ WITH tenant AS (
                           ELSE tn.max_active END,
         weight = coalesce(%(weight)s::integer, tn.weight),
         paused = coalesce(%(paused)s::boolean, tn.paused),
-        updated_at = statement_timestamp()
+        updated_at = excluded.updated_at
     RETURNING tn.tenant
 ), budget AS (
     SELECT b.resource, b.amount

@@ -16,12 +16,12 @@ SET incarnation = excluded.incarnation,
     lease_seconds = excluded.lease_seconds,
     heartbeat_seconds = excluded.heartbeat_seconds,
     definitions = excluded.definitions,
-    started_at = statement_timestamp(),
-    heartbeat_at = statement_timestamp(),
+    started_at = excluded.started_at,
+    heartbeat_at = excluded.heartbeat_at,
     expires_at = excluded.expires_at,
     stopped_at = NULL
 WHERE toolkit_workers.stopped_at IS NOT NULL
-   OR toolkit_workers.expires_at <= statement_timestamp()
+   OR toolkit_workers.expires_at <= excluded.started_at
    OR (toolkit_workers.host = excluded.host AND toolkit_workers.pid = %(dead_pid)s::integer)
 RETURNING worker_id;
 
