@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
-from tests.helpers.endings import ENDING_TRIGGERS
-from tests.helpers.tenants import rows_under_another_tenant
+from tests.helpers.tenants import rows_under_another_tenant, tasks_missed_by_the_rotation
+from tests.helpers.triggers import ENDING_TRIGGERS, ROTATION_TRIGGERS
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.embedded import start_embedded, stop_embedded
@@ -150,6 +150,8 @@ async def store(dsn: str) -> AsyncIterator[Store]:
         yield opened
         misplaced = await rows_under_another_tenant(opened)
         assert not misplaced, f"rows stored under another tenant than their task's: {misplaced}"
+        missed = await tasks_missed_by_the_rotation(opened)
+        assert not missed, f"live tasks due before their tenant rejoins the rotation: {missed}"
     finally:
         await opened.close()
 
@@ -157,11 +159,22 @@ async def store(dsn: str) -> AsyncIterator[Store]:
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the four end triggers, as a distributed store will
-    be (tests/helpers/endings.py)."""
+    be (tests/helpers/triggers.py)."""
     if request.param == "triggers dropped":
         async with store.db.connection() as conn:
             for trigger in ENDING_TRIGGERS:
                 await conn.execute(f"DROP TRIGGER {trigger} ON toolkit_tasks")
+    return store
+
+
+@pytest.fixture(params=["triggers kept", "triggers dropped"])
+async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
+    """The store as migrated, and without the tenant rotation's four triggers, as a
+    distributed store will be (tests/helpers/triggers.py)."""
+    if request.param == "triggers dropped":
+        async with store.db.connection() as conn:
+            for table, trigger in ROTATION_TRIGGERS:
+                await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
     return store
 
 

@@ -40,3 +40,34 @@ async def rows_under_another_tenant(store: Store) -> list[tuple[str, int, str, s
             return list(await (await conn.execute(_UNDER_ANOTHER_TENANT)).fetchall())
     except (psycopg.Error, OSError):
         return []
+
+
+#: The live tasks that a tenant out of the rotation would leave unclaimed: the tenant is not
+#: ready and its next_due is after the task is due (migration 0020's invariant; a task of
+#: negative priority is due only that many minutes later, as the demotion reads it).
+_MISSED_BY_THE_ROTATION = """
+SELECT tn.tenant, tn.next_due, t.id, t.state, t.wait_reason, t.run_at, t.lease_expires_at,
+       t.priority
+FROM toolkit_tenants tn
+JOIN toolkit_tasks t ON t.tenant = tn.tenant AND t.state IN ('queued', 'leased', 'waiting')
+WHERE NOT tn.ready
+  AND coalesce(tn.next_due, 'infinity')
+      > CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END
+        - least(t.priority, 0) * interval '1 minute'
+ORDER BY t.id
+"""
+
+
+async def tasks_missed_by_the_rotation(store: Store) -> list[tuple[object, ...]]:
+    """(tenant, next_due, task id, state, wait_reason, run_at, lease_expires_at, priority) of
+    every live task due before its tenant, out of the rotation, would be claimed again.
+
+    The statements that make tasks due keep this empty themselves (``due_marks``, migration
+    0030); checked after every test that uses the ``store`` fixture. Empty when the database
+    cannot answer.
+    """
+    try:
+        async with store.db.connection() as conn:
+            return list(await (await conn.execute(_MISSED_BY_THE_ROTATION)).fetchall())
+    except (psycopg.Error, OSError):
+        return []

@@ -25,7 +25,7 @@ async def test_a_task_cancelled_after_its_worker_died_mid_step_returns_its_reser
 ) -> None:
     """A worker reserved 100, recorded 40 spent and died; the operator cancels the task
     (its lease expired): the 60 not spent return to the tenant (with the end triggers and
-    without them: tests/helpers/endings.py)."""
+    without them: tests/helpers/triggers.py)."""
     store = ending
     await set_tenant_budget(store, "acme", 1000)
     d = definition(RESERVE)

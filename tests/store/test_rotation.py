@@ -168,9 +168,11 @@ async def test_a_tenant_with_work_for_other_workers_stays_ready_and_moves_on(
     assert len(await store.leases.claim("w", [d.digest], 8, LEASE)) == 1
 
 
-async def test_a_tenant_joins_the_rotation_at_the_lowest_vtime(store: Store) -> None:
+async def test_a_tenant_joins_the_rotation_at_the_lowest_vtime(marking: Store) -> None:
     """No credit for time away: a new, promoted or resumed tenant starts where the ready
-    tenant furthest behind is, not at zero."""
+    tenant furthest behind is, not at zero (the statements that put it there read that
+    floor themselves: migration 0030)."""
+    store = marking
     await store.tenants.set("a")
     await store.tenants.set("b")
     async with store.db.connection() as conn:
@@ -184,6 +186,16 @@ async def test_a_tenant_joins_the_rotation_at_the_lowest_vtime(store: Store) -> 
         await conn.execute("UPDATE toolkit_tenants SET vtime = 45 WHERE tenant = 'a'")
     await store.tenants.set("b", paused=False)
     assert (await _tenant(store, "b"))["vtime"] == 40  # the lowest of "new" (40) and "a" (45)
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="submitted")  # registered by its first submit
+    assert (await _tenant(store, "submitted"))["vtime"] == 40
+    async with store.db.connection() as conn:  # out of the rotation, its task due now
+        await conn.execute(
+            "UPDATE toolkit_tenants SET ready = false, vtime = 0, next_due = now()"
+            " WHERE tenant = 'submitted'"
+        )
+    await store.leases.claim("w", [d.digest], 8, LEASE)  # promotes it
+    assert (await _tenant(store, "submitted"))["vtime"] >= 40
 
 
 async def test_every_tenant_starts_soon_with_many_more_tenants_than_a_window(

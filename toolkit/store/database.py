@@ -195,6 +195,8 @@ class Database:
         dsn: the connection string (never shown: use :func:`redact_dsn`).
         payload_limits: the size and nesting limits of JSON values written through this
             database (task inputs, results, signal payloads); default 1 MiB and 64 levels.
+        registered_tenants: the tenants whose rows this process has seen committed
+            (``toolkit.store.submission.register_tenant``).
     """
 
     def __init__(
@@ -214,6 +216,7 @@ class Database:
         self._recovery = anyio.Lock()
         self.dsn = dsn
         self.payload_limits = PayloadLimits()
+        self.registered_tenants: set[str] = set()
 
     @classmethod
     async def connect(

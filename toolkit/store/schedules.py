@@ -35,7 +35,7 @@ from toolkit.store.schedule_values import (
     render_tick,
     tick_key,
 )
-from toolkit.store.submission import concurrency_params
+from toolkit.store.submission import concurrency_params, register_tenant
 from toolkit.store.tags import check_tags
 from toolkit.store.tick_plan import TickPlan, plan_ticks
 from toolkit.tracing import current_traceparent
@@ -315,6 +315,7 @@ class Schedules:
     ) -> builtins.list[int]:
         """Fire ``ticks`` of a schedule: for a plan, by compare-and-set (see fire_schedule)."""
         definition = await self._definitions.submittable(schedule.definition_name)
+        await register_tenant(self._db, schedule.tenant)
         runs = []
         for index, tick in enumerate(ticks):
             value, tags = render_tick(

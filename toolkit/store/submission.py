@@ -69,6 +69,36 @@ async def initial_checkpoint(
     return Checkpoint.initial(definition.start, limits).to_json()
 
 
+#: How many registered tenants a database remembers (register_tenant); past it, it forgets.
+_REGISTERED_TENANTS_KEPT = 100_000
+
+
+async def register_tenant(db: Database, tenant: str) -> None:
+    """Make sure ``tenant``'s row is committed before a statement inserts tasks of it.
+
+    The statements that insert tasks make the tenant rotation's marks themselves
+    (``due_marks``, docs/scaling.md), which lock and read the tenant's row as their snapshot
+    has it: a row that another transaction commits while such a statement runs is not there,
+    and a claim could take the tenant out of the rotation without seeing the new tasks. So
+    the first submit of a tenant through ``db`` registers it by a statement of its own;
+    tenant rows are never deleted, so ``db`` remembers it (up to 100,000 tenants).
+
+    Args:
+        db: the database the tasks are inserted through.
+        tenant: the tenant, already checked.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached (nothing written).
+    """
+    registered = db.registered_tenants
+    if tenant in registered:
+        return
+    await db.execute("register_tenant", {"tenant": tenant})
+    if len(registered) >= _REGISTERED_TENANTS_KEPT:
+        registered.clear()
+    registered.add(tenant)
+
+
 async def keyed_params(
     db: Database,
     definition: WorkflowDefinition,
@@ -119,8 +149,9 @@ async def task_params(
         InputError: the input, tenant, tags, budget, timeout or priority are not valid.
     """
     value = checked_input(db, definition, value)
+    await register_tenant(db, check_tenant(tenant))
     return {
-        "tenant": check_tenant(tenant),
+        "tenant": tenant,
         "name": definition.name,
         "version": definition.version,
         "digest": definition.digest,
@@ -241,6 +272,7 @@ async def queue_tasks(
     given = check_tags(tags or {})
     tags_of = [task_tags(definition, value, given) for value in validated]
     keys = [concurrency_params(definition, value)["concurrency_key"] for value in validated]
+    await register_tenant(db, tenant)
     initial = await initial_checkpoint(db, definition, tenant, budget)
     cancel_newest = await refused_or_cancelled(db, definition, tenant, keys)
     rows = await db.fetch_all(

@@ -31,7 +31,10 @@ WHERE c.token = %(callback_token)s;
 -- row is locked first and whether it waits is read from that latest version, as
 -- send_signal does: a wait committed while this statement queued for the row is woken; one
 -- committed after this statement is woken by the worker's own commit (wake_raced_waits).
-WITH target AS (
+-- The rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, target AS (
     SELECT t.id, t.tenant, t.state, t.wait_reason
     FROM toolkit_callbacks c
     JOIN toolkit_tasks t ON t.id = c.task_id
@@ -48,11 +51,15 @@ WITH target AS (
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-    FROM completed c, target
+    FROM completed c, target, due_in_statement
     WHERE t.id = c.task_id AND target.id = c.task_id
       AND target.state = 'waiting' AND target.wait_reason = 'callback'
-    RETURNING t.id
-), events AS (
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM woken
+),
+-- include: due_marks
+, events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT task_id, tenant, 'callback_completed',
            jsonb_build_object('occurrence', occurrence,

@@ -2,7 +2,10 @@
 -- Starts the child task of a parent's step occurrence, once: a second call for the same
 -- (parent, occurrence), after a crash of the parent, finds the child already there. Fenced:
 -- nothing happens unless the parent's fence (%(task_id)s is the parent) holds its lease.
-WITH parent AS (
+-- The rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, parent AS (
     SELECT t.id, t.tenant, t.tags FROM toolkit_tasks t
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
@@ -26,15 +29,19 @@ WITH parent AS (
                            LIMIT greatest(0, %(max_tags)s::int
                                           - (SELECT count(*) FROM jsonb_object_keys(%(tags)s::jsonb)))
                           ) p), '{}'::jsonb) || %(tags)s::jsonb
-    FROM parent
+    FROM parent, due_in_statement
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
-    RETURNING id, tenant
+    RETURNING id, tenant, run_at
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, tenant, 'submitted',
            jsonb_build_object('parent_id', %(task_id)s::bigint, 'occurrence', %(occurrence)s::text)
     FROM inserted
-)
+), made_due AS (
+    SELECT tenant, run_at AS at FROM inserted
+),
+-- include: due_marks
+
 SELECT (SELECT id FROM parent) AS parent_id,
        (SELECT id FROM inserted) AS inserted_id,
        CASE WHEN EXISTS (SELECT 1 FROM inserted) THEN '' END AS notify_toolkit_wakeup;

@@ -117,8 +117,13 @@ ORDER BY c.id
 -- that order, skipping those another claimer holds and re-checked as due.
 WITH promoted AS (
     -- (an array: the planner then reads these rows by key, never joining every tenant)
+    -- (an unpaused tenant rejoins the rotation at its floor: rotation_floor)
     UPDATE toolkit_tenants tn
-    SET ready = true, next_due = NULL
+    SET ready = true, next_due = NULL,
+        vtime = CASE WHEN tn.paused THEN tn.vtime
+                     ELSE greatest(tn.vtime,
+                                   -- include: rotation_floor
+                                   ) END
     WHERE tn.tenant = ANY(ARRAY(SELECT tenant FROM toolkit_tenants
                                 WHERE NOT ready AND next_due <= (SELECT statement_timestamp())
                                 ORDER BY next_due

@@ -35,8 +35,11 @@ SELECT name FROM synced;
 -- max_concurrency / rate is given, NULL then meaning "none"). A limit with a rate and no
 -- burst gets one second's worth of tokens (at least 1); removing the rate removes the
 -- burst. The source becomes 'operator'. Tasks waiting for the limit are made due at once
--- (a raised limit may have room) and idle workers are woken.
-WITH changed AS (
+-- (a raised limit may have room) and idle workers are woken. The rotation's marks:
+-- due_marks.
+WITH
+-- include: due_in_statement
+, changed AS (
     INSERT INTO toolkit_limits AS l
         (name, max_concurrency, rate_per_second, burst, per_tenant, source)
     VALUES (%(name)s, %(max_concurrency)s::integer, %(rate)s::float8,
@@ -60,11 +63,15 @@ WITH changed AS (
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp()
-    FROM changed
+    FROM changed, due_in_statement
     WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
       AND t.checkpoint -> 'wait' ->> 'limit' = changed.name
       AND t.run_at > statement_timestamp()
-)
+    RETURNING t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM woken
+),
+-- include: due_marks
 SELECT name, ''::text AS notify_toolkit_wakeup FROM changed;
 
 -- name: list_limits

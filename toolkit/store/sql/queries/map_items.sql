@@ -4,8 +4,10 @@
 -- after a crash of the parent starts none twice. Fenced: nothing happens unless the parent's
 -- fence holds its lease. %(items)s: [{map_index, input, tags, error, concurrency_key,
 -- concurrency_limit}]; an item with an error (its input refused) is inserted failed with it,
--- a per-item row like any other, and holds no key.
-WITH parent AS (
+-- a per-item row like any other, and holds no key. The rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, parent AS (
     SELECT t.id, t.tenant, t.tags FROM toolkit_tasks t
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
@@ -37,11 +39,15 @@ WITH parent AS (
            CASE WHEN item.error IS NULL THEN 'queued' ELSE 'failed' END,
            item.error,
            CASE WHEN item.error IS NOT NULL THEN statement_timestamp() END
-    FROM parent, item
+    FROM parent, item, due_in_statement
     ORDER BY item.map_index
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
-    RETURNING id, tenant, state, error, parent_occurrence
-), events AS (
+    RETURNING id, tenant, state, error, parent_occurrence, run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM inserted WHERE state IN ('queued', 'leased', 'waiting')
+),
+-- include: due_marks
+, events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, tenant, 'submitted',
            jsonb_build_object('parent_id', %(task_id)s::bigint, 'occurrence', parent_occurrence)

@@ -22,8 +22,11 @@ WHERE id = %(task_id)s;
 -- from now when given; the rows of its parallel or map step in progress rewritten
 -- (%(branches)s of step occurrence %(fanout)s) or dropped (%(dropped)s, with the rows of
 -- the steps nested in their branches); a redriven event
--- under the new token, by %(operator)s, with the reason and the plan (%(detail)s).
-WITH target AS (
+-- under the new token, by %(operator)s, with the reason and the plan (%(detail)s). The
+-- rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, target AS (
     SELECT id FROM toolkit_tasks
     WHERE id = %(task_id)s AND state = %(state)s AND lease_token = %(token)s
     FOR NO KEY UPDATE
@@ -39,10 +42,14 @@ WITH target AS (
                                          + make_interval(secs => %(timeout)s::float8))
                       END,
         updated_at = statement_timestamp()
-    FROM target
+    FROM target, due_in_statement
     WHERE t.id = target.id
-    RETURNING t.id, t.tenant, t.lease_token
-), rewritten AS (
+    RETURNING t.id, t.tenant, t.lease_token, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM updated
+),
+-- include: due_marks
+, rewritten AS (
     UPDATE toolkit_branches b
     SET status = r.status, frame = r.frame, run_at = NULL, waits_for = '{}', wakes = 0,
         seen = 0

@@ -98,16 +98,18 @@ WHERE NOT paused AND definition_name = ANY(%(names)s::text[]);
 -- happens; it then gets its next tick and buffered ticks. For a trigger or a backfill
 -- (%(expected_next)s null) the schedule just has to exist. Each run in %(runs)s (tick, input,
 -- tags, key) becomes a task of the given definition version unless its tenant has a task
--- with that idempotency key: a tick is at most one task, however often it is fired.
-WITH s AS (
+-- with that idempotency key: a tick is at most one task, however often it is fired. The
+-- schedule's tenant is registered before (register_tenant); the rotation's marks:
+-- due_marks.
+WITH
+-- include: due_in_statement
+, s AS (
     SELECT name, tenant FROM toolkit_schedules
     WHERE name = %(name)s
       AND (%(expected_next)s::timestamptz IS NULL
            OR (NOT paused AND next_tick = %(expected_next)s::timestamptz
                AND buffered = %(expected_buffered)s::jsonb))
     FOR NO KEY UPDATE
-), tenant AS (
-    INSERT INTO toolkit_tenants (tenant) SELECT tenant FROM s ON CONFLICT DO NOTHING
 ), started AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
@@ -118,12 +120,16 @@ WITH s AS (
            s.name, r.tick, r.concurrency_key,
            CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency_limit)s::int END,
            %(priority)s::smallint, %(trace_parent)s::text
-    FROM s, jsonb_to_recordset(%(runs)s::jsonb) AS r(tick timestamptz, input jsonb,
-                                                      tags jsonb, key text,
-                                                      concurrency_key text)
+    FROM s, due_in_statement,
+         jsonb_to_recordset(%(runs)s::jsonb) AS r(tick timestamptz, input jsonb, tags jsonb,
+                                                  key text, concurrency_key text)
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, tenant, scheduled_at
-), events AS (
+    RETURNING id, tenant, scheduled_at, run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM started
+),
+-- include: due_marks
+, events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, tenant, 'submitted', jsonb_build_object('schedule', %(name)s::text, 'tick', scheduled_at,
                                                'version', %(version)s::int)

@@ -10,10 +10,10 @@ coalesce(%(run_at)s::timestamptz,
 
 -- name: submit_tasks
 -- Inserts one task per input and wakes idle workers (payload: nothing but ids). The tenant
--- is registered (toolkit_tenants, default settings) if it is new: the claim reads tenants.
-WITH tenant AS (
-    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
-), submitted AS (
+-- is registered before (register_tenant). The rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          deadline_at, tags, priority, trace_parent, concurrency_key, concurrency_limit,
@@ -28,39 +28,48 @@ WITH tenant AS (
     -- each task's concurrency key (null: none), parked by toolkit_tasks_park_for_key
     JOIN jsonb_array_elements(%(concurrency_keys)s::jsonb) WITH ORDINALITY AS k(key, n)
         ON k.n = i.n
+    CROSS JOIN due_in_statement
     ORDER BY i.n
-    RETURNING id
+    RETURNING id, tenant, run_at
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind)
     SELECT id, %(tenant)s, 'submitted' FROM submitted
-)
+), made_due AS (
+    SELECT tenant, run_at AS at FROM submitted
+),
+-- include: due_marks
+
 SELECT id, ''::text AS notify_toolkit_wakeup
 FROM submitted
 ORDER BY id;
 
 -- name: submit_keyed_task
 -- Inserts one task unless (tenant, idempotency key) exists; returns the new or existing row.
--- Registers the tenant if it is new, as submit_tasks does.
-WITH tenant AS (
-    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
-), submitted AS (
+-- The tenant is registered before, and the rotation's marks made, as for submit_tasks.
+WITH
+-- include: due_in_statement
+, submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          idempotency_key, deadline_at, tags, priority, trace_parent, concurrency_key,
          concurrency_limit, state, wait_reason, run_at)
-    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
-            statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
-            %(priority)s, %(trace_parent)s,
-            %(concurrency_key)s, %(concurrency_limit)s,
-            -- include: start_at
-            )
+    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+           %(priority)s, %(trace_parent)s,
+           %(concurrency_key)s, %(concurrency_limit)s,
+           -- include: start_at
+    FROM due_in_statement
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, definition_name, definition_version, definition_digest
+    RETURNING id, tenant, run_at, definition_name, definition_version, definition_digest
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, %(tenant)s, 'submitted', jsonb_build_object('idempotency_key', %(key)s::text)
     FROM submitted
-)
+), made_due AS (
+    SELECT tenant, run_at AS at FROM submitted
+),
+-- include: due_marks
+
 SELECT id, definition_name, definition_version, definition_digest, true AS created,
        ''::text AS notify_toolkit_wakeup
 FROM submitted
@@ -302,8 +311,10 @@ SELECT (SELECT state FROM target) AS state,
 -- statement of the same transaction) (woken: their ids; notices: whether idle workers are to be woken, and no ended task); a
 -- signal_received event names the signal, and %(plan_id)s and %(operator)s the bulk plan
 -- and its operator (null for one task). An event delivered as a signal (%(event_id)s, null
--- for a signal) is stored once per task: a second delivery of it stores nothing.
-inserted AS (
+-- for a signal) is stored once per task: a second delivery of it stores nothing. The
+-- rotation's marks: due_marks.
+-- include: due_in_statement
+, inserted AS (
     INSERT INTO toolkit_signals (task_id, tenant, name, payload, address, event_id)
     SELECT target.id, target.tenant, %(name)s, r.payload, %(address)s::text,
            %(event_id)s::bigint
@@ -314,14 +325,18 @@ inserted AS (
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-    FROM inserted i, target
+    FROM inserted i, target, due_in_statement
     WHERE t.id = i.task_id AND target.id = i.task_id
       AND target.state = 'waiting'
       AND target.wait_reason = 'signal' AND %(address)s::text IS NULL
       AND (target.checkpoint -> 'wait' ->> 'signal' = %(name)s
            OR coalesce(target.checkpoint -> 'wait' -> 'signals' ? %(name)s, false))
-    RETURNING t.id
-), events AS (
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM woken
+),
+-- include: due_marks
+, events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
     SELECT task_id, tenant, 'signal_received', %(operator)s::text,
            jsonb_strip_nulls(jsonb_build_object('name', %(name)s, 'signal_id', id,
@@ -349,12 +364,20 @@ WITH k AS (
     WHERE b.task_id = k.task_id AND b.status = 'waiting' AND b.waits_for @> ARRAY[k.key]
       AND (k.address IS NULL OR regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') = k.address)
     RETURNING b.task_id
-)
-UPDATE toolkit_tasks t
-SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE t.id IN (SELECT task_id FROM woken)
-  AND t.state = 'waiting' AND t.wait_reason = 'branches'
-RETURNING t.id, ''::text AS notify_toolkit_wakeup;
+),
+-- include: due_in_statement
+, due AS (
+    UPDATE toolkit_tasks t
+    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
+    FROM due_in_statement
+    WHERE t.id IN (SELECT task_id FROM woken)
+      AND t.state = 'waiting' AND t.wait_reason = 'branches'
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM due
+),
+-- include: due_marks
+SELECT id, ''::text AS notify_toolkit_wakeup FROM due;
 
 -- name: wake_parent_branches
 -- The statement after one that ended tasks (%(task_ids)s), in its transaction: a waiting
@@ -372,12 +395,20 @@ WITH ended AS (
     WHERE b.task_id = e.parent_id AND b.status = 'waiting'
       AND b.waits_for @> ARRAY['child:' || e.id::text]
     RETURNING b.task_id
-)
-UPDATE toolkit_tasks t
-SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-WHERE t.id IN (SELECT task_id FROM woken)
-  AND t.state = 'waiting' AND t.wait_reason = 'branches'
-RETURNING t.id, ''::text AS notify_toolkit_wakeup;
+),
+-- include: due_in_statement
+, due AS (
+    UPDATE toolkit_tasks t
+    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
+    FROM due_in_statement
+    WHERE t.id IN (SELECT task_id FROM woken)
+      AND t.state = 'waiting' AND t.wait_reason = 'branches'
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM due
+),
+-- include: due_marks
+SELECT id, ''::text AS notify_toolkit_wakeup FROM due;
 
 -- name: task_signals
 SELECT id, name, address, payload, sent_at, consumed_at, consumed_by, consumed_token
@@ -421,8 +452,10 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
 -- heartbeat; %(reason)s is the reason, %(plan_id)s and %(operator)s name the bulk plan and
 -- its operator (null for one task). A task cancelled here wakes its parent, and ends as
 -- task_ended says. notices: whether idle workers are to be woken, and the awaited tasks
--- that ended (their ids).
+-- that ended (their ids). The rotation's marks: due_marks.
 -- include: ends_in_statement
+,
+-- include: due_in_statement
 , now_cancelled AS (
     UPDATE toolkit_tasks t
     SET state = 'cancelled', wait_reason = NULL, lease_owner = NULL, lease_expires_at = NULL,
@@ -469,13 +502,17 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
     SET child_wake = true,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
                       THEN (SELECT statement_timestamp()) ELSE p.run_at END
-    FROM toolkit_tasks c
+    FROM toolkit_tasks c, due_in_statement
     WHERE c.id IN (SELECT id FROM now_cancelled)
       AND p.id = c.parent_id AND c.map_index IS NULL
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT id FROM target)  -- cancelled here too: its row is written above
-    RETURNING p.id
-), notices AS (
+    RETURNING p.id, p.tenant, p.state, p.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM woken_parent WHERE state = 'waiting'
+),
+-- include: due_marks
+, notices AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM woken_parent) OR EXISTS (SELECT 1 FROM ended_wakeup)
                 THEN '' END AS wakeup,
            (SELECT ids FROM ended_awaited) AS ended
@@ -517,8 +554,9 @@ SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
 -- %(result)s or %(error)s; the resolution in the checkpoint; the task queued again
 -- (updated: id, tenant, resolution; notices: whether idle workers are to be woken, and no
 -- ended task); a reconciled event, naming bulk plan %(plan_id)s
--- when there is one.
-evidence AS (
+-- when there is one. The rotation's marks: due_marks.
+-- include: due_in_statement
+, evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
          attempt, fencing_token, worker_id, result, error)
@@ -537,10 +575,14 @@ evidence AS (
     SET state = 'queued', wait_reason = NULL, run_at = statement_timestamp(),
         checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
         updated_at = statement_timestamp()
-    FROM reconciling g
+    FROM reconciling g, due_in_statement
     WHERE t.id = g.id
-    RETURNING t.id, t.tenant, g.resolution
-), notices AS (
+    RETURNING t.id, t.tenant, t.run_at, g.resolution
+), made_due AS (
+    SELECT tenant, run_at AS at FROM updated
+),
+-- include: due_marks
+, notices AS (
     SELECT CASE WHEN EXISTS (SELECT 1 FROM updated) THEN '' END AS wakeup, NULL::text[] AS ended
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, detail)
@@ -582,19 +624,22 @@ SELECT id FROM toolkit_tasks WHERE tenant = %(tenant)s AND idempotency_key = %(k
 -- A debounced submit (docs/flow-control.md): a new task waiting (reason debounce) until
 -- database now + %(quiet)s seconds, unless the tenant's task of this definition and debounce
 -- key still waits so: that one takes this submit's input, tags, version and checkpoint, and
--- waits on until now + quiet, but never past its first submit + %(max_wait)s seconds.
-WITH tenant AS (
-    INSERT INTO toolkit_tenants (tenant) VALUES (%(tenant)s) ON CONFLICT DO NOTHING
-), submitted AS (
+-- waits on until now + quiet, but never past its first submit + %(max_wait)s seconds. The
+-- rotation's marks (due_marks) count the new or moved task as made due sooner; the tenant
+-- is registered before (register_tenant).
+WITH
+-- include: due_in_statement
+, submitted AS (
     INSERT INTO toolkit_tasks AS t
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          deadline_at, tags, priority, trace_parent, debounce_key, state, wait_reason, run_at)
-    VALUES (%(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
-            statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
-            %(priority)s, %(trace_parent)s,
-            %(debounce_key)s, 'waiting', 'debounce',
-            statement_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
-                                      %(timeout)s::float8) * interval '1 second')
+    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
+           %(priority)s, %(trace_parent)s,
+           %(debounce_key)s, 'waiting', 'debounce',
+           statement_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
+                                     %(timeout)s::float8) * interval '1 second'
+    FROM due_in_statement
     ON CONFLICT (tenant, definition_name, debounce_key)
         WHERE state = 'waiting' AND wait_reason = 'debounce'
     DO UPDATE SET
@@ -607,13 +652,17 @@ WITH tenant AS (
                                 'infinity'),
                        coalesce(EXCLUDED.deadline_at, 'infinity')),
         updated_at = statement_timestamp()
-    RETURNING id, xmax = 0 AS created
+    RETURNING id, xmax = 0 AS created, tenant, run_at
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, %(tenant)s, CASE WHEN created THEN 'submitted' ELSE 'debounced' END,
            jsonb_build_object('debounce_key', %(debounce_key)s::text)
     FROM submitted
-)
+), made_due AS (
+    SELECT tenant, run_at AS at FROM submitted
+),
+-- include: due_marks
+
 -- a new task wakes idle workers (their next wake-up is its start), a moved one need not
 SELECT id, created, CASE WHEN created THEN '' END AS notify_toolkit_wakeup
 FROM submitted;

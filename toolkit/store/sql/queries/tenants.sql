@@ -4,16 +4,22 @@
 -- NULL then means "no limit"); a new tenant starts from the defaults. Budgets: for each
 -- resource of %(resources)s, the amount of %(amounts)s at the same position is set (used is
 -- kept), or the budget is removed when that amount is NULL. Wakes idle workers: a resumed
--- tenant or a raised limit may have made tasks claimable.
+-- tenant or a raised limit may have made tasks claimable. A new or resumed tenant joins the
+-- rotation at its floor (rotation_floor).
 WITH tenant AS (
-    INSERT INTO toolkit_tenants AS tn (tenant, max_active, weight, paused)
+    INSERT INTO toolkit_tenants AS tn (tenant, max_active, weight, paused, vtime)
     VALUES (%(tenant)s, %(max_active)s::integer, coalesce(%(weight)s::integer, 1),
-            coalesce(%(paused)s::boolean, false))
+            coalesce(%(paused)s::boolean, false),
+            coalesce(
+                -- include: rotation_floor
+                , 0))
     ON CONFLICT (tenant) DO UPDATE
     SET max_active = CASE WHEN %(set_max_active)s::boolean THEN excluded.max_active
                           ELSE tn.max_active END,
         weight = coalesce(%(weight)s::integer, tn.weight),
         paused = coalesce(%(paused)s::boolean, tn.paused),
+        vtime = CASE WHEN tn.paused AND tn.ready AND NOT coalesce(%(paused)s::boolean, true)
+                     THEN greatest(tn.vtime, excluded.vtime) ELSE tn.vtime END,
         updated_at = excluded.updated_at
     RETURNING tn.tenant
 ), budget AS (
@@ -62,3 +68,16 @@ LEFT JOIN LATERAL (
 ) budgets ON true
 WHERE %(tenant)s::text IS NULL OR tn.tenant = %(tenant)s
 ORDER BY tn.tenant;
+
+-- name: register_tenant
+-- Registers a tenant (default settings) if it is new, by a statement of its own before the
+-- first statement that inserts its tasks: that statement's rotation marks (due_marks) need
+-- the tenant's row in their snapshot, and a row another transaction commits meanwhile would
+-- not be (Tasks.submit; toolkit/store/submission.py register_tenant).
+-- A new tenant joins the rotation at its floor (rotation_floor).
+INSERT INTO toolkit_tenants (tenant, vtime)
+VALUES (%(tenant)s,
+        coalesce(
+            -- include: rotation_floor
+            , 0))
+ON CONFLICT DO NOTHING;

@@ -29,7 +29,9 @@
 -- transaction, after this statement locked the parent's row.)
 -- A task that ends does here what task_ended says (endings.sql: its concurrency key, a
 -- scheduled run's outcome, an awaited task's announcement); the reservations it still
--- holds are returned by budget_use.
+-- holds are returned by budget_use. The rotation's marks (due_marks): a task whose write
+-- makes it due before its lease would have expired, a woken parent, a task woken by a
+-- released limit slot.
 -- Returns (id, applied state) of every write applied, a missing id meaning LeaseLost, and
 -- the notifications to send (notify_toolkit_wakeup, notify_toolkit_task_ended).
 WITH w AS (
@@ -43,13 +45,16 @@ WITH w AS (
         branches_ended jsonb, trace_attempt text)
 ),
 -- include: ends_in_statement
+,
+-- include: due_in_statement
 , replayed AS (
     SELECT t.id, t.state
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id AND t.lease_token = w.token
     WHERE w.write_id IS NOT NULL AND t.checkpoint ->> 'write' = w.write_id
 ), locked AS (
-    SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling
+    SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling,
+           t.lease_expires_at AS lease_due
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id
     WHERE toolkit_lease_held(t, %(worker_id)s, w.tenant, w.token)
@@ -96,9 +101,10 @@ WITH w AS (
         -- tags a handler set (ctx.tag); unchanged otherwise, so the update stays HOT
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = statement_timestamp()
-    FROM w, locked l, ends_in_statement
+    FROM w, locked l, ends_in_statement, due_in_statement
     WHERE t.id = w.task_id AND l.id = w.task_id
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index,
+              t.run_at, l.lease_due,
               t.definition_name, t.concurrency_key, t.key_held, t.schedule_name, t.awaited,
               CASE WHEN t.state IN ('succeeded', 'failed', 'cancelled')
                    THEN t.checkpoint -> 'fanout' END AS fanout
@@ -159,7 +165,7 @@ WITH w AS (
       AND g.state IN ('succeeded', 'failed', 'cancelled')
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)
-    RETURNING p.id
+    RETURNING p.id, p.tenant, p.state, p.run_at
 ), branch_rows AS (
     INSERT INTO toolkit_branches AS b
         (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
@@ -226,8 +232,17 @@ WITH w AS (
         FOR NO KEY UPDATE SKIP LOCKED
     ) x
     WHERE t.id = x.id
-    RETURNING t.id
-), notices AS (
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM guard
+    WHERE state IN ('queued', 'waiting') AND run_at < lease_due
+    UNION ALL
+    SELECT tenant, run_at FROM woken_parents WHERE state = 'waiting'
+    UNION ALL
+    SELECT tenant, run_at FROM limit_woken
+),
+-- include: due_marks
+, notices AS (
     -- idle workers are woken (after the statement, on its connection) when a parent, a
     -- task waiting for a limit or one waiting for a released key was made due; the ends of
     -- awaited tasks are announced
@@ -263,22 +278,32 @@ LIMIT 1;
 -- commit_fenced's snapshot, and its sender saw the task leased; this statement's snapshot,
 -- taken after the row locks were granted, has it. It makes such a wait due at once, in the
 -- transaction that commits the wait, so no crash or outage between the two can lose it.
-UPDATE toolkit_tasks t
-SET run_at = statement_timestamp()
-WHERE t.id = ANY(%(task_ids)s::bigint[])
-  AND t.state = 'waiting'
-  AND t.run_at > statement_timestamp()
-  AND CASE t.wait_reason
-      WHEN 'signal' THEN EXISTS (
-          SELECT 1 FROM toolkit_signals s
-          WHERE s.task_id = t.id AND s.consumed_at IS NULL AND s.address IS NULL
-            AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
-                 OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
-      WHEN 'callback' THEN EXISTS (
-          SELECT 1 FROM toolkit_callbacks c
-          WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
-      ELSE false END
-RETURNING t.id, ''::text AS notify_toolkit_wakeup;
+-- The rotation's marks: due_marks.
+WITH
+-- include: due_in_statement
+, woken AS (
+    UPDATE toolkit_tasks t
+    SET run_at = statement_timestamp()
+    FROM due_in_statement
+    WHERE t.id = ANY(%(task_ids)s::bigint[])
+      AND t.state = 'waiting'
+      AND t.run_at > statement_timestamp()
+      AND CASE t.wait_reason
+          WHEN 'signal' THEN EXISTS (
+              SELECT 1 FROM toolkit_signals s
+              WHERE s.task_id = t.id AND s.consumed_at IS NULL AND s.address IS NULL
+                AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
+                     OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
+          WHEN 'callback' THEN EXISTS (
+              SELECT 1 FROM toolkit_callbacks c
+              WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
+          ELSE false END
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM woken
+),
+-- include: due_marks
+SELECT id, ''::text AS notify_toolkit_wakeup FROM woken;
 
 -- name: wake_waiting_branches
 -- The second statement of a group commit whose batch parks branches or makes tasks wait
@@ -288,7 +313,8 @@ RETURNING t.id, ''::text AS notify_toolkit_wakeup;
 -- stored before (its sender found no waiting row) gets a wake (wakes + 1): the first
 -- statement locked the task's row, which every sender locks too, so this snapshot has
 -- what was sent. Each task waiting for its branches then has as run_at the earliest timer
--- of its waiting branches, or now when one of them has a wake not handled yet.
+-- of its waiting branches, or now when one of them has a wake not handled yet. The
+-- rotation's marks (due_marks) count each such task as made due sooner.
 WITH parked AS (
     SELECT p.task_id, p.fanout, p.name
     FROM jsonb_to_recordset(%(parked)s::jsonb) AS p(task_id bigint, fanout text, name text)
@@ -316,21 +342,29 @@ WITH parked AS (
                  AND c.id IN (SELECT substr(k, 7)::bigint FROM unnest(b.waits_for) AS k
                               WHERE k LIKE 'child:%%')))
     RETURNING b.task_id
-)
-UPDATE toolkit_tasks t
-SET run_at = LEAST(
-        t.run_at,
-        (SELECT min(b.run_at) FROM toolkit_branches b
-         WHERE b.task_id = t.id AND b.status = 'waiting'),
-        CASE WHEN t.id IN (SELECT task_id FROM ready)
-                  OR EXISTS (SELECT 1 FROM toolkit_branches b
-                             WHERE b.task_id = t.id AND b.status = 'waiting'
-                               AND b.wakes > b.seen)
-             THEN statement_timestamp() END)
-WHERE t.id = ANY(%(task_ids)s::bigint[])
-  AND t.state = 'waiting' AND t.wait_reason = 'branches'
-RETURNING t.id,
-          CASE WHEN t.run_at <= statement_timestamp() THEN '' END AS notify_toolkit_wakeup;
+),
+-- include: due_in_statement
+, due AS (
+    UPDATE toolkit_tasks t
+    SET run_at = LEAST(
+            t.run_at,
+            (SELECT min(b.run_at) FROM toolkit_branches b
+             WHERE b.task_id = t.id AND b.status = 'waiting'),
+            CASE WHEN t.id IN (SELECT task_id FROM ready)
+                      OR EXISTS (SELECT 1 FROM toolkit_branches b
+                                 WHERE b.task_id = t.id AND b.status = 'waiting'
+                                   AND b.wakes > b.seen)
+                 THEN statement_timestamp() END)
+    FROM due_in_statement
+    WHERE t.id = ANY(%(task_ids)s::bigint[])
+      AND t.state = 'waiting' AND t.wait_reason = 'branches'
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM due
+),
+-- include: due_marks
+SELECT id, CASE WHEN run_at <= statement_timestamp() THEN '' END AS notify_toolkit_wakeup
+FROM due;
 
 -- name: database_now
 -- The database's clock (time is always the database's, DESIGN §2).

@@ -1,0 +1,26 @@
+"""The triggers whose work the statements now do (issue 25; migrations 0029 and 0030).
+
+A distributed table can have no trigger, so the statements that end tasks, make tasks due
+sooner or put a tenant in the rotation do that work themselves; the triggers stay only for
+the previous release's workers during an upgrade. Tests of that work run with both: as
+migrated, and as a distributed store will be, without the triggers (the ``ending`` and
+``marking`` fixtures, tests/conftest.py; docs/scaling.md).
+"""
+
+from __future__ import annotations
+
+#: What a task's end does (migration 0029), on toolkit_tasks.
+ENDING_TRIGGERS = (
+    "toolkit_tasks_return_reservation",
+    "toolkit_tasks_notify_ended",
+    "toolkit_tasks_count_schedule_outcome",
+    "toolkit_tasks_release_key",
+)
+
+#: The tenant rotation's marks and joins (migration 0030): (table, trigger).
+ROTATION_TRIGGERS = (
+    ("toolkit_tasks", "toolkit_tasks_inserted_due"),
+    ("toolkit_tasks", "toolkit_tasks_due_sooner"),
+    ("toolkit_tenants", "toolkit_tenants_join_rotation"),
+    ("toolkit_tenants", "toolkit_tenants_rejoin_rotation"),
+)

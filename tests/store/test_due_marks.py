@@ -1,0 +1,284 @@
+"""The tenant rotation's marks, made by the statements that make tasks due (issue 25;
+migration 0030).
+
+A tenant out of the rotation (not ready) is claimed again once its next_due comes; every
+statement that inserts a live task or makes one due sooner lowers next_due to it itself (the
+``due_marks`` fragment), as a distributed store with no triggers needs. The two triggers that
+did it stay for the previous release's workers and leave alone a transaction whose statement
+says it does the work. Each test runs with the triggers kept and dropped (the ``marking``
+fixture); after every test of the ``store`` fixture, no live task is left due before its
+tenant's next_due (tests/helpers/tenants.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import anyio
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.helpers.processes import eventually
+from tests.helpers.tenants import tasks_missed_by_the_rotation
+from tests.helpers.workflows import THREE_STEPS, definition
+from tests.store.test_concurrency_keys import keyed
+from toolkit.checkpoint import Checkpoint
+from toolkit.definition import WorkflowDefinition
+from toolkit.store import Store, rotation
+from toolkit.store.leases import ClaimedTask
+from toolkit.store.queries import query, query_names
+from toolkit.store.writes import NEVER, FencedWrite
+
+pytestmark = pytest.mark.anyio
+
+LEASE = 30.0
+
+async def _deployed(store: Store, text: str = THREE_STEPS) -> WorkflowDefinition:
+    d = definition(text)
+    await store.definitions.deploy(d)
+    return d
+
+
+async def _demote(store: Store, tenant: str) -> None:
+    """Take ``tenant`` out of the rotation as a claim that found it dry would: next_due is
+    the first due time of its live tasks (none: null)."""
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_tenants SET ready = false, next_due = ("
+            "  SELECT min(CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END)"
+            "  FROM toolkit_tasks"
+            "  WHERE tenant = %(t)s AND state IN ('queued', 'leased', 'waiting'))"
+            " WHERE tenant = %(t)s",
+            {"t": tenant},
+        )
+    assert await tasks_missed_by_the_rotation(store) == []
+
+
+async def _next_due_has_come(store: Store, tenant: str) -> None:
+    """The tenant is back in the rotation at its next claim: its next_due is now or past."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT ready, next_due <= statement_timestamp() FROM toolkit_tenants"
+            " WHERE tenant = %s",
+            (tenant,),
+        )
+        row = await cursor.fetchone()
+    assert row is not None and (row[0] or row[1]), (tenant, row)
+    assert await tasks_missed_by_the_rotation(store) == []
+
+
+async def _claim_one(store: Store, d: WorkflowDefinition) -> ClaimedTask:
+    (task,) = await store.leases.claim("w", [d.digest], 1, LEASE)
+    return task
+
+
+async def test_a_submit_to_a_tenant_out_of_the_rotation_lowers_its_next_due(
+    marking: Store,
+) -> None:
+    store = marking
+    d = await _deployed(store)
+    await store.tenants.set("t")
+    await _demote(store, "t")
+    (task_id,) = await store.tasks.submit(d, [{}], tenant="t", delay=3600)
+    await store.tasks.submit_keyed(d, {}, key="k", tenant="t", delay=7200)
+    task = await store.tasks.get(task_id)
+    missed = await tasks_missed_by_the_rotation(store)
+    assert missed == [], (task, missed)
+
+
+async def test_a_timer_shorter_than_the_lease_lowers_next_due(marking: Store) -> None:
+    store = marking
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="t")
+    task = await _claim_one(store, d)
+    await _demote(store, "t")  # its one task leased: next_due is the lease's expiry
+    write = FencedWrite(task.fence("w"), task.checkpoint, state="waiting", wait_reason="timer",
+                        delay_seconds=0.0)  # fmt: skip
+    assert await store.leases.commit_many([write]) == {task.id: "waiting"}
+    await _next_due_has_come(store, "t")
+
+
+async def test_a_signal_that_wakes_a_task_lowers_next_due(marking: Store) -> None:
+    store = marking
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="t")
+    task = await _claim_one(store, d)
+    checkpoint = {**task.checkpoint, "wait": {"signal": "go"}}
+    write = FencedWrite(task.fence("w"), checkpoint, state="waiting", wait_reason="signal",
+                        run_at=NEVER)  # fmt: skip
+    assert await store.leases.commit_many([write]) == {task.id: "waiting"}
+    await _demote(store, "t")
+    await store.tasks.signal(task.id, "go", force=True)
+    await _next_due_has_come(store, "t")
+
+
+async def test_a_redrive_lowers_next_due(marking: Store) -> None:
+    store = marking
+    d = await _deployed(store)
+    await store.tasks.submit(d, [{}], tenant="t")
+    task = await _claim_one(store, d)
+    write = FencedWrite(task.fence("w"), task.checkpoint, state="failed",
+                        error={"name": "X", "message": "boom", "step": "a"})  # fmt: skip
+    assert await store.leases.commit_many([write]) == {task.id: "failed"}
+    await _demote(store, "t")  # no live task: next_due null
+    await store.tasks.redrive(task.id)
+    await _next_due_has_come(store, "t")
+
+
+async def test_a_key_admission_lowers_next_due(marking: Store) -> None:
+    store = marking
+    d = await _deployed(store, keyed())
+    first, parked = await store.tasks.submit(d, [{"account": "a"}] * 2, tenant="t")
+    task = await _claim_one(store, d)
+    assert task.id == first
+    write = FencedWrite(task.fence("w"), task.checkpoint, state="failed",
+                        error={"name": "X", "message": "boom", "step": "work"})  # fmt: skip
+    assert await store.leases.commit_many([write]) == {first: "failed"}
+    await _demote(store, "t")  # only the parked task, due never
+    assert await store.leases.admit_keys() == 1
+    assert (await store.tasks.get(parked)).state == "queued"
+    await _next_due_has_come(store, "t")
+
+
+# --- the races of docs/decisions.md, with the statements -------------------------------------
+
+
+async def _submit_in(conn: psycopg.AsyncConnection[Any], d: WorkflowDefinition) -> int:
+    """submit_tasks for one task of tenant racing, in ``conn``'s transaction."""
+    cursor = await conn.execute(
+        query("submit_tasks"),
+        {
+            "tenant": "racing", "name": d.name, "version": d.version, "digest": d.digest,
+            "inputs": Jsonb([{}]), "tags": Jsonb([{}]),
+            "checkpoint": Jsonb(Checkpoint.initial(d.start).to_json()), "timeout": None,
+            "priority": 0, "concurrency_keys": Jsonb([None]), "concurrency_limit": None,
+            "trace_parent": None, "run_at": None, "delay": None,
+        },
+    )  # fmt: skip
+    row = await cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_submit_in_flight_keeps_its_tenant_from_being_demoted(
+    marking: Store, dsn: str
+) -> None:
+    """The demotion's snapshot cannot see a task of a transaction not yet committed: the
+    statement's KEY SHARE on the tenant row makes the demotion skip that tenant."""
+    store = marking
+    d = await _deployed(store)
+    await store.tenants.set("racing")  # ready, nothing queued: a claim finds it dry
+    async with await psycopg.AsyncConnection.connect(dsn) as submitter:
+        task_id = await _submit_in(submitter, d)
+        await rotation.Rotation(store.db).settle([], ["racing"], False)  # demotion, meanwhile
+        await submitter.commit()
+    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
+
+
+async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
+    marking: Store, dsn: str
+) -> None:
+    """The demotion locked the tenant first: the statement's lock waits for it to commit,
+    then reads the tenant's row as the demotion left it, not ready, and lowers next_due."""
+    store = marking
+    d = await _deployed(store)
+    await store.tenants.set("racing")
+    inserted: list[int] = []
+    async with await psycopg.AsyncConnection.connect(dsn) as demoter:
+        demoted = await demoter.execute(query("demote_dry_tenants"), {"tenants": ["racing"]})
+        assert await demoted.fetchall() == [(1,)]
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as submitter:
+            pid = submitter.info.backend_pid
+
+            async def submit() -> None:
+                inserted.append(await _submit_in(submitter, d))
+
+            async def blocked() -> bool:
+                async with store.db.connection() as conn:
+                    cursor = await conn.execute(
+                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                        (pid,),
+                    )
+                    row = await cursor.fetchone()
+                return bool(row and row[0])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(submit)
+                await eventually(blocked, timeout=15, what="the submit to wait for the lock")
+                await demoter.commit()
+    (task_id,) = inserted
+    task = await store.tasks.get(task_id)
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT ready, next_due FROM toolkit_tenants WHERE tenant = 'racing'"
+        )
+        state = await cursor.fetchone()
+    assert state == (False, task.run_at), (state, task)
+    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
+
+
+async def test_a_submit_registers_a_new_tenant_by_a_statement_of_its_own(store: Store) -> None:
+    """A tenant row committed by another transaction while a submit's statement runs is not
+    in that statement's snapshot, so the marks could not see it: the first submit of a
+    tenant registers it before (toolkit/store/submission.py register_tenant)."""
+    d = await _deployed(store)
+    assert "fresh" not in store.db.registered_tenants
+    await store.tasks.submit(d, [{}], tenant="fresh")
+    assert "fresh" in store.db.registered_tenants
+    async with store.db.connection() as conn:
+        cursor = await conn.execute("SELECT count(*) FROM toolkit_tenants WHERE tenant = 'fresh'")
+        assert await cursor.fetchone() == (1,)
+
+
+# --- which statements make the marks ---------------------------------------------------------
+
+_INSERTS_TASKS = re.compile(r"INSERT\s+INTO\s+toolkit_tasks\b(?!_)", re.IGNORECASE)
+_TASK_UPDATE_SET = re.compile(
+    r"UPDATE\s+toolkit_tasks\b(?!_)[^;]*?\bSET\b(?P<set>.*?)(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)",
+    re.IGNORECASE | re.DOTALL,
+)
+_SETS_DUE = re.compile(r"(?<![\w.])(?:state|run_at|lease_expires_at)\s*=", re.IGNORECASE)
+
+#: Statements that move a task's due time but never sooner: a claim takes due tasks and
+#: leases them until later; a renewal extends a lease.
+NEVER_SOONER = {"claim_tasks", "claim_tasks_one_tenant", "renew_leases"}
+
+
+def due_statements(statements: dict[str, str]) -> set[str]:
+    """The statements that insert tasks or set a task's state, run_at or lease expiry."""
+    found = set()
+    for name, text in statements.items():
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+        if _INSERTS_TASKS.search(code) or any(
+            _SETS_DUE.search(m.group("set")) for m in _TASK_UPDATE_SET.finditer(code)
+        ):
+            found.add(name)
+    return found
+
+
+def test_every_statement_that_makes_tasks_due_marks_the_rotation() -> None:
+    """The transaction-wide flag (toolkit.due_in_statement) turns the triggers off for the
+    rest of its transaction: every statement that can make a task due sooner marks."""
+    statements = {name: query(name) for name in query_names()}
+    due = due_statements(statements)
+    assert {"submit_tasks", "commit_fenced", "send_signal", "redrive_task"} <= due  # not vacuous
+    assert NEVER_SOONER <= due
+    missing = sorted(
+        name
+        for name in due - NEVER_SOONER
+        if "due_in_statement AS" not in statements[name] or "due_marked AS" not in statements[name]
+    )
+    assert missing == []
+
+
+async def test_the_key_admission_marks_the_rotation_itself(store: Store) -> None:
+    """Migration 0030 edits toolkit_admit_keys in place: it says so, and marks."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT prosrc FROM pg_proc WHERE proname = 'toolkit_admit_keys'"
+        )
+        row = await cursor.fetchone()
+    assert row is not None
+    assert "toolkit.due_in_statement" in row[0] and "next_due = least(" in row[0], row[0]
