@@ -21,7 +21,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
-from tests.helpers.tenants import rows_under_another_tenant, tasks_missed_by_the_rotation
+from tests.helpers.tenants import (
+    keys_over_max_active,
+    rows_under_another_tenant,
+    tasks_missed_by_the_rotation,
+)
 from tests.helpers.triggers import ENDING_TRIGGERS, ROTATION_TRIGGERS
 from toolkit.store import Store
 from toolkit.store.database import Database
@@ -152,6 +156,8 @@ async def store(dsn: str) -> AsyncIterator[Store]:
         assert not misplaced, f"rows stored under another tenant than their task's: {misplaced}"
         missed = await tasks_missed_by_the_rotation(opened)
         assert not missed, f"live tasks due before their tenant rejoins the rotation: {missed}"
+        crowded = await keys_over_max_active(opened)
+        assert not crowded, f"concurrency keys held by more tasks than max_active: {crowded}"
     finally:
         await opened.close()
 

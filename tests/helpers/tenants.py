@@ -71,3 +71,28 @@ async def tasks_missed_by_the_rotation(store: Store) -> list[tuple[object, ...]]
             return list(await (await conn.execute(_MISSED_BY_THE_ROTATION)).fetchall())
     except (psycopg.Error, OSError):
         return []
+
+
+#: The concurrency keys held by more live tasks than their max_active allows.
+_KEYS_OVER_MAX_ACTIVE = """
+SELECT tenant, definition_name, concurrency_key, count(*) AS holders,
+       min(concurrency_limit) AS max_active, array_agg(id ORDER BY id) AS tasks
+FROM toolkit_tasks
+WHERE key_held AND state IN ('queued', 'leased', 'waiting')
+GROUP BY tenant, definition_name, concurrency_key
+HAVING count(*) > min(concurrency_limit)
+"""
+
+
+async def keys_over_max_active(store: Store) -> list[tuple[object, ...]]:
+    """(tenant, definition, key, holders, max_active, task ids) of every key held by more
+    live tasks than its max_active (docs/flow-control.md).
+
+    The inserts and the admission keep this empty (migration 0031); checked after every
+    test that uses the ``store`` fixture. Empty when the database cannot answer.
+    """
+    try:
+        async with store.db.connection() as conn:
+            return list(await (await conn.execute(_KEYS_OVER_MAX_ACTIVE)).fetchall())
+    except (psycopg.Error, OSError):
+        return []

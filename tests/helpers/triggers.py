@@ -1,10 +1,11 @@
-"""The triggers whose work the statements now do (issue 25; migrations 0029 and 0030).
+"""The triggers whose work the statements now do (issue 25; migrations 0029 to 0031).
 
 A distributed table can have no trigger, so the statements that end tasks, make tasks due
-sooner or put a tenant in the rotation do that work themselves; the triggers stay only for
-the previous release's workers during an upgrade. Tests of that work run with both: as
-migrated, and as a distributed store will be, without the triggers (the ``ending`` and
-``marking`` fixtures, tests/conftest.py; docs/scaling.md).
+sooner, put a tenant in the rotation or insert keyed tasks do that work themselves; the
+triggers stay only for the previous release's workers during an upgrade. Tests of that work
+run with both: as migrated, and as a distributed store will be, without the triggers (the
+``ending`` and ``marking`` fixtures, tests/conftest.py, and the keyed tests' ``store``,
+tests/store/test_concurrency_keys.py; docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -24,3 +25,6 @@ ROTATION_TRIGGERS = (
     ("toolkit_tenants", "toolkit_tenants_join_rotation"),
     ("toolkit_tenants", "toolkit_tenants_rejoin_rotation"),
 )
+
+#: A keyed task's admission or parking at its insert or redrive (migration 0031).
+KEY_TRIGGERS = ("toolkit_tasks_park_for_key", "toolkit_tasks_repark_for_key")

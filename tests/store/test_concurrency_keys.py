@@ -1,25 +1,40 @@
 """Concurrency keys against a real PostgreSQL (docs/flow-control.md): a keyed task waits for
 its key, holds it from admission until it ends, and the next is admitted in submission order;
-the ``on_conflict`` policies; redrive re-admits. The multi-process ledger run is
-``tests/process/test_concurrency_keys.py``."""
+the ``on_conflict`` policies; redrive re-admits. Every test runs with the triggers that
+admitted keyed tasks before migration 0031 kept and dropped (the statements do it). The
+multi-process ledger run is ``tests/process/test_concurrency_keys.py``."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import psycopg
 import pytest
 
 from tests.helpers.inprocess import sql
+from tests.helpers.triggers import KEY_TRIGGERS
 from tests.helpers.workflows import definition
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConcurrencyKeyBusy, DefinitionError, InputError
 from toolkit.store import Store
 from toolkit.store.leases import ClaimedTask
+from toolkit.store.queries import query, query_names
 from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
+
+
+@pytest.fixture(params=["triggers kept", "triggers dropped"])
+async def store(request: pytest.FixtureRequest, store: Store) -> Store:
+    """The store as migrated, and without the key triggers, as a distributed store will be."""
+    if request.param == "triggers dropped":
+        async with store.db.connection() as conn:
+            for trigger in KEY_TRIGGERS:
+                await conn.execute(f"DROP TRIGGER {trigger} ON toolkit_tasks")
+    return store
 
 
 def keyed(on_conflict: str = "queue", max_active: int = 1, version: int = 1) -> str:
@@ -197,3 +212,37 @@ async def test_a_worker_is_not_idle_while_a_key_has_room_for_a_waiting_task(
     assert pending, await _states(store, [first, second])
     assert [task.id for task in await _claim(store, d)] == [second]
     assert await store.tasks.idle_state([d.digest]) == (True, None)  # it is leased
+
+
+def test_every_insert_of_keyed_tasks_admits_or_parks_them_itself() -> None:
+    """The transaction-wide flag (toolkit.keys_in_statement) turns the key triggers off for
+    the rest of its transaction: every statement that inserts tasks, or brings an ended one
+    back, decides their keys (a debounced task has none: a definition has one or the
+    other)."""
+    inserts = {
+        name
+        for name in query_names()
+        if re.search(r"INSERT\s+INTO\s+toolkit_tasks\b(?!_)", query(name), re.IGNORECASE)
+    }
+    assert {"submit_tasks", "start_child", "fire_schedule"} <= inserts  # not vacuous
+    deciding = {name for name in inserts if "key_decided AS" in query(name)}
+    assert inserts - deciding == {"submit_debounced_task"}
+    assert all("keys_in_statement AS" in query(name) for name in deciding | {"redrive_task"})
+
+
+async def test_a_key_another_transaction_decides_for_parks_the_new_task(
+    store: Store, dsn: str
+) -> None:
+    """The insert admits a task only under its key's lock, taken by lock_keys before it (so
+    its snapshot has every holder committed before the lock): while another transaction
+    holds the lock, the new task is parked, and the admission takes it afterwards."""
+    d = await _deployed(store, keyed())
+    async with await psycopg.AsyncConnection.connect(dsn) as other:
+        await other.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 20))",
+            ("default\x1fkeyed\x1fa",),
+        )
+        (task_id,) = await store.tasks.submit(d, [{"account": "a"}])
+        assert (await _states(store, [task_id]))[0][1:] == ("waiting", "concurrency", False)
+        await other.rollback()
+    assert [t.id for t in await _claim(store, d)] == [task_id]  # admitted, then claimed

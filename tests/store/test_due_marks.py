@@ -27,6 +27,7 @@ from tests.store.test_concurrency_keys import keyed
 from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
 from toolkit.store import Store, rotation
+from toolkit.store.key_locks import no_locked_keys
 from toolkit.store.leases import ClaimedTask
 from toolkit.store.queries import query, query_names
 from toolkit.store.writes import NEVER, FencedWrite
@@ -154,7 +155,7 @@ async def _submit_in(conn: psycopg.AsyncConnection[Any], d: WorkflowDefinition) 
             "inputs": Jsonb([{}]), "tags": Jsonb([{}]),
             "checkpoint": Jsonb(Checkpoint.initial(d.start).to_json()), "timeout": None,
             "priority": 0, "concurrency_keys": Jsonb([None]), "concurrency_limit": None,
-            "trace_parent": None, "run_at": None, "delay": None,
+            "trace_parent": None, "run_at": None, "delay": None, **no_locked_keys(),
         },
     )  # fmt: skip
     row = await cursor.fetchone()

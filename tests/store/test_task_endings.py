@@ -140,9 +140,22 @@ _TASK_UPDATE_SET = re.compile(
     r"UPDATE\s+toolkit_tasks\b[^;]*?\bSET\b(?P<set>.*?)(?:\bFROM\b|\bWHERE\b|\bRETURNING\b)",
     re.IGNORECASE | re.DOTALL,
 )
-_SETS_ENDING_STATE = re.compile(
-    r"(?<![\w.])state\s*=(?!\s*'(?:queued|leased|waiting)')", re.IGNORECASE
+_SETS_STATE = re.compile(
+    r"(?<![\w.])state\s*=\s*(?:'(?P<literal>\w+)'|CASE\b(?P<case>.*?)\bEND\b|\S)",
+    re.IGNORECASE | re.DOTALL,
 )
+_LIVE = {"queued", "leased", "waiting"}
+
+
+def _may_end(match: re.Match[str]) -> bool:
+    """Whether ``state = ...`` may set a state that is not live: a literal or a CASE whose
+    results are all live states does not; anything else (a column, a parameter) may."""
+    if match.group("literal") is not None:
+        return match.group("literal") not in _LIVE
+    if match.group("case") is not None:
+        results = re.findall(r"\b(?:THEN|ELSE)\s+(\S+)", match.group("case"), re.IGNORECASE)
+        return any(result.strip("'") not in _LIVE for result in results)
+    return True
 
 
 def ending_statements(statements: dict[str, str]) -> set[str]:
@@ -150,8 +163,9 @@ def ending_statements(statements: dict[str, str]) -> set[str]:
     found = set()
     for name, text in statements.items():
         code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
-        if any(_SETS_ENDING_STATE.search(m.group("set")) for m in _TASK_UPDATE_SET.finditer(code)):
-            found.add(name)
+        for update in _TASK_UPDATE_SET.finditer(code):
+            if any(_may_end(m) for m in _SETS_STATE.finditer(update.group("set"))):
+                found.add(name)
     return found
 
 

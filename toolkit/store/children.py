@@ -19,6 +19,7 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.errors import LeaseLost
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
+from toolkit.store.key_locks import insert_keyed
 from toolkit.store.tags import MAX_TAGS
 from toolkit.tracing import current_traceparent
 
@@ -98,20 +99,20 @@ class Children:
             LeaseLost: the parent's lease is no longer held; nothing was started.
             DatabaseUnavailable: the database cannot be reached (call again: still one child).
         """
-        row = await self._db.fetch_one(
-            "start_child",
-            {
-                **fence_params(fence),
-                **child_params(definition),
-                "occurrence": occurrence,
-                "input": Jsonb(child_input),
-                "concurrency_key": None,
-                "concurrency_limit": None,
-                **(concurrency or {}),
-                "tags": Jsonb(dict(tags or {})),
-            },
-        )
-        if row is None or row["parent_id"] is None:
+        params = {
+            **fence_params(fence),
+            **child_params(definition),
+            "occurrence": occurrence,
+            "input": Jsonb(child_input),
+            "concurrency_key": None,
+            "concurrency_limit": None,
+            **(concurrency or {}),
+            "tags": Jsonb(dict(tags or {})),
+        }
+        key = params["concurrency_key"]
+        held = [(fence.tenant, definition.name, key)] if key is not None else []
+        rows = await insert_keyed(self._db, "start_child", params, held)
+        if not rows or rows[0]["parent_id"] is None:
             raise LeaseLost(f"task {fence.task_id}: lease lost before its child started")
         child = await self.get(fence.task_id, occurrence)
         assert child is not None, "a child just started or found is there"

@@ -38,6 +38,7 @@ from toolkit.errors import ExpressionError, InputError, Throttled
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
 from toolkit.store.filters import TimeBound, time_bound
+from toolkit.store.key_locks import lock_keys
 from toolkit.store.names import check_event_name, check_tenant
 from toolkit.store.queries import query
 from toolkit.store.submission import keyed_params, start_params
@@ -327,7 +328,9 @@ class Events:
                     continue  # excess: refuse: this trigger starts nothing, the event stands
                 except InputError as exc:
                     raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
-                await cursor.execute(query("submit_keyed_task"), params)
+                held = [(tenant, definition.name, params["concurrency_key"])]
+                locked = await lock_keys(cursor.connection, held if held[0][2] else [])
+                await cursor.execute(query("submit_keyed_task"), {**params, **locked})
                 task = await cursor.fetchone()
                 assert task is not None, "a keyed submit returns the new or the existing task"
                 if task["created"]:

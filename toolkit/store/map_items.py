@@ -22,6 +22,7 @@ from toolkit.errors import LeaseLost
 from toolkit.store.children import child_params
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
+from toolkit.store.key_locks import insert_keyed
 
 #: Failed item tasks a summary lists (the step's output keeps them as its ``errors``).
 ERRORS_SHOWN = 10
@@ -138,15 +139,16 @@ class MapItems:
             LeaseLost: the parent's lease is no longer held; nothing was started.
             DatabaseUnavailable: the database cannot be reached (call again: still once each).
         """
-        row = await self._db.fetch_one(
-            "start_map_items",
-            {
-                **fence_params(fence),
-                **child_params(definition),
-                "occurrence": occurrence,
-                "items": Jsonb([item.to_json() for item in items]),
-            },
-        )
+        params = {
+            **fence_params(fence),
+            **child_params(definition),
+            "occurrence": occurrence,
+            "items": Jsonb([item.to_json() for item in items]),
+        }
+        held = [(fence.tenant, definition.name, item.concurrency[0])
+                for item in items if item.error is None and item.concurrency]  # fmt: skip
+        rows = await insert_keyed(self._db, "start_map_items", params, held)
+        row = rows[0] if rows else None
         if row is None or row["parent_id"] is None:
             raise LeaseLost(f"task {fence.task_id}: lease lost before its map items started")
         return int(row["inserted"])

@@ -25,6 +25,7 @@ from toolkit.definition.schedules import Catchup, Overlap
 from toolkit.errors import InputError, ToolkitError
 from toolkit.store.database import Database
 from toolkit.store.definitions import DefinitionCatalog
+from toolkit.store.key_locks import insert_keyed
 from toolkit.store.names import check_tenant
 from toolkit.store.schedule_values import (
     Schedule,
@@ -344,7 +345,10 @@ class Schedules:
             "missed": plan.missed if plan else 0,
             "caught_up": plan.caught_up if plan else 0,
         }
-        row = await self._db.fetch_one("fire_schedule", params)
+        held = [(schedule.tenant, definition.name, run["concurrency_key"])
+                for run in runs if run["concurrency_key"] is not None]  # fmt: skip
+        rows = await insert_keyed(self._db, "fire_schedule", params, held)
+        row = rows[0] if rows else None
         if row is None or not row["applied"]:
             if plan is None:
                 raise UnknownSchedule(f"there is no schedule {schedule.name!r}")

@@ -19,6 +19,7 @@ from toolkit.errors import InputError, PayloadRefused
 from toolkit.payload import check_payload
 from toolkit.store.concurrency_keys import Cancel, apply_policy, refused_or_cancelled
 from toolkit.store.database import Database
+from toolkit.store.key_locks import insert_keyed
 from toolkit.store.names import check_tenant
 from toolkit.store.tags import check_tags, merged_tags
 from toolkit.tracing import current_traceparent
@@ -88,7 +89,7 @@ async def register_tenant(db: Database, tenant: str) -> None:
         tenant: the tenant, already checked.
 
     Raises:
-        StoreUnavailable: the database cannot be reached (nothing written).
+        DatabaseUnavailable: the database cannot be reached (nothing written).
     """
     registered = db.registered_tenants
     if tenant in registered:
@@ -275,7 +276,8 @@ async def queue_tasks(
     await register_tenant(db, tenant)
     initial = await initial_checkpoint(db, definition, tenant, budget)
     cancel_newest = await refused_or_cancelled(db, definition, tenant, keys)
-    rows = await db.fetch_all(
+    rows = await insert_keyed(
+        db,
         "submit_tasks",
         {
             "tenant": tenant,
@@ -292,6 +294,7 @@ async def queue_tasks(
             "trace_parent": current_traceparent(),
             **start_params(start_at, delay),
         },
+        [(tenant, definition.name, key) for key in keys if key is not None],
     )
     ids = [row["id"] for row in rows]
     await apply_policy(db, definition, tenant, keys, ids, cancel_newest, cancel)

@@ -36,6 +36,7 @@ from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
 from toolkit.store.descendants import cancel_descendants
+from toolkit.store.key_locks import insert_keyed
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
 from toolkit.store.signal_waits import (
@@ -199,10 +200,12 @@ class Tasks(TaskReads):
             if not await self._db.fetch_one("task_by_idempotency_key", params):
                 raise
             cancel_newest = set()  # the task of this key exists: the submit returns it
-        row = await self._db.fetch_one("submit_keyed_task", params)
-        if row is None:  # inserted by a concurrent submit after this statement's snapshot
-            row = await self._db.fetch_one("submit_keyed_task", params)
-        assert row is not None
+        held = [(tenant, definition.name, k) for k in keys if k is not None]
+        rows = await insert_keyed(self._db, "submit_keyed_task", params, held)
+        if not rows:  # inserted by a concurrent submit after this statement's snapshot
+            rows = await insert_keyed(self._db, "submit_keyed_task", params, held)
+        assert rows, "a keyed submit returns the new or the existing task"
+        row = rows[0]
         if row["created"]:
             await apply_policy(self._db, definition, tenant, keys, [row["id"]], cancel_newest,
                                self.cancel)  # fmt: skip

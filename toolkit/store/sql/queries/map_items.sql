@@ -4,45 +4,71 @@
 -- after a crash of the parent starts none twice. Fenced: nothing happens unless the parent's
 -- fence holds its lease. %(items)s: [{map_index, input, tags, error, concurrency_key,
 -- concurrency_limit}]; an item with an error (its input refused) is inserted failed with it,
--- a per-item row like any other, and holds no key. The rotation's marks: due_marks.
+-- a per-item row like any other, and holds no key. An item task with a concurrency key is
+-- admitted or parked (key_admission: lock_keys ran first, in the same transaction). The
+-- rotation's marks: due_marks.
 WITH
 -- include: due_in_statement
+,
+-- include: keys_in_statement
 , parent AS (
     SELECT t.id, t.tenant, t.tags FROM toolkit_tasks t
     WHERE t.id = %(task_id)s
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
     FOR NO KEY UPDATE
 ), item AS (
-    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS r(
+    SELECT *,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second' AS deadline_at,
+           CASE WHEN r.error IS NULL THEN 'queued' ELSE 'failed' END AS state,
+           NULL::text AS wait_reason, statement_timestamp() AS run_at
+    FROM jsonb_to_recordset(%(items)s::jsonb) AS r(
         map_index integer, input jsonb, tags jsonb, error jsonb, concurrency_key text,
         concurrency_limit integer)
-), inserted AS (
+), key_rows AS (
+    SELECT item.map_index AS n, parent.tenant, %(name)s::text AS definition_name,
+           item.concurrency_key, item.concurrency_limit
+    FROM item, parent
+    WHERE item.concurrency_key IS NOT NULL
+),
+-- include: key_admission
+, inserted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          parent_id, parent_occurrence, map_index, deadline_at, concurrency_key,
-         concurrency_limit, priority, trace_parent, tags, state, error, finished_at)
+         concurrency_limit, priority, trace_parent, key_held, start_after, state,
+         wait_reason, run_at, tags, error, finished_at)
     SELECT parent.tenant, %(name)s, %(version)s, %(digest)s,
-           coalesce(item.input, 'null'::jsonb),  -- an input too large to keep: null
-           %(checkpoint)s::jsonb, parent.id, %(occurrence)s || '/' || item.map_index,
-           item.map_index, statement_timestamp() + %(timeout)s::float8 * interval '1 second',
-           item.concurrency_key, item.concurrency_limit, %(priority)s::smallint,
+           coalesce(r.input, 'null'::jsonb),  -- an input too large to keep: null
+           %(checkpoint)s::jsonb, parent.id, %(occurrence)s || '/' || r.map_index,
+           r.map_index, r.deadline_at,
+           r.concurrency_key, r.concurrency_limit, %(priority)s::smallint,
            %(trace_parent)s::text,
+           -- include: keyed_start
+           ,
            -- The parent's tags (first keys first, as many as the limit leaves room for),
            -- then the item task's own.
            coalesce((SELECT jsonb_object_agg(p.key, p.value)
                      FROM (SELECT key, value FROM jsonb_each(parent.tags)
-                           WHERE NOT item.tags ? key
+                           WHERE NOT r.tags ? key
                            ORDER BY key
                            LIMIT greatest(0, %(max_tags)s::int
-                                          - (SELECT count(*) FROM jsonb_object_keys(item.tags)))
-                          ) p), '{}'::jsonb) || item.tags,
-           CASE WHEN item.error IS NULL THEN 'queued' ELSE 'failed' END,
-           item.error,
-           CASE WHEN item.error IS NOT NULL THEN statement_timestamp() END
-    FROM parent, item, due_in_statement
-    ORDER BY item.map_index
+                                          - (SELECT count(*) FROM jsonb_object_keys(r.tags)))
+                          ) p), '{}'::jsonb) || r.tags,
+           r.error,
+           CASE WHEN r.error IS NOT NULL THEN statement_timestamp() END
+    FROM parent
+    CROSS JOIN item r
+    LEFT JOIN key_decided d ON d.n = r.map_index
+    CROSS JOIN due_in_statement
+    CROSS JOIN keys_in_statement
+    ORDER BY r.map_index
     ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
-    RETURNING id, tenant, state, error, parent_occurrence, run_at
+    RETURNING id, tenant, state, error, parent_occurrence, run_at, definition_name,
+              concurrency_key, wait_reason
+), key_parked AS (
+    INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+    SELECT tenant, definition_name, concurrency_key FROM inserted
+    WHERE wait_reason = 'concurrency'
 ), made_due AS (
     SELECT tenant, run_at AS at FROM inserted WHERE state IN ('queued', 'leased', 'waiting')
 ),

@@ -22,17 +22,29 @@ WHERE id = %(task_id)s;
 -- from now when given; the rows of its parallel or map step in progress rewritten
 -- (%(branches)s of step occurrence %(fanout)s) or dropped (%(dropped)s, with the rows of
 -- the steps nested in their branches); a redriven event
--- under the new token, by %(operator)s, with the reason and the plan (%(detail)s). The
--- rotation's marks: due_marks.
+-- under the new token, by %(operator)s, with the reason and the plan (%(detail)s). A task
+-- with a concurrency key waits for it again: parked (waiting, reason concurrency, due never
+-- but at its workflow deadline) with a wake row, for the admission to take. The rotation's
+-- marks: due_marks.
 WITH
 -- include: due_in_statement
+,
+-- include: keys_in_statement
 , target AS (
     SELECT id FROM toolkit_tasks
     WHERE id = %(task_id)s AND state = %(state)s AND lease_token = %(token)s
     FOR NO KEY UPDATE
 ), updated AS (
     UPDATE toolkit_tasks t
-    SET state = 'queued', wait_reason = NULL, run_at = statement_timestamp(),
+    SET state = CASE WHEN t.concurrency_key IS NULL THEN 'queued' ELSE 'waiting' END,
+        wait_reason = CASE WHEN t.concurrency_key IS NOT NULL THEN 'concurrency' END,
+        run_at = CASE WHEN t.concurrency_key IS NULL THEN (SELECT statement_timestamp())
+                      ELSE least('9999-12-31T00:00:00+00:00'::timestamptz,
+                                 CASE WHEN %(timeout)s::float8 IS NULL THEN t.deadline_at
+                                      ELSE (SELECT statement_timestamp()
+                                            + make_interval(secs => %(timeout)s::float8))
+                                 END) END,
+        key_held = false, start_after = NULL,
         checkpoint = %(checkpoint)s::jsonb, lease_token = t.lease_token + 1,
         lease_owner = NULL, lease_expires_at = NULL, result = NULL, error = NULL,
         cancel_requested = NULL, finished_at = NULL, child_wake = false,
@@ -42,9 +54,13 @@ WITH
                                          + make_interval(secs => %(timeout)s::float8))
                       END,
         updated_at = statement_timestamp()
-    FROM target, due_in_statement
+    FROM target, due_in_statement, keys_in_statement
     WHERE t.id = target.id
-    RETURNING t.id, t.tenant, t.lease_token, t.run_at
+    RETURNING t.id, t.tenant, t.lease_token, t.run_at, t.definition_name, t.concurrency_key
+), key_parked AS (
+    INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+    SELECT tenant, definition_name, concurrency_key FROM updated
+    WHERE concurrency_key IS NOT NULL
 ), made_due AS (
     SELECT tenant, run_at AS at FROM updated
 ),

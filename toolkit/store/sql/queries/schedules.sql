@@ -99,10 +99,13 @@ WHERE NOT paused AND definition_name = ANY(%(names)s::text[]);
 -- (%(expected_next)s null) the schedule just has to exist. Each run in %(runs)s (tick, input,
 -- tags, key) becomes a task of the given definition version unless its tenant has a task
 -- with that idempotency key: a tick is at most one task, however often it is fired. The
--- schedule's tenant is registered before (register_tenant); the rotation's marks:
--- due_marks.
+-- schedule's tenant is registered before (register_tenant); a run with a concurrency key
+-- is admitted or parked (key_admission: lock_keys ran first, in the same transaction); the
+-- rotation's marks: due_marks.
 WITH
 -- include: due_in_statement
+,
+-- include: keys_in_statement
 , s AS (
     SELECT name, tenant FROM toolkit_schedules
     WHERE name = %(name)s
@@ -110,21 +113,44 @@ WITH
            OR (NOT paused AND next_tick = %(expected_next)s::timestamptz
                AND buffered = %(expected_buffered)s::jsonb))
     FOR NO KEY UPDATE
-), started AS (
+), r AS (
+    SELECT r.n, r.tick, r.input, r.tags, r.key, r.concurrency_key,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second' AS deadline_at,
+           'queued' AS state, NULL::text AS wait_reason, statement_timestamp() AS run_at
+    FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb)
+                    AS (tick timestamptz, input jsonb, tags jsonb, key text,
+                        concurrency_key text)) WITH ORDINALITY
+         AS r(tick, input, tags, key, concurrency_key, n)
+), key_rows AS (
+    SELECT r.n, s.tenant, %(definition_name)s::text AS definition_name, r.concurrency_key,
+           %(concurrency_limit)s::int AS concurrency_limit
+    FROM r, s
+    WHERE r.concurrency_key IS NOT NULL
+),
+-- include: key_admission
+, started AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          idempotency_key, deadline_at, tags, schedule_name, scheduled_at, concurrency_key,
-         concurrency_limit, priority, trace_parent)
+         concurrency_limit, priority, trace_parent, key_held, start_after, state, wait_reason,
+         run_at)
     SELECT s.tenant, %(definition_name)s, %(version)s, %(digest)s, r.input, %(checkpoint)s,
-           r.key, statement_timestamp() + %(timeout)s::float8 * interval '1 second', r.tags,
-           s.name, r.tick, r.concurrency_key,
+           r.key, r.deadline_at, r.tags, s.name, r.tick, r.concurrency_key,
            CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency_limit)s::int END,
-           %(priority)s::smallint, %(trace_parent)s::text
-    FROM s, due_in_statement,
-         jsonb_to_recordset(%(runs)s::jsonb) AS r(tick timestamptz, input jsonb, tags jsonb,
-                                                  key text, concurrency_key text)
+           %(priority)s::smallint, %(trace_parent)s::text,
+           -- include: keyed_start
+    FROM s
+    CROSS JOIN r
+    LEFT JOIN key_decided d ON d.n = r.n
+    CROSS JOIN due_in_statement
+    CROSS JOIN keys_in_statement
+    ORDER BY r.n
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, tenant, scheduled_at, run_at
+    RETURNING id, tenant, scheduled_at, run_at, definition_name, concurrency_key, wait_reason
+), key_parked AS (
+    INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+    SELECT tenant, definition_name, concurrency_key FROM started
+    WHERE wait_reason = 'concurrency'
 ), made_due AS (
     SELECT tenant, run_at AS at FROM started
 ),

@@ -2,38 +2,57 @@
 -- A new task's state, wait reason and run_at: queued now, or for a delayed start (%(run_at)s,
 -- or database now + %(delay)s seconds) waiting, reason start, until then.
 CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL
-     THEN 'queued' ELSE 'waiting' END,
+     THEN 'queued' ELSE 'waiting' END AS state,
 CASE WHEN %(run_at)s::timestamptz IS NULL AND %(delay)s::float8 IS NULL THEN NULL
-     ELSE 'start' END,
+     ELSE 'start' END AS wait_reason,
 coalesce(%(run_at)s::timestamptz,
-         statement_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second')
+         statement_timestamp() + coalesce(%(delay)s::float8, 0) * interval '1 second') AS run_at
 
 -- name: submit_tasks
 -- Inserts one task per input and wakes idle workers (payload: nothing but ids). The tenant
--- is registered before (register_tenant). The rotation's marks: due_marks.
+-- is registered before (register_tenant). Each task with a concurrency key (null: none) is
+-- admitted or parked (key_admission: lock_keys ran first, in the same transaction). The
+-- rotation's marks: due_marks.
 WITH
 -- include: due_in_statement
+,
+-- include: keys_in_statement
+, r AS (
+    SELECT i.n, i.input, g.tags, k.key ->> 0 AS concurrency_key,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second' AS deadline_at,
+           -- include: start_at
+    FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
+    JOIN jsonb_array_elements(%(tags)s::jsonb) WITH ORDINALITY AS g(tags, n) ON g.n = i.n
+    JOIN jsonb_array_elements(%(concurrency_keys)s::jsonb) WITH ORDINALITY AS k(key, n)
+        ON k.n = i.n
+), key_rows AS (
+    SELECT n, %(tenant)s::text AS tenant, %(name)s::text AS definition_name, concurrency_key,
+           %(concurrency_limit)s::int AS concurrency_limit
+    FROM r WHERE concurrency_key IS NOT NULL
+),
+-- include: key_admission
 , submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          deadline_at, tags, priority, trace_parent, concurrency_key, concurrency_limit,
-         state, wait_reason, run_at)
-    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, i.input, %(checkpoint)s,
-           statement_timestamp() + %(timeout)s::float8 * interval '1 second', g.tags,
-           %(priority)s, %(trace_parent)s,
-           k.key ->> 0, CASE WHEN k.key ->> 0 IS NOT NULL THEN %(concurrency_limit)s::int END,
-           -- include: start_at
-    FROM jsonb_array_elements(%(inputs)s::jsonb) WITH ORDINALITY AS i(input, n)
-    JOIN jsonb_array_elements(%(tags)s::jsonb) WITH ORDINALITY AS g(tags, n) ON g.n = i.n
-    -- each task's concurrency key (null: none), parked by toolkit_tasks_park_for_key
-    JOIN jsonb_array_elements(%(concurrency_keys)s::jsonb) WITH ORDINALITY AS k(key, n)
-        ON k.n = i.n
+         key_held, start_after, state, wait_reason, run_at)
+    SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, r.input, %(checkpoint)s,
+           r.deadline_at, r.tags, %(priority)s, %(trace_parent)s, r.concurrency_key,
+           CASE WHEN r.concurrency_key IS NOT NULL THEN %(concurrency_limit)s::int END,
+           -- include: keyed_start
+    FROM r
+    LEFT JOIN key_decided d ON d.n = r.n
     CROSS JOIN due_in_statement
-    ORDER BY i.n
-    RETURNING id, tenant, run_at
+    CROSS JOIN keys_in_statement
+    ORDER BY r.n
+    RETURNING id, tenant, run_at, definition_name, concurrency_key, wait_reason
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind)
     SELECT id, %(tenant)s, 'submitted' FROM submitted
+), key_parked AS (
+    INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+    SELECT tenant, definition_name, concurrency_key FROM submitted
+    WHERE wait_reason = 'concurrency'
 ), made_due AS (
     SELECT tenant, run_at AS at FROM submitted
 ),
@@ -45,22 +64,43 @@ ORDER BY id;
 
 -- name: submit_keyed_task
 -- Inserts one task unless (tenant, idempotency key) exists; returns the new or existing row.
--- The tenant is registered before, and the rotation's marks made, as for submit_tasks.
+-- The tenant is registered before, the task admitted or parked and the rotation's marks
+-- made, as for submit_tasks.
 WITH
 -- include: due_in_statement
+,
+-- include: keys_in_statement
+, r AS (
+    SELECT 1 AS n,
+           statement_timestamp() + %(timeout)s::float8 * interval '1 second' AS deadline_at,
+           -- include: start_at
+), key_rows AS (
+    SELECT 1 AS n, %(tenant)s::text AS tenant, %(name)s::text AS definition_name,
+           %(concurrency_key)s::text AS concurrency_key,
+           %(concurrency_limit)s::int AS concurrency_limit
+    WHERE %(concurrency_key)s::text IS NOT NULL
+),
+-- include: key_admission
 , submitted AS (
     INSERT INTO toolkit_tasks
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
          idempotency_key, deadline_at, tags, priority, trace_parent, concurrency_key,
-         concurrency_limit, state, wait_reason, run_at)
+         concurrency_limit, key_held, start_after, state, wait_reason, run_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s, %(key)s,
-           statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
-           %(priority)s, %(trace_parent)s,
+           r.deadline_at, %(tags)s, %(priority)s, %(trace_parent)s,
            %(concurrency_key)s, %(concurrency_limit)s,
-           -- include: start_at
-    FROM due_in_statement
+           -- include: keyed_start
+    FROM r
+    LEFT JOIN key_decided d ON d.n = r.n
+    CROSS JOIN due_in_statement
+    CROSS JOIN keys_in_statement
     ON CONFLICT (tenant, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, tenant, run_at, definition_name, definition_version, definition_digest
+    RETURNING id, tenant, run_at, definition_name, definition_version, definition_digest,
+              concurrency_key, wait_reason
+), key_parked AS (
+    INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+    SELECT tenant, definition_name, concurrency_key FROM submitted
+    WHERE wait_reason = 'concurrency'
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
     SELECT id, %(tenant)s, 'submitted', jsonb_build_object('idempotency_key', %(key)s::text)

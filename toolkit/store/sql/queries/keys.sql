@@ -1,0 +1,97 @@
+-- name: lock_keys
+-- The first statement of a transaction that inserts tasks with concurrency keys (migration
+-- 0031; docs/flow-control.md): tries, never waiting, the advisory lock of each key of
+-- %(tenants)s, %(names)s, %(keys)s (one key per position, in the order of the rows to
+-- insert), held to commit, as the admission (toolkit_admit_keys) takes it. A transaction
+-- tries at most 32 keys so: the count is the setting key_locks (prefix toolkit). Returns
+-- the keys it holds. The insert that follows (key_admission), in a snapshot taken after
+-- these locks, counts what every holder of a key committed before it.
+WITH asked AS (
+    SELECT tenant, name, key, min(n) AS first
+    FROM unnest(%(tenants)s::text[], %(names)s::text[], %(keys)s::text[])
+         WITH ORDINALITY AS k(tenant, name, key, n)
+    GROUP BY tenant, name, key
+), budget AS (
+    SELECT coalesce(nullif(current_setting('toolkit.key_locks', true), ''), '0')::int AS tried
+), tried AS (
+    SELECT a.tenant, a.name, a.key,
+           pg_try_advisory_xact_lock(hashtextextended(
+               a.tenant || chr(31) || a.name || chr(31) || a.key, 20)) AS held
+    FROM (SELECT * FROM asked
+          ORDER BY first
+          LIMIT greatest(32 - (SELECT tried FROM budget), 0)) a
+), counted AS (
+    SELECT set_config('toolkit.key_locks',
+                      ((SELECT tried FROM budget) + count(*) FILTER (WHERE held))::text,
+                      true) AS tried
+    FROM tried
+)
+SELECT t.tenant, t.name, t.key
+FROM tried t, counted
+WHERE t.held;
+
+-- fragment: keys_in_statement
+-- A one-row CTE that an insert of keyed tasks joins, so that it is evaluated before any
+-- row is inserted: it says, for the statement's transaction, that the statement admits or
+-- parks each keyed row itself (key_admission). The triggers that did it before migration
+-- 0031, kept for the previous release's workers during an upgrade, then leave it alone.
+keys_in_statement AS (
+    SELECT set_config('toolkit.keys_in_statement', 'on', true) AS flag
+)
+
+-- fragment: key_admission
+-- Whether each keyed row of an insert is admitted (it holds its key from now on) or
+-- parked (waiting, reason concurrency, with a wake row for the admission), as
+-- docs/flow-control.md says: CTE key_rows holds (n, tenant, definition_name,
+-- concurrency_key, concurrency_limit) of the rows to insert that carry a key, n their
+-- order. A key is free when this transaction holds its advisory lock (%(locked_tenants)s,
+-- %(locked_names)s, %(locked_keys)s: what lock_keys returned, in an earlier statement, so
+-- that this snapshot has every holder committed before the lock) and no task waits for
+-- it; then its first rows, in order, are admitted while the key's live holders and the rows
+-- before them number fewer than the row's max_active. Every other keyed row is parked.
+-- key_decided: (n, admitted, parked).
+key_counts AS (
+    SELECT k.tenant, k.definition_name, k.concurrency_key,
+           k.locked AND NOT EXISTS (
+               SELECT 1 FROM toolkit_tasks w
+               WHERE w.tenant = k.tenant AND w.definition_name = k.definition_name
+                 AND w.concurrency_key = k.concurrency_key
+                 AND w.state = 'waiting' AND w.wait_reason = 'concurrency') AS free,
+           CASE WHEN k.locked THEN (
+               SELECT count(*) FROM toolkit_tasks h
+               WHERE h.tenant = k.tenant AND h.definition_name = k.definition_name
+                 AND h.concurrency_key = k.concurrency_key
+                 AND h.key_held AND h.state IN ('queued', 'leased', 'waiting')) END AS held
+    FROM (
+        SELECT DISTINCT r.tenant, r.definition_name, r.concurrency_key,
+               EXISTS (SELECT 1
+                       FROM unnest(%(locked_tenants)s::text[], %(locked_names)s::text[],
+                                   %(locked_keys)s::text[]) AS l(tenant, name, key)
+                       WHERE l.tenant = r.tenant AND l.name = r.definition_name
+                         AND l.key = r.concurrency_key) AS locked
+        FROM key_rows r
+    ) k
+), key_decided AS (
+    SELECT d.n, d.admitted, NOT d.admitted AS parked
+    FROM (
+        SELECT r.n,
+               coalesce(c.free AND c.held + row_number() OVER (
+                            PARTITION BY r.tenant, r.definition_name, r.concurrency_key
+                            ORDER BY r.n) <= r.concurrency_limit, false) AS admitted
+        FROM key_rows r
+        JOIN key_counts c USING (tenant, definition_name, concurrency_key)
+    ) d
+)
+
+-- fragment: keyed_start
+-- The last five columns of an inserted task: key_held, start_after, state, wait_reason and
+-- run_at, from row r (its state, wait_reason, run_at and deadline_at as it would start
+-- without a key) and its decision d (key_decided, null for a row without a key). A parked
+-- row waits for its key, never due but at its workflow deadline (it then times out
+-- unadmitted), its delayed start kept aside.
+coalesce(d.admitted, false),
+CASE WHEN d.parked AND r.state = 'waiting' AND r.wait_reason = 'start' THEN r.run_at END,
+CASE WHEN d.parked THEN 'waiting' ELSE r.state END,
+CASE WHEN d.parked THEN 'concurrency' ELSE r.wait_reason END,
+CASE WHEN d.parked THEN least('9999-12-31T00:00:00+00:00'::timestamptz, r.deadline_at)
+     ELSE r.run_at END
