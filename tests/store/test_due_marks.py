@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers.processes import eventually
 from tests.helpers.tenants import tasks_missed_by_the_rotation
+from tests.helpers.triggers import ROTATION_TRIGGERS
 from tests.helpers.workflows import THREE_STEPS, definition
 from tests.store.test_concurrency_keys import keyed
 from toolkit.checkpoint import Checkpoint
@@ -35,6 +36,7 @@ from toolkit.store.writes import NEVER, FencedWrite
 pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
+
 
 async def _deployed(store: Store, text: str = THREE_STEPS) -> WorkflowDefinition:
     d = definition(text)
@@ -143,47 +145,75 @@ async def test_a_key_admission_lowers_next_due(marking: Store) -> None:
     await _next_due_has_come(store, "t")
 
 
-# --- the races of docs/decisions.md, with the statements -------------------------------------
+# --- the races of docs/decisions.md ---------------------------------------------------------
+
+#: A task row as the previous release's submit wrote it, its marks left to the trigger.
+_PREVIOUS_RELEASE_INSERT = (
+    "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+    " definition_digest, input, checkpoint) VALUES ('racing', %s, %s, %s, '{}', %s)"
+    " RETURNING id"
+)
 
 
-async def _submit_in(conn: psycopg.AsyncConnection[Any], d: WorkflowDefinition) -> int:
-    """submit_tasks for one task of tenant racing, in ``conn``'s transaction."""
-    cursor = await conn.execute(
-        query("submit_tasks"),
-        {
-            "tenant": "racing", "name": d.name, "version": d.version, "digest": d.digest,
-            "inputs": Jsonb([{}]), "tags": Jsonb([{}]),
-            "checkpoint": Jsonb(Checkpoint.initial(d.start).to_json()), "timeout": None,
-            "priority": 0, "concurrency_keys": Jsonb([None]), "concurrency_limit": None,
-            "trace_parent": None, "run_at": None, "delay": None, **no_locked_keys(),
-        },
-    )  # fmt: skip
+@pytest.fixture(
+    params=["previous release's insert", "statement, triggers kept", "statement, triggers dropped"]
+)
+async def racing(request: pytest.FixtureRequest, store: Store) -> str:
+    """How the racing task is inserted: as the previous release did, relying on the trigger,
+    or by this release's statement, with the triggers kept or dropped."""
+    if request.param == "statement, triggers dropped":
+        async with store.db.connection() as conn:
+            for table, trigger in ROTATION_TRIGGERS:
+                await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
+    return str(request.param)
+
+
+async def _submit_in(conn: psycopg.AsyncConnection[Any], d: WorkflowDefinition, how: str) -> int:
+    """One task of tenant racing inserted ``how``, in ``conn``'s transaction."""
+    checkpoint = Jsonb(Checkpoint.initial(d.start).to_json())
+    if how == "previous release's insert":
+        cursor = await conn.execute(
+            _PREVIOUS_RELEASE_INSERT, (d.name, d.version, d.digest, checkpoint)
+        )
+    else:
+        cursor = await conn.execute(
+            query("submit_tasks"),
+            {
+                "tenant": "racing", "name": d.name, "version": d.version, "digest": d.digest,
+                "inputs": Jsonb([{}]), "tags": Jsonb([{}]), "checkpoint": checkpoint,
+                "timeout": None, "priority": 0, "concurrency_keys": Jsonb([None]),
+                "concurrency_limit": None, "trace_parent": None, "run_at": None,
+                "delay": None, **no_locked_keys(),
+            },
+        )  # fmt: skip
     row = await cursor.fetchone()
     assert row is not None
     return int(row[0])
 
 
 async def test_a_submit_in_flight_keeps_its_tenant_from_being_demoted(
-    marking: Store, dsn: str
+    store: Store, dsn: str, racing: str
 ) -> None:
     """The demotion's snapshot cannot see a task of a transaction not yet committed: the
-    statement's KEY SHARE on the tenant row makes the demotion skip that tenant."""
-    store = marking
+    insert's KEY SHARE on the tenant row makes the demotion skip that tenant; without it the
+    task would be hidden from every claim."""
     d = await _deployed(store)
     await store.tenants.set("racing")  # ready, nothing queued: a claim finds it dry
     async with await psycopg.AsyncConnection.connect(dsn) as submitter:
-        task_id = await _submit_in(submitter, d)
+        task_id = await _submit_in(submitter, d, racing)
         await rotation.Rotation(store.db).settle([], ["racing"], False)  # demotion, meanwhile
+        async with store.db.connection() as conn:
+            cursor = await conn.execute("SELECT ready FROM toolkit_tenants WHERE tenant = 'racing'")
+            assert await cursor.fetchone() == (True,)
         await submitter.commit()
     assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
 
 
 async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
-    marking: Store, dsn: str
+    store: Store, dsn: str, racing: str
 ) -> None:
-    """The demotion locked the tenant first: the statement's lock waits for it to commit,
-    then reads the tenant's row as the demotion left it, not ready, and lowers next_due."""
-    store = marking
+    """The demotion locked the tenant first: the insert's lock waits for it to commit, then
+    reads the tenant's row as the demotion left it, not ready, and lowers next_due."""
     d = await _deployed(store)
     await store.tenants.set("racing")
     inserted: list[int] = []
@@ -194,7 +224,7 @@ async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
             pid = submitter.info.backend_pid
 
             async def submit() -> None:
-                inserted.append(await _submit_in(submitter, d))
+                inserted.append(await _submit_in(submitter, d, racing))
 
             async def blocked() -> bool:
                 async with store.db.connection() as conn:

@@ -1,7 +1,7 @@
 """The tenant rotation (issue 20, migration 0020): a claim reads only the tenants it picks,
 promotes those whose next due time came, demotes those it found dry, and never hides a task
-from the claim, even when a submit races the demotion (docs/decisions.md, "The fair claim at
-any number of tenants")."""
+from the claim (docs/decisions.md, "The fair claim at any number of tenants"). A submit that
+races the demotion: tests/store/test_due_marks.py."""
 
 from __future__ import annotations
 
@@ -21,20 +21,11 @@ from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
 from toolkit.store import Store, rotation
 from toolkit.store.leases import ClaimedTask
-from toolkit.store.queries import query
 from toolkit.store.writes import FencedWrite
 
 pytestmark = pytest.mark.anyio
 
 LEASE = 30.0
-
-#: A task row as a submit writes it, in a statement of the test's own transaction.
-_INSERT = (
-    "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
-    " definition_digest, input, checkpoint, run_at)"
-    " VALUES (%s, %s, %s, %s, '{}', %s, clock_timestamp() + %s * interval '1 second')"
-    " RETURNING id"
-)
 
 
 async def _deployed(store: Store) -> WorkflowDefinition:
@@ -57,11 +48,6 @@ async def _finish(store: Store, tasks: list[ClaimedTask]) -> None:
     for task in tasks:
         write = FencedWrite(task.fence("w"), {"cursor": None}, state="succeeded", result={})
         assert await store.leases.commit(write) == "succeeded"
-
-
-def _insert_args(d: WorkflowDefinition, tenant: str, in_seconds: float = 0.0) -> tuple[Any, ...]:
-    checkpoint = Jsonb(Checkpoint.initial(d.start).to_json())
-    return (tenant, d.name, d.version, d.digest, checkpoint, in_seconds)
 
 
 async def test_a_dry_tenant_leaves_the_rotation_until_its_task_is_due(store: Store) -> None:
@@ -96,64 +82,6 @@ async def test_a_task_due_by_the_clock_alone_is_claimed(store: Store) -> None:
         return [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
 
     await eventually(claimed, timeout=15, what=f"task {task_id} claimed once due")
-
-
-async def test_a_submit_in_flight_keeps_its_tenant_from_being_demoted(
-    store: Store, dsn: str
-) -> None:
-    """The race of docs/decisions.md: the demotion's snapshot cannot see a task inserted by a
-    transaction not yet committed. The insert's KEY SHARE on the tenant row makes the
-    demotion skip that tenant; without it the task would be hidden from every claim."""
-    d = await _deployed(store)
-    await store.tenants.set("racing")  # ready, nothing queued: a claim finds it dry
-    async with await psycopg.AsyncConnection.connect(dsn) as submitter:
-        cursor = await submitter.execute(_INSERT, _insert_args(d, "racing"))
-        (task_id,) = await cursor.fetchone() or (None,)
-        await rotation.Rotation(store.db).settle([], ["racing"], False)  # demotion, meanwhile
-        assert (await _tenant(store, "racing"))["ready"]
-        await submitter.commit()
-    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
-
-
-async def test_a_submit_after_the_demotions_lock_lowers_next_due_itself(
-    store: Store, dsn: str
-) -> None:
-    """The other order: the demotion locked the tenant first; the insert's trigger waits for
-    it to commit, then finds the tenant not ready and lowers next_due to its task."""
-    d = await _deployed(store)
-    await store.tenants.set("racing")
-    inserted: list[int] = []
-    async with await psycopg.AsyncConnection.connect(dsn) as demoter:
-        # The demotion, its transaction left open: it holds the tenant row FOR UPDATE.
-        demoted = await demoter.execute(query("demote_dry_tenants"), {"tenants": ["racing"]})
-        assert await demoted.fetchall() == [(1,)]
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as submitter:
-            pid = submitter.info.backend_pid
-
-            async def submit() -> None:
-                cursor = await submitter.execute(_INSERT, _insert_args(d, "racing"))
-                row = await cursor.fetchone()
-                assert row is not None
-                inserted.append(row[0])
-
-            async def blocked() -> bool:
-                async with store.db.connection() as conn:
-                    cursor = await conn.execute(
-                        "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                        (pid,),
-                    )
-                    row = await cursor.fetchone()
-                return bool(row and row[0])
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(submit)
-                await eventually(blocked, timeout=15, what="the insert to wait for the lock")
-                await demoter.commit()
-    (task_id,) = inserted
-    task = await store.tasks.get(task_id)
-    state = await _tenant(store, "racing")
-    assert not state["ready"] and state["next_due"] == task.run_at, (state, task)
-    assert [t.id for t in await store.leases.claim("w", [d.digest], 8, LEASE)] == [task_id]
 
 
 async def test_a_tenant_with_work_for_other_workers_stays_ready_and_moves_on(
@@ -247,9 +175,7 @@ async def test_tasks_queued_before_the_upgrade_are_claimed_after_it(empty_dsn: s
     at_schema_version(empty_dsn, 19)
     checkpoint = Jsonb(Checkpoint.initial(d.start).to_json())
     with psycopg.connect(empty_dsn, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO toolkit_tenants (tenant) VALUES ('busy'), ('parked'), ('idle')"
-        )
+        conn.execute("INSERT INTO toolkit_tenants (tenant) VALUES ('busy'), ('parked'), ('idle')")
         conn.execute(
             "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
             " definition_digest, input, checkpoint, run_at)"
@@ -285,9 +211,7 @@ async def test_a_settle_during_an_outage_warns_nothing_and_keeps_what_is_owed(
         await turn.settle(["served", "served"], [], True)
     failed = [r for r in caplog.records if getattr(r, "action", None) == "rotation_failed"]
     assert [r.levelno for r in failed] == [logging.DEBUG], caplog.text
-    await eventually(
-        lambda: _advanced(turn, store, "served", before + 2), what="the owed advance"
-    )
+    await eventually(lambda: _advanced(turn, store, "served", before + 2), what="the owed advance")
 
 
 async def _advanced(turn: rotation.Rotation, store: Store, tenant: str, vtime: float) -> bool:

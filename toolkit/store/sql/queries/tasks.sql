@@ -387,6 +387,24 @@ SELECT (SELECT state FROM target) AS state,
     SELECT CASE WHEN EXISTS (SELECT 1 FROM woken) THEN '' END AS wakeup, NULL::text[] AS ended
 )
 
+-- fragment: branch_wakes_due
+-- The tasks of the branches that CTE woken gave a wake (task_id), if they wait for their
+-- branches, are due now (with the rotation's marks); the statement's rows: their ids, and
+-- idle workers are to be woken.
+-- include: due_in_statement
+, due AS (
+    UPDATE toolkit_tasks t
+    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
+    FROM due_in_statement
+    WHERE t.id IN (SELECT task_id FROM woken)
+      AND t.state = 'waiting' AND t.wait_reason = 'branches'
+    RETURNING t.id, t.tenant, t.run_at
+), made_due AS (
+    SELECT tenant, run_at AS at FROM due
+),
+-- include: due_marks
+SELECT id, ''::text AS notify_toolkit_wakeup FROM due;
+
 -- name: wake_branches
 -- The second statement of a transaction that stored signals, completed a callback or ended
 -- tasks (%(keys)s: [{task_id, key}], key 'signal:NAME', 'callback:TOKEN' or 'child:ID';
@@ -405,19 +423,7 @@ WITH k AS (
       AND (k.address IS NULL OR regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') = k.address)
     RETURNING b.task_id
 ),
--- include: due_in_statement
-, due AS (
-    UPDATE toolkit_tasks t
-    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-    FROM due_in_statement
-    WHERE t.id IN (SELECT task_id FROM woken)
-      AND t.state = 'waiting' AND t.wait_reason = 'branches'
-    RETURNING t.id, t.tenant, t.run_at
-), made_due AS (
-    SELECT tenant, run_at AS at FROM due
-),
--- include: due_marks
-SELECT id, ''::text AS notify_toolkit_wakeup FROM due;
+-- include: branch_wakes_due
 
 -- name: wake_parent_branches
 -- The statement after one that ended tasks (%(task_ids)s), in its transaction: a waiting
@@ -436,19 +442,7 @@ WITH ended AS (
       AND b.waits_for @> ARRAY['child:' || e.id::text]
     RETURNING b.task_id
 ),
--- include: due_in_statement
-, due AS (
-    UPDATE toolkit_tasks t
-    SET run_at = statement_timestamp(), updated_at = statement_timestamp()
-    FROM due_in_statement
-    WHERE t.id IN (SELECT task_id FROM woken)
-      AND t.state = 'waiting' AND t.wait_reason = 'branches'
-    RETURNING t.id, t.tenant, t.run_at
-), made_due AS (
-    SELECT tenant, run_at AS at FROM due
-),
--- include: due_marks
-SELECT id, ''::text AS notify_toolkit_wakeup FROM due;
+-- include: branch_wakes_due
 
 -- name: task_signals
 SELECT id, name, address, payload, sent_at, consumed_at, consumed_by, consumed_token
