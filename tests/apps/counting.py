@@ -8,9 +8,10 @@ ground truth for "no completed effect ran twice".
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
-from tests.apps.work import blocking_work, slow_call
+from tests.apps.work import slow_call
 from toolkit import App, EffectContext
 
 app = App("counting")
@@ -62,10 +63,17 @@ async def tag(ctx: EffectContext, tags: dict[str, str], fail: bool = False) -> d
     return {"tags": ctx.tags}
 
 
-@app.effect("count.sync_work")
-def sync_work(ctx: EffectContext, seconds: float = 0.0) -> dict[str, Any]:
-    blocking_work(seconds)
-    return {"step": ctx.step, "thread": True}
+#: The meetings of ``count.sync_meet``, by number of parties (a barrier is used again once
+#: all its parties passed).
+_MEETINGS: dict[int, threading.Barrier] = {}
+
+
+@app.effect("count.sync_meet")
+def sync_meet(ctx: EffectContext, parties: int = 2) -> dict[str, Any]:
+    """Wait in its thread until ``parties`` calls meet (10 s at most, else the effect fails):
+    only calls that run in threads at the same time can."""
+    _MEETINGS.setdefault(parties, threading.Barrier(parties, timeout=10)).wait()
+    return {"step": ctx.step, "thread": threading.current_thread() is not threading.main_thread()}
 
 
 @app.effect("count.not_json")

@@ -7,12 +7,13 @@
 -- tenant or a raised limit may have made tasks claimable. A new or resumed tenant joins the
 -- rotation at its floor (rotation_floor).
 WITH tenant AS (
+    -- (INSERT ... SELECT: Citus takes a sub-select there, not in VALUES)
     INSERT INTO toolkit_tenants AS tn (tenant, max_active, weight, paused, vtime)
-    VALUES (%(tenant)s, %(max_active)s::integer, coalesce(%(weight)s::integer, 1),
-            coalesce(%(paused)s::boolean, false),
-            coalesce(
-                -- include: rotation_floor
-                , 0))
+    SELECT %(tenant)s, %(max_active)s::integer, coalesce(%(weight)s::integer, 1),
+           coalesce(%(paused)s::boolean, false),
+           coalesce(
+               -- include: rotation_floor
+               , 0)
     ON CONFLICT (tenant) DO UPDATE
     SET max_active = CASE WHEN %(set_max_active)s::boolean THEN excluded.max_active
                           ELSE tn.max_active END,
@@ -74,10 +75,11 @@ ORDER BY tn.tenant;
 -- first statement that inserts its tasks: that statement's rotation marks (due_marks) need
 -- the tenant's row in their snapshot, and a row another transaction commits meanwhile would
 -- not be (Tasks.submit; toolkit/store/submission.py register_tenant).
--- A new tenant joins the rotation at its floor (rotation_floor).
+-- A new tenant joins the rotation at its floor (rotation_floor). (INSERT ... SELECT: Citus
+-- takes a sub-select there, not in VALUES.)
 INSERT INTO toolkit_tenants (tenant, vtime)
-VALUES (%(tenant)s,
-        coalesce(
-            -- include: rotation_floor
-            , 0))
+SELECT %(tenant)s,
+       coalesce(
+           -- include: rotation_floor
+           , 0)
 ON CONFLICT DO NOTHING;
