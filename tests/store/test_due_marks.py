@@ -27,6 +27,7 @@ from tests.helpers.workflows import THREE_STEPS, definition
 from tests.store.test_concurrency_keys import keyed
 from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
+from toolkit.errors import InputError
 from toolkit.store import Store, rotation
 from toolkit.store.key_locks import no_locked_keys
 from toolkit.store.leases import ClaimedTask
@@ -261,6 +262,62 @@ async def test_a_submit_registers_a_new_tenant_by_a_statement_of_its_own(store: 
     async with store.db.connection() as conn:
         cursor = await conn.execute("SELECT count(*) FROM toolkit_tenants WHERE tenant = 'fresh'")
         assert await cursor.fetchone() == (1,)
+
+
+async def test_a_refused_submit_registers_no_tenant(store: Store) -> None:
+    """The registration comes after every check of the submit: a refused one writes nothing
+    (a stray tenant would also turn off the claim's one-tenant path for good)."""
+    d = await _deployed(store)
+    with pytest.raises(InputError, match="priority"):
+        await store.tasks.submit(d, [{}], tenant="typo", priority=42)
+    with pytest.raises(InputError, match="tag"):
+        await store.tasks.submit_keyed(d, {}, key="k", tenant="typo-2", tags={"": "x"})
+    async with store.db.connection() as conn:
+        cursor = await conn.execute("SELECT tenant FROM toolkit_tenants ORDER BY tenant")
+        assert await cursor.fetchall() == []
+
+
+EMITTED = """
+name: emitted
+version: 1
+input: {type: object}
+triggers:
+  - event: order.placed
+    key: "${ event.order_id }"
+start: a
+steps:
+  a: {effect: count.work, idempotent: true}
+"""
+
+DEBOUNCED = """
+name: debounced
+version: 1
+input: {type: object}
+debounce: {key: "${ input.account }", quiet: 1h}
+start: a
+steps:
+  a: {effect: count.work, idempotent: true}
+"""
+
+
+async def test_an_emit_or_a_debounced_submit_registers_on_the_connection_it_holds(
+    dsn: str,
+) -> None:
+    """Both insert on a connection they hold (an emit inside its transaction): the tenant is
+    registered there, so one pooled connection is enough, and a registration inside a
+    transaction is not remembered (it could be rolled back)."""
+    store = await Store.open(dsn, pool_size=1, migrate_schema=False)
+    try:
+        for text in (EMITTED, DEBOUNCED):
+            await store.definitions.deploy(definition(text))
+        with anyio.fail_after(8):  # a second connection would wait 10 s for the pool
+            emitted = await store.events.emit("order.placed", {"order_id": "o1"}, tenant="e")
+            assert len(emitted.started) == 1, emitted
+            assert "e" not in store.db.registered_tenants
+            await store.tasks.submit(definition(DEBOUNCED), [{"account": "a"}], tenant="d")
+            assert "d" in store.db.registered_tenants
+    finally:
+        await store.close()
 
 
 # --- which statements make the marks ---------------------------------------------------------

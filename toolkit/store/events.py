@@ -41,7 +41,7 @@ from toolkit.store.filters import TimeBound, time_bound
 from toolkit.store.key_locks import lock_keys
 from toolkit.store.names import check_event_name, check_tenant
 from toolkit.store.queries import query
-from toolkit.store.submission import keyed_params, start_params
+from toolkit.store.submission import keyed_params, register_tenant, start_params
 from toolkit.store.submit_flow import debounced_params, submit_debounced, throttle_delay
 from toolkit.store.tasks import Tasks, cancel_params, ended_children
 
@@ -313,7 +313,7 @@ class Events:
                 try:
                     if definition.debounce is not None:  # the key is the debounce's
                         params = await debounced_params(self._db, definition, value, tenant=tenant)
-                        task_id, created = await submit_debounced(cursor, params)
+                        task_id, created = await submit_debounced(self._db, cursor, params)
                         if created:  # else the burst's waiting task took this input
                             started.append(task_id)
                         continue
@@ -329,6 +329,7 @@ class Events:
                 except InputError as exc:
                     raise InputError(f"event {name!r} refused: {where}: {exc}") from exc
                 held = [(tenant, definition.name, params["concurrency_key"])]
+                await register_tenant(self._db, tenant, cursor.connection)
                 locked = await lock_keys(cursor.connection, held if held[0][2] else [])
                 await cursor.execute(query("submit_keyed_task"), {**params, **locked})
                 task = await cursor.fetchone()

@@ -316,7 +316,6 @@ class Schedules:
     ) -> builtins.list[int]:
         """Fire ``ticks`` of a schedule: for a plan, by compare-and-set (see fire_schedule)."""
         definition = await self._definitions.submittable(schedule.definition_name)
-        await register_tenant(self._db, schedule.tenant)
         runs = []
         for index, tick in enumerate(ticks):
             value, tags = render_tick(
@@ -347,6 +346,7 @@ class Schedules:
         }
         held = [(schedule.tenant, definition.name, run["concurrency_key"])
                 for run in runs if run["concurrency_key"] is not None]  # fmt: skip
+        await register_tenant(self._db, schedule.tenant)
         rows = await insert_keyed(self._db, "fire_schedule", params, held)
         row = rows[0] if rows else None
         if row is None or not row["applied"]:

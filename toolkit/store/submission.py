@@ -10,6 +10,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from toolkit.checkpoint import Checkpoint
@@ -21,6 +23,7 @@ from toolkit.store.concurrency_keys import Cancel, apply_policy, refused_or_canc
 from toolkit.store.database import Database
 from toolkit.store.key_locks import insert_keyed
 from toolkit.store.names import check_tenant
+from toolkit.store.queries import query
 from toolkit.store.tags import check_tags, merged_tags
 from toolkit.tracing import current_traceparent
 
@@ -74,19 +77,26 @@ async def initial_checkpoint(
 _REGISTERED_TENANTS_KEPT = 100_000
 
 
-async def register_tenant(db: Database, tenant: str) -> None:
-    """Make sure ``tenant``'s row is committed before a statement inserts tasks of it.
+async def register_tenant(
+    db: Database, tenant: str, conn: psycopg.AsyncConnection[Any] | None = None
+) -> None:
+    """Make sure ``tenant``'s row is there before a statement inserts tasks of it.
 
     The statements that insert tasks make the tenant rotation's marks themselves
     (``due_marks``, docs/scaling.md), which lock and read the tenant's row as their snapshot
     has it: a row that another transaction commits while such a statement runs is not there,
-    and a claim could take the tenant out of the rotation without seeing the new tasks. So
-    the first submit of a tenant through ``db`` registers it by a statement of its own;
-    tenant rows are never deleted, so ``db`` remembers it (up to 100,000 tenants).
+    and a claim could take the tenant out of the rotation without seeing the new tasks. So a
+    tenant is registered by a statement of its own, after every check of the submit (a
+    refused submit writes nothing) and just before the insert: committed by then, or this
+    transaction's own and so ready until it commits. Tenant rows are never deleted, so ``db``
+    remembers a registration that committed (up to 100,000 tenants).
 
     Args:
         db: the database the tasks are inserted through.
         tenant: the tenant, already checked.
+        conn: the connection that runs the insert, when the caller holds one (inside a
+            transaction, the registration is that transaction's: remembered only when the
+            connection is not in one). None: one of ``db``'s.
 
     Raises:
         DatabaseUnavailable: the database cannot be reached (nothing written).
@@ -94,7 +104,12 @@ async def register_tenant(db: Database, tenant: str) -> None:
     registered = db.registered_tenants
     if tenant in registered:
         return
-    await db.execute("register_tenant", {"tenant": tenant})
+    if conn is None:
+        await db.execute("register_tenant", {"tenant": tenant})
+    else:
+        await conn.execute(query("register_tenant"), {"tenant": tenant})
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            return  # the transaction may yet roll it back
     if len(registered) >= _REGISTERED_TENANTS_KEPT:
         registered.clear()
     registered.add(tenant)
@@ -150,9 +165,8 @@ async def task_params(
         InputError: the input, tenant, tags, budget, timeout or priority are not valid.
     """
     value = checked_input(db, definition, value)
-    await register_tenant(db, check_tenant(tenant))
     return {
-        "tenant": tenant,
+        "tenant": check_tenant(tenant),
         "name": definition.name,
         "version": definition.version,
         "digest": definition.digest,
@@ -273,29 +287,26 @@ async def queue_tasks(
     given = check_tags(tags or {})
     tags_of = [task_tags(definition, value, given) for value in validated]
     keys = [concurrency_params(definition, value)["concurrency_key"] for value in validated]
-    await register_tenant(db, tenant)
     initial = await initial_checkpoint(db, definition, tenant, budget)
     cancel_newest = await refused_or_cancelled(db, definition, tenant, keys)
-    rows = await insert_keyed(
-        db,
-        "submit_tasks",
-        {
-            "tenant": tenant,
-            "name": definition.name,
-            "version": definition.version,
-            "digest": definition.digest,
-            "inputs": Jsonb(list(validated)),
-            "tags": Jsonb(tags_of),
-            "checkpoint": Jsonb(initial),
-            "timeout": task_timeout(definition, timeout),
-            "priority": task_priority(definition, priority),
-            "concurrency_keys": Jsonb(keys),
-            "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
-            "trace_parent": current_traceparent(),
-            **start_params(start_at, delay),
-        },
-        [(tenant, definition.name, key) for key in keys if key is not None],
-    )
+    params = {
+        "tenant": tenant,
+        "name": definition.name,
+        "version": definition.version,
+        "digest": definition.digest,
+        "inputs": Jsonb(list(validated)),
+        "tags": Jsonb(tags_of),
+        "checkpoint": Jsonb(initial),
+        "timeout": task_timeout(definition, timeout),
+        "priority": task_priority(definition, priority),
+        "concurrency_keys": Jsonb(keys),
+        "concurrency_limit": definition.concurrency and definition.concurrency.max_active,
+        "trace_parent": current_traceparent(),
+        **start_params(start_at, delay),
+    }
+    await register_tenant(db, tenant)  # every check passed
+    held = [(tenant, definition.name, key) for key in keys if key is not None]
+    rows = await insert_keyed(db, "submit_tasks", params, held)
     ids = [row["id"] for row in rows]
     await apply_policy(db, definition, tenant, keys, ids, cancel_newest, cancel)
     return ids

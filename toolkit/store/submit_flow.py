@@ -22,7 +22,7 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.errors import InputError, Throttled
 from toolkit.store.database import Database
 from toolkit.store.queries import query
-from toolkit.store.submission import task_params
+from toolkit.store.submission import register_tenant, task_params
 
 #: Inserts checked inputs as tasks queued now (``delay`` None) or after ``delay`` seconds.
 Queue = Callable[..., Awaitable[list[int]]]
@@ -58,7 +58,7 @@ async def submit_flowing(
                     db, definition, value, tenant=tenant, budget=budget, timeout=timeout,
                     tags=tags, priority=priority,
                 )  # fmt: skip
-                ids.append((await submit_debounced(cursor, params))[0])
+                ids.append((await submit_debounced(db, cursor, params))[0])
                 continue
             start_in = await throttle_delay(cursor, definition, tenant, value)
         ids += await queue([value], delay=start_in or None)
@@ -114,9 +114,13 @@ async def debounced_params(
 
 
 async def submit_debounced(
-    cursor: psycopg.AsyncCursor[Any], params: Mapping[str, Any]
+    db: Database, cursor: psycopg.AsyncCursor[Any], params: Mapping[str, Any]
 ) -> tuple[int, bool]:
-    """Run ``submit_debounced_task``: ``(task id, created)``."""
+    """Run ``submit_debounced_task`` on ``cursor`` (of ``db``): ``(task id, created)``.
+
+    Its tenant is registered first, on the same connection (``register_tenant``).
+    """
+    await register_tenant(db, params["tenant"], cursor.connection)
     await cursor.execute(query("submit_debounced_task"), params)
     row = await cursor.fetchone()
     assert row is not None, "a debounced submit returns the new or the waiting task"

@@ -45,7 +45,12 @@ from toolkit.store.signal_waits import (
     signal_addresses,
     signal_waits,
 )
-from toolkit.store.submission import checked_input, keyed_params, queue_tasks
+from toolkit.store.submission import (
+    checked_input,
+    keyed_params,
+    queue_tasks,
+    register_tenant,
+)
 from toolkit.store.submit_flow import no_delayed_start, submit_flowing
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
@@ -201,6 +206,7 @@ class Tasks(TaskReads):
                 raise
             cancel_newest = set()  # the task of this key exists: the submit returns it
         held = [(tenant, definition.name, k) for k in keys if k is not None]
+        await register_tenant(self._db, params["tenant"])
         rows = await insert_keyed(self._db, "submit_keyed_task", params, held)
         if not rows:  # inserted by a concurrent submit after this statement's snapshot
             rows = await insert_keyed(self._db, "submit_keyed_task", params, held)

@@ -30,27 +30,34 @@ CREATE TRIGGER toolkit_tasks_due_sooner
     EXECUTE FUNCTION toolkit_task_due_sooner();
 
 -- The key admission (toolkit_admit_keys, migration 0015) makes parked tasks due: it says
--- that it keeps the invariant itself, and after each key's admission takes KEY SHARE on the
--- tenant's row and lowers next_due to now (a lower bound of the admitted tasks' due times)
--- if the tenant is not ready; each of its queries has its own snapshot, taken after the
--- lock. The function is edited in place (its definition as the database holds it), and the
--- migration fails if it is not the one it expects.
+-- that it keeps the invariant itself and, once it admitted tasks, takes KEY SHARE on their
+-- tenants' rows (in tenant order) and lowers next_due to now (a lower bound of the admitted
+-- tasks' due times) where a tenant is not ready; each of its queries has its own snapshot,
+-- taken after the lock. The function is edited in place (its definition as the database
+-- holds it), and the migration fails if it is not the one it expects.
 DO $$
 DECLARE
     body text := pg_get_functiondef('toolkit_admit_keys(integer)'::regprocedure);
+    declared text := E'    n integer;\n';
     start text := E'    admitted := 0;\n';
     counted text := E'        admitted := admitted + n;\n';
+    finish text := E'    IF admitted > 0 THEN\n';
 BEGIN
-    IF strpos(body, start) = 0 OR strpos(body, counted) = 0 THEN
+    IF strpos(body, declared) = 0 OR strpos(body, start) = 0 OR strpos(body, counted) = 0
+       OR strpos(body, finish) = 0 THEN
         RAISE EXCEPTION 'toolkit_admit_keys is not the function migration 0030 edits';
     END IF;
+    body := replace(body, declared, declared || E'    marked text[] := ''{}'';\n');
     body := replace(body, start, start
         || E'    PERFORM set_config(''toolkit.due_in_statement'', ''on'', true);\n');
     body := replace(body, counted, counted
         || E'        IF n > 0 THEN\n'
-        || E'            PERFORM 1 FROM toolkit_tenants WHERE tenant = k.tenant FOR KEY SHARE;\n'
-        || E'            UPDATE toolkit_tenants SET next_due = least(next_due, statement_timestamp())\n'
-        || E'            WHERE tenant = k.tenant AND NOT ready;\n'
+        || E'            marked := marked || k.tenant;\n'
         || E'        END IF;\n');
+    body := replace(body, finish, finish
+        || E'        PERFORM 1 FROM toolkit_tenants WHERE tenant = ANY(marked)\n'
+        || E'        ORDER BY tenant FOR KEY SHARE;\n'
+        || E'        UPDATE toolkit_tenants SET next_due = least(next_due, statement_timestamp())\n'
+        || E'        WHERE tenant = ANY(marked) AND NOT ready;\n');
     EXECUTE body;
 END $$;
