@@ -26,7 +26,12 @@ from tests.helpers.tenants import (
     rows_under_another_tenant,
     tasks_missed_by_the_rotation,
 )
-from tests.helpers.triggers import ENDING_TRIGGERS, ROTATION_TRIGGERS
+from tests.helpers.triggers import (
+    ENDING_TRIGGERS,
+    KEY_TRIGGERS,
+    ROTATION_TRIGGERS,
+    drop_triggers,
+)
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.embedded import start_embedded, stop_embedded
@@ -167,20 +172,23 @@ async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the four end triggers, as a distributed store will
     be (tests/helpers/triggers.py)."""
     if request.param == "triggers dropped":
-        async with store.db.connection() as conn:
-            for trigger in ENDING_TRIGGERS:
-                await conn.execute(f"DROP TRIGGER {trigger} ON toolkit_tasks")
+        await drop_triggers(store, ENDING_TRIGGERS)
     return store
 
 
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
-    """The store as migrated, and without the tenant rotation's four triggers, as a
-    distributed store will be (tests/helpers/triggers.py)."""
+    """The store as migrated, and without the tenant rotation's four triggers."""
     if request.param == "triggers dropped":
-        async with store.db.connection() as conn:
-            for table, trigger in ROTATION_TRIGGERS:
-                await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
+        await drop_triggers(store, ROTATION_TRIGGERS)
+    return store
+
+
+@pytest.fixture(params=["triggers kept", "triggers dropped"])
+async def keying(request: pytest.FixtureRequest, store: Store) -> Store:
+    """The store as migrated, and without the two triggers that admitted keyed tasks."""
+    if request.param == "triggers dropped":
+        await drop_triggers(store, KEY_TRIGGERS)
     return store
 
 

@@ -301,7 +301,10 @@ async def test_a_page_listed_again_after_a_crash_starts_no_child_twice(store: St
     assert calls == [(12,)]  # 3 pages, each failed once then listed, all of it twice
 
 
-async def test_max_concurrency_bounds_the_live_children(store: Store) -> None:
+async def test_max_concurrency_bounds_the_live_children(keying: Store) -> None:
+    """Held as a concurrency key of the children, decided by the statement that inserts
+    them (with the key triggers kept and dropped, tests/helpers/triggers.py)."""
+    store = keying
     text = parent("workflow: {name: item}, max_concurrency: 4")
     await store.definitions.deploy(definition(ITEM))
     (task_id,) = await deploy_submit(store, text, [{"total": 25}])

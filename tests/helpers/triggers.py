@@ -4,18 +4,21 @@ A distributed table can have no trigger, so the statements that end tasks, make 
 sooner, put a tenant in the rotation or insert keyed tasks do that work themselves; the
 triggers stay only for the previous release's workers during an upgrade. Tests of that work
 run with both: as migrated, and as a distributed store will be, without the triggers (the
-``ending`` and ``marking`` fixtures, tests/conftest.py, and the keyed tests' ``store``,
-tests/store/test_concurrency_keys.py; docs/scaling.md).
+``ending``, ``marking`` and ``keying`` fixtures, tests/conftest.py; docs/scaling.md).
 """
 
 from __future__ import annotations
 
-#: What a task's end does (migration 0029), on toolkit_tasks.
+from collections.abc import Iterable
+
+from toolkit.store import Store
+
+#: What a task's end does (migration 0029): (table, trigger).
 ENDING_TRIGGERS = (
-    "toolkit_tasks_return_reservation",
-    "toolkit_tasks_notify_ended",
-    "toolkit_tasks_count_schedule_outcome",
-    "toolkit_tasks_release_key",
+    ("toolkit_tasks", "toolkit_tasks_return_reservation"),
+    ("toolkit_tasks", "toolkit_tasks_notify_ended"),
+    ("toolkit_tasks", "toolkit_tasks_count_schedule_outcome"),
+    ("toolkit_tasks", "toolkit_tasks_release_key"),
 )
 
 #: The tenant rotation's marks and joins (migration 0030): (table, trigger).
@@ -27,4 +30,15 @@ ROTATION_TRIGGERS = (
 )
 
 #: A keyed task's admission or parking at its insert or redrive (migration 0031).
-KEY_TRIGGERS = ("toolkit_tasks_park_for_key", "toolkit_tasks_repark_for_key")
+KEY_TRIGGERS = (
+    ("toolkit_tasks", "toolkit_tasks_park_for_key"),
+    ("toolkit_tasks", "toolkit_tasks_repark_for_key"),
+)
+
+
+async def drop_triggers(store: Store, triggers: Iterable[tuple[str, str]]) -> Store:
+    """``store`` without ``triggers`` ((table, trigger) pairs), as a distributed store is."""
+    async with store.db.connection() as conn:
+        for table, trigger in triggers:
+            await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
+    return store

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.helpers.inprocess import sql
-from tests.helpers.triggers import KEY_TRIGGERS
+from tests.helpers.triggers import KEY_TRIGGERS, drop_triggers
 from tests.helpers.workflows import definition
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConcurrencyKeyBusy, DefinitionError, InputError
@@ -29,11 +29,10 @@ LEASE = 30.0
 
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def store(request: pytest.FixtureRequest, store: Store) -> Store:
-    """The store as migrated, and without the key triggers, as a distributed store will be."""
+    """The store as migrated, and without the key triggers (as the ``keying`` fixture, for
+    every test of this module)."""
     if request.param == "triggers dropped":
-        async with store.db.connection() as conn:
-            for trigger in KEY_TRIGGERS:
-                await conn.execute(f"DROP TRIGGER {trigger} ON toolkit_tasks")
+        await drop_triggers(store, KEY_TRIGGERS)
     return store
 
 
@@ -246,3 +245,20 @@ async def test_a_key_another_transaction_decides_for_parks_the_new_task(
         assert (await _states(store, [task_id]))[0][1:] == ("waiting", "concurrency", False)
         await other.rollback()
     assert [t.id for t in await _claim(store, d)] == [task_id]  # admitted, then claimed
+
+
+async def test_a_schedules_keyed_runs_are_admitted_by_its_tick(store: Store) -> None:
+    """A schedule's tick inserts its runs as a submit does: the first takes the key (its
+    input's), the next waits for it in the same tenant (the schedule's)."""
+    d = await _deployed(store, keyed())
+    await store.schedules.create("keyed-ops", d.name, every="1h", input={"account": "a"},
+                                 tenant="acme")  # fmt: skip
+    first = await store.schedules.trigger("keyed-ops")
+    second = await store.schedules.trigger("keyed-ops")
+    assert [r[1:] for r in await _states(store, [first, second])] == [
+        ("queued", None, True),
+        ("waiting", "concurrency", False),
+    ]
+    (task,) = await _claim(store, d)
+    await _end(store, task)
+    assert [t.id for t in await _claim(store, d)] == [second]

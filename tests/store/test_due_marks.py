@@ -22,7 +22,7 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers.processes import eventually
 from tests.helpers.tenants import tasks_missed_by_the_rotation
-from tests.helpers.triggers import ROTATION_TRIGGERS
+from tests.helpers.triggers import ROTATION_TRIGGERS, drop_triggers
 from tests.helpers.workflows import THREE_STEPS, definition
 from tests.store.test_concurrency_keys import keyed
 from toolkit.checkpoint import Checkpoint
@@ -163,9 +163,7 @@ async def racing(request: pytest.FixtureRequest, store: Store) -> str:
     """How the racing task is inserted: as the previous release did, relying on the trigger,
     or by this release's statement, with the triggers kept or dropped."""
     if request.param == "statement, triggers dropped":
-        async with store.db.connection() as conn:
-            for table, trigger in ROTATION_TRIGGERS:
-                await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
+        await drop_triggers(store, ROTATION_TRIGGERS)
     return str(request.param)
 
 
