@@ -1,8 +1,8 @@
 """Concurrency keys at submit: the ``on_conflict`` policies (docs/flow-control.md).
 
-The store admits keyed tasks by itself (migration ``0015_concurrency_keys``: a keyed task
-takes a free key at its insert, or waits for it, and claimers admit waiting tasks in
-submission order while a key has room), so ``queue`` needs nothing here. The other policies
+The store admits keyed tasks by itself (a keyed task takes a free key at its insert, or
+waits for it: ``toolkit.store.key_locks``; claimers admit waiting tasks in submission order
+while a key has room: ``toolkit_admit_keys``), so ``queue`` needs nothing here. The other policies
 look at the key's live tasks (committed ones: two submits racing for a free key are both
 accepted, and queue; the limit holds either way): ``skip`` refuses the submit,
 ``cancel_newest`` cancels the new task at once and ``cancel_running`` cancels the key's older
