@@ -15,7 +15,7 @@ WITH lease AS (
 ), created AS (
     INSERT INTO toolkit_callbacks (token, task_id, tenant, occurrence, attempt)
     SELECT %(callback_token)s, id, tenant, %(occurrence)s, %(attempt)s FROM lease
-    ON CONFLICT (token) DO NOTHING
+    ON CONFLICT (token, tenant) DO NOTHING
 )
 SELECT (SELECT id FROM lease) AS task_id;
 

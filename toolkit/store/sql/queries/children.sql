@@ -50,7 +50,7 @@ WITH
     LEFT JOIN key_decided d ON d.n = r.n
     CROSS JOIN due_in_statement
     CROSS JOIN keys_in_statement
-    ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
+    ON CONFLICT (parent_id, parent_occurrence, tenant) WHERE parent_id IS NOT NULL DO NOTHING
     RETURNING id, tenant, run_at, definition_name, concurrency_key, wait_reason
 ), key_parked AS (
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)

@@ -226,7 +226,7 @@ WITH rated AS (
 )
 INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
 SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s FROM slotted
-ON CONFLICT (task_id, occurrence, name) DO UPDATE
+ON CONFLICT (task_id, occurrence, name, tenant) DO UPDATE
 SET scope = excluded.scope, token = excluded.token, acquired_at = statement_timestamp();
 
 -- name: limit_health

@@ -62,7 +62,7 @@ WITH
     CROSS JOIN due_in_statement
     CROSS JOIN keys_in_statement
     ORDER BY r.map_index
-    ON CONFLICT (parent_id, parent_occurrence) WHERE parent_id IS NOT NULL DO NOTHING
+    ON CONFLICT (parent_id, parent_occurrence, tenant) WHERE parent_id IS NOT NULL DO NOTHING
     RETURNING id, tenant, state, error, parent_occurrence, run_at, definition_name,
               concurrency_key, wait_reason
 ), key_parked AS (

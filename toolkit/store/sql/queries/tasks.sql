@@ -360,7 +360,7 @@ SELECT (SELECT state FROM target) AS state,
            %(event_id)s::bigint
     FROM target JOIN r ON r.task_id = target.id
     WHERE target.state NOT IN ('succeeded', 'failed', 'cancelled')
-    ON CONFLICT (task_id, event_id) WHERE event_id IS NOT NULL DO NOTHING
+    ON CONFLICT (task_id, event_id, tenant) WHERE event_id IS NOT NULL DO NOTHING
     RETURNING id, task_id, tenant
 ), woken AS (
     UPDATE toolkit_tasks t

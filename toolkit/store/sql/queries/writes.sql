@@ -176,7 +176,7 @@ WITH w AS (
     CROSS JOIN LATERAL jsonb_to_recordset(w.branches) AS r(
         fanout text, name text, position integer, status text, frame jsonb,
         run_at timestamptz, waits_for jsonb, seen integer)
-    ON CONFLICT (task_id, fanout, name) DO UPDATE
+    ON CONFLICT (task_id, fanout, name, tenant) DO UPDATE
     SET position = excluded.position, status = excluded.status, frame = excluded.frame,
         run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
 ), branches_dropped AS (
