@@ -270,7 +270,8 @@ def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write:
         for task_id, token in claimed
     ]
     cursor = conn.execute(
-        query("commit_fenced"), {"worker_id": worker.owner, "writes": Jsonb(writes)}
+        query("commit_fenced"),
+        {"worker_id": worker.owner, "writes": Jsonb(writes), "tenant": TENANT},
     )
     return cursor.rowcount
 

@@ -105,8 +105,10 @@ async def test_a_signal_wait_is_not_stuck_when_the_wake_check_fails(
     (task,) = await store.leases.claim("worker", [d.digest], 1, 30.0)
     real_next_signal = store.leases.next_signal
 
-    async def next_signal(task_id: int, names: Any, taken: Any = (), address: Any = None) -> Any:
-        found = await real_next_signal(task_id, names, taken, address)
+    async def next_signal(
+        task_id: int, names: Any, taken: Any = (), address: Any = None, *, tenant: str
+    ) -> Any:
+        found = await real_next_signal(task_id, names, taken, address, tenant=tenant)
         await store.tasks.signal(task_id, names[0], {"ok": True})  # arrives just after the look
         return found
 
@@ -135,13 +137,13 @@ async def test_a_signal_look_up_is_tried_again_within_the_lease(
     failures = 2
 
     async def next_signal(
-        task_id: int, name: str, taken: Any = (), address: Any = None
+        task_id: int, name: str, taken: Any = (), address: Any = None, *, tenant: str
     ) -> Any:
         nonlocal failures
         if failures:
             failures -= 1
             raise DatabaseUnavailable("cannot reach PostgreSQL: connection lost")
-        return await real_next_signal(task_id, name, taken, address)
+        return await real_next_signal(task_id, name, taken, address, tenant=tenant)
 
     monkeypatch.setattr(store.leases, "next_signal", next_signal)
     interpreter = Interpreter(store, app, "worker")

@@ -134,9 +134,15 @@ async def test_a_signal_racing_the_wait_commit_is_not_lost(
 
     class Racing(type(store.leases)):  # type: ignore[misc]
         async def next_signal(
-            self, task_id: int, names: Any, taken: Any = (), address: Any = None
+            self,
+            task_id: int,
+            names: Any,
+            taken: Any = (),
+            address: Any = None,
+            *,
+            tenant: str,
         ) -> Any:
-            found = await super().next_signal(task_id, names, taken, address)
+            found = await super().next_signal(task_id, names, taken, address, tenant=tenant)
             await store.tasks.signal(task_id, names[0], "raced")  # arrives after the look
             return found
 

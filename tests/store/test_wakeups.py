@@ -168,15 +168,16 @@ async def _is_set(event: anyio.Event) -> bool:
 async def send_signal(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await conn.execute(
         query("send_signal"),
-        {"task_id": task_id, "name": "go", "payload": Jsonb(None), "plan_id": None,
-         "operator": None, "address": None, "event_id": None},
+        {"task_id": task_id, "tenant": "default", "name": "go", "payload": Jsonb(None),
+         "plan_id": None, "operator": None, "address": None, "event_id": None},
     )
 
 
 async def complete_callback(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await conn.execute(
         query("complete_callback"),
-        {"callback_token": TOKENS[0], "result": Jsonb({"done": True}), "error": None},
+        {"callback_token": TOKENS[0], "tenant": "default", "result": Jsonb({"done": True}),
+         "error": None},
     )
 
 
@@ -236,13 +237,13 @@ async def signal_branches(conn: psycopg.AsyncConnection[Any], task_id: int) -> N
     it, in a statement of its own after the first locked the task's row."""
     await send_signal(conn, task_id)
     keys = [{"task_id": task_id, "key": "signal:go", "address": None}]
-    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys)})
+    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys), "tenant": "default"})
 
 
 async def complete_branch_callback(conn: psycopg.AsyncConnection[Any], task_id: int) -> None:
     await complete_callback(conn, task_id)
     keys = [{"task_id": task_id, "key": f"callback:{TOKENS[0]}", "address": None}]
-    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys)})
+    await conn.execute(query("wake_branches"), {"keys": Jsonb(keys), "tenant": "default"})
 
 
 @SENDER_FIRST

@@ -7,9 +7,20 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import click
+
 from toolkit.durations import parse_duration
 from toolkit.errors import ConfigError, PayloadRefused
 from toolkit.payload import parse_json
+
+#: ``--tenant`` of the commands that act on one task by its id (``show``, ``signal``,
+#: ``cancel``, ``reconcile``, ``redrive``): without it the tenant is looked up by the id,
+#: which on a store distributed by tenant reads every node (docs/scaling.md).
+task_tenant_option = click.option(
+    "--tenant",
+    metavar="TENANT",
+    help="The task's tenant (default: looked up by the id; give it on a distributed store).",
+)
 
 
 def json_option(text: str | None, option: str) -> Any:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import click
 
-from toolkit.cli.options import duration_option
+from toolkit.cli.options import duration_option, task_tenant_option
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.errors import RedriveRefused
 from toolkit.store import Store
@@ -33,6 +33,7 @@ from toolkit.store.redrive_plan import RedrivePlan
 @click.option("--reason", help="Why: recorded in the task's redriven event.")
 @click.option("--operator", default="operator", show_default=True, help="Who redrives it.")
 @click.option("--dry-run", is_flag=True, help="Only show what the redrive would do.")
+@task_tenant_option
 @click.pass_obj
 def redrive(
     settings: Settings,
@@ -44,6 +45,7 @@ def redrive(
     reason: str | None,
     operator: str,
     dry_run: bool,
+    tenant: str | None,
 ) -> None:
     """Bring back failed or cancelled task TASK_ID from the step that failed.
 
@@ -58,7 +60,7 @@ def redrive(
         try:
             return await store.tasks.redrive(
                 task_id, from_step=from_step, version=version, rerun=rerun, timeout=timeout,
-                reason=reason, operator=operator, dry_run=dry_run,
+                reason=reason, operator=operator, dry_run=dry_run, tenant=tenant,
             )  # fmt: skip
         except RedriveRefused as exc:
             if isinstance(exc.plan, RedrivePlan):

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from toolkit.cli.options import task_tenant_option
 from toolkit.cli.output import clip, echo_json
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.lifecycle import cursor_text, received_signal, received_text
@@ -19,25 +20,28 @@ from toolkit.store.concurrency_keys import live_tasks
 @click.command()
 @click.argument("task_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@task_tenant_option
 @click.pass_obj
-def show(settings: Settings, task_id: int, as_json: bool) -> None:
+def show(settings: Settings, task_id: int, as_json: bool, tenant: str | None) -> None:
     """Show a task: state, checkpoint, effect evidence and events.
 
     Long values are cut to a line, ending in an ellipsis; --json prints them whole.
     """
 
     async def task_in_detail(store: Store) -> dict[str, Any]:
-        record = await store.tasks.get(task_id)
+        record = await store.tasks.get(task_id, tenant=tenant)
+        known = record.tenant
         return {
             "task": dataclasses.asdict(record),
-            "evidence": await store.tasks.evidence(task_id),
-            "signals": await store.tasks.signals(task_id),
-            "events": await store.tasks.events(task_id),
-            "emitted": await store.events.of_task(task_id),
+            "evidence": await store.tasks.evidence(task_id, tenant=known),
+            "signals": await store.tasks.signals(task_id, tenant=known),
+            "events": await store.tasks.events(task_id, tenant=known),
+            "emitted": await store.events.of_task(task_id, tenant=known),
             "branches": [
-                dataclasses.asdict(branch) for branch in await store.branches.of_task(task_id)
+                dataclasses.asdict(branch)
+                for branch in await store.branches.of_task(task_id, tenant=known)
             ],
-            "queue": await store.tasks.queue_position(task_id)
+            "queue": await store.tasks.queue_position(task_id, tenant=known)
             if record.state in ("queued", "waiting")
             else None,
             "key_tasks": await live_tasks(
@@ -211,7 +215,9 @@ async def _map_progress(store: Store, task: Any) -> str | None:
     if not isinstance(wait, dict) or not isinstance(wait.get("map"), dict):
         return None
     listed = wait["map"]
-    progress = await store.map_items.progress(task.id, wait["occurrence"], listed["listed"])
+    progress = await store.map_items.progress(
+        task.id, wait["occurrence"], listed["listed"], tenant=task.tenant
+    )
     stage = "listing" if listed.get("listing") else "all listed"
     return (
         f"{wait['occurrence']}: {listed['listed']:,} items ({stage}) in {listed['tasks']:,}"

@@ -13,7 +13,13 @@ from typing import IO, Any, Literal, TypeVar
 import click
 
 from toolkit.cli.filters import filter_fields, filter_options, tag_options, task_filter
-from toolkit.cli.options import duration_option, json_option, resource_amounts, time_option
+from toolkit.cli.options import (
+    duration_option,
+    json_option,
+    resource_amounts,
+    task_tenant_option,
+    time_option,
+)
 from toolkit.cli.output import echo_json
 from toolkit.cli.results import await_and_print, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
@@ -247,6 +253,7 @@ def tasks(
     " names, e.g. 0/approval: branch approval of map item 0).",
 )
 @click.option("--item", type=click.IntRange(min=0), help="For this item of a map step only.")
+@task_tenant_option
 @click.pass_obj
 def send_signal(
     settings: Settings,
@@ -256,6 +263,7 @@ def send_signal(
     force: bool,
     branch: str | None,
     item: int | None,
+    tenant: str | None,
 ) -> None:
     """Send signal NAME to task TASK_ID (kept until a wait consumes it).
 
@@ -269,7 +277,9 @@ def send_signal(
     try:
         signal_id = run_in_store(
             settings,
-            lambda store: store.tasks.signal(task_id, name, value, force=force, address=address),
+            lambda store: store.tasks.signal(
+                task_id, name, value, force=force, address=address, tenant=tenant
+            ),
         )
     except UnknownSignal as refused:  # worded for the command line: --force, not force=True
         raise UnknownSignal(
@@ -308,10 +318,13 @@ def complete(
 @click.command()
 @click.argument("task_id", type=int)
 @click.option("--reason", default="cancelled by request", show_default=True)
+@task_tenant_option
 @click.pass_obj
-def cancel(settings: Settings, task_id: int, reason: str) -> None:
+def cancel(settings: Settings, task_id: int, reason: str, tenant: str | None) -> None:
     """Cancel a task: at once if queued or waiting, at its worker's next heartbeat if leased."""
-    outcome = run_in_store(settings, lambda store: store.tasks.cancel(task_id, reason))
+    outcome = run_in_store(
+        settings, lambda store: store.tasks.cancel(task_id, reason, tenant=tenant)
+    )
     click.echo(
         f"task {task_id} cancelled"
         if outcome == "cancelled"
@@ -365,6 +378,7 @@ def chosen_outcome(
 @click.argument("task_id", type=int)
 @click.argument("step")
 @outcome_options
+@task_tenant_option
 @click.pass_obj
 def reconcile(
     settings: Settings,
@@ -376,13 +390,14 @@ def reconcile(
     result: str | None,
     error: str | None,
     message: str | None,
+    tenant: str | None,
 ) -> None:
     """Record the real outcome of an uncertain effect of a task waiting for reconciliation."""
     outcome, value = chosen_outcome(completed, failed, retry, result, error, message)
     run_in_store(
         settings,
         lambda store: store.tasks.reconcile(
-            task_id, step, outcome, result=value, error=error, message=message
+            task_id, step, outcome, result=value, error=error, message=message, tenant=tenant
         ),
     )
     click.echo(f"task {task_id}: step {step} reconciled as {outcome}; the task is queued again")

@@ -44,7 +44,8 @@ async def callback_outcome(
     cp = cycle.checkpoint
     callbacks = cycle.services.store.callbacks
     callback = cp.callbacks[occurrence]
-    record = await cycle.retrying(functools.partial(callbacks.get, callback.token))
+    tenant = cycle.task.tenant
+    record = await cycle.retrying(functools.partial(callbacks.get, callback.token, tenant=tenant))
     if record is not None and record.state == "completed":
         cp.callbacks.pop(occurrence)
         frame.wait = None
@@ -56,7 +57,7 @@ async def callback_outcome(
     wait = frame.wait
     timed_out = isinstance(wait, CallbackWait) and wait.callback == callback.token and frame.due
     if timed_out or record is None or record.state == "expired":
-        await cycle.retrying(functools.partial(callbacks.expire, callback.token))
+        await cycle.retrying(functools.partial(callbacks.expire, callback.token, tenant=tenant))
         cp.callbacks.pop(occurrence)
         frame.wait = None
         assert step.callback is not None

@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 from toolkit.store.database import Database
+from toolkit.store.task_tenants import task_tenant
 
 #: A step occurrence in a branch row's path (``each#1/``): what its address leaves out
 #: (the same rule as the SQL of ``signal_waiters``).
@@ -80,14 +81,15 @@ class BranchRows:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def resumable(self, task_id: int, fanout: str) -> list[StoredBranch]:
+    async def resumable(self, task_id: int, fanout: str, *, tenant: str) -> list[StoredBranch]:
         """The branches of ``fanout`` a resumed cycle runs: running, blocked, or woken/due.
 
         Args:
             task_id: the task.
             fanout: the parallel or map step occurrence (``"fan#1"``).
+            tenant: the task's tenant (from its claim).
         """
-        params = {"task_id": task_id, "fanout": fanout}
+        params = {"task_id": task_id, "tenant": tenant, "fanout": fanout}
         rows = await self._db.fetch_all("resumable_branches", params)
         return [
             StoredBranch(
@@ -96,21 +98,34 @@ class BranchRows:
             for r in rows
         ]
 
-    async def ended(self, task_id: int, fanout: str) -> list[StoredBranch]:
-        """Every branch of ``fanout``, in position order (read when the step ends)."""
-        rows = await self._db.fetch_all("ended_branches", {"task_id": task_id, "fanout": fanout})
+    async def ended(self, task_id: int, fanout: str, *, tenant: str) -> list[StoredBranch]:
+        """Every branch of ``fanout``, in position order (read when the step ends).
+
+        ``tenant``: the task's.
+        """
+        params = {"task_id": task_id, "tenant": tenant, "fanout": fanout}
+        rows = await self._db.fetch_all("ended_branches", params)
         return [StoredBranch(r["name"], r["position"], r["status"], r["frame"]) for r in rows]
 
-    async def waiting(self, task_id: int, fanout: str) -> list[StoredBranch]:
-        """The waiting branches of ``fanout``, in position order."""
-        rows = await self._db.fetch_all("waiting_branches", {"task_id": task_id, "fanout": fanout})
+    async def waiting(self, task_id: int, fanout: str, *, tenant: str) -> list[StoredBranch]:
+        """The waiting branches of ``fanout``, in position order (``tenant``: the task's)."""
+        params = {"task_id": task_id, "tenant": tenant, "fanout": fanout}
+        rows = await self._db.fetch_all("waiting_branches", params)
         return [
             StoredBranch(r["name"], r["position"], "waiting", r["frame"], r["wakes"]) for r in rows
         ]
 
-    async def of_task(self, task_id: int, limit: int = 200) -> list[StoredBranch]:
-        """A task's stored branches (at most ``limit``), by step occurrence and position."""
-        rows = await self._db.fetch_all("task_branches", {"task_id": task_id, "limit": limit})
+    async def of_task(
+        self, task_id: int, limit: int = 200, *, tenant: str | None = None
+    ) -> list[StoredBranch]:
+        """A task's stored branches (at most ``limit``), by step occurrence and position.
+
+        ``tenant``: the task's, if known; else looked up by the id
+        (:func:`~toolkit.store.task_tenants.task_tenant`).
+        """
+        tenant = await task_tenant(self._db, task_id, tenant)
+        params = {"task_id": task_id, "tenant": tenant, "limit": limit}
+        rows = await self._db.fetch_all("task_branches", params)
         branches = []
         for r in rows:
             branch = StoredBranch(
@@ -120,7 +135,11 @@ class BranchRows:
             branches.append(branch)
         return branches
 
-    async def signal_waiters(self, task_id: int, name: str) -> list[SignalWaiter]:
-        """The task's waiting branches that wait for signal ``name`` (up to 20)."""
-        rows = await self._db.fetch_all("signal_waiters", {"task_id": task_id, "name": name})
+    async def signal_waiters(self, task_id: int, name: str, *, tenant: str) -> list[SignalWaiter]:
+        """The task's waiting branches that wait for signal ``name`` (up to 20).
+
+        ``tenant``: the task's.
+        """
+        params = {"task_id": task_id, "tenant": tenant, "name": name}
+        rows = await self._db.fetch_all("signal_waiters", params)
         return [SignalWaiter(r["address"], r["fanout"], r["name"], r["cursor"]) for r in rows]

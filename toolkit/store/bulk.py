@@ -26,11 +26,12 @@ from toolkit.errors import InputError, PlanRefused, UnknownSignal
 from toolkit.store.bulk_redrive import RedrivePreview, apply_item, arguments_of, preview
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
+from toolkit.store.descendants import ended_children
 from toolkit.store.filters import TaskFilter
 from toolkit.store.names import check_signal_name
 from toolkit.store.redrive_plan import RedriveOptions
 from toolkit.store.signal_waits import signal_waits
-from toolkit.store.tasks import Tasks, check_error_name, ended_children
+from toolkit.store.tasks import Tasks, check_error_name
 
 #: Tasks acted on in one transaction: small enough that no worker's fenced commit waits long
 #: for a row lock a batch holds.
@@ -390,6 +391,7 @@ class Bulk:
                 "plan_id": plan_id,
                 "task_ids": [item["task_id"] for item in items],
                 "operator": plan.operator,
+                "tenant": None,  # the tasks of any tenants
                 **_action_params(plan, items),
             }
             rows = await self._db.fetch_all_then(
@@ -414,9 +416,9 @@ def _wakes(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str
     applied = [row["task_id"] for row in rows if row["outcome"] == "applied"]
     if plan.action == "signal":
         key = f"signal:{plan.arguments['name']}"
-        return wake_branches_of([(task_id, key, None) for task_id in applied])
+        return wake_branches_of([(task_id, key, None) for task_id in applied], None)
     if plan.action == "cancel":
-        return ended_children(applied)
+        return ended_children(applied, None)
     return None
 
 

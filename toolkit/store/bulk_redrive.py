@@ -29,6 +29,7 @@ from toolkit.store.queries import query
 from toolkit.store.redrive import apply_plan
 from toolkit.store.redrive import plan as plan_one
 from toolkit.store.redrive_plan import EffectFate, RedriveOptions, RedrivePlan
+from toolkit.store.task_tenants import task_tenant
 
 #: Kinds of step, or of reason, a preview lists by name before it sums the rest.
 PREVIEW_KINDS = 8
@@ -196,6 +197,7 @@ async def apply_item(
         pass
     except (NotRedrivable, UnknownDefinition) as exc:
         problem = _TASK_PREFIX.sub("", str(exc))
+    tenant = found.tenant if found is not None else await task_tenant(db, task_id)
     try:
         async with db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
@@ -204,7 +206,7 @@ async def apply_item(
             item = await cursor.fetchone()
             if item is None:
                 return None
-            await cursor.execute(query("lock_task_state"), {"task_id": task_id})
+            await cursor.execute(query("lock_task_state"), {"task_id": task_id, "tenant": tenant})
             now = await cursor.fetchone()
             planned = (item["state"], item["lease_token"])
             detail: dict[str, Any] | None = None

@@ -52,17 +52,18 @@ def new_token() -> str:
 
 
 def wake_branches_of(
-    keys: list[tuple[int, str, str | None]],
+    keys: list[tuple[int, str, str | None]], tenant: str | None
 ) -> tuple[str, dict[str, Any]] | None:
     """The ``wake_branches`` statement for ``(task id, key, address)`` triples, or None.
 
     ``key``: what a waiting branch waits for (``signal:NAME``, ``callback:TOKEN``);
-    ``address``: the branch a signal is for, or None.
+    ``address``: the branch a signal is for, or None; ``tenant``: the tasks' tenant when
+    they have one (the rotation's marks name it: due_marks), None for several.
     """
     if not keys:
         return None
     rows = [{"task_id": task_id, "key": key, "address": address} for task_id, key, address in keys]
-    return "wake_branches", {"keys": Jsonb(rows)}
+    return "wake_branches", {"keys": Jsonb(rows), "tenant": tenant}
 
 
 class Callbacks:
@@ -89,9 +90,13 @@ class Callbacks:
                 f"task {fence.task_id}: lease lost before its callback was registered"
             )
 
-    async def get(self, token: str) -> CallbackRecord | None:
-        """The callback ``token``, or None when there is no such token."""
-        row = await self._db.fetch_one("get_callback", {"callback_token": token})
+    async def get(self, token: str, *, tenant: str | None = None) -> CallbackRecord | None:
+        """The callback ``token``, or None when there is no such token.
+
+        ``tenant``: its task's, if known (a worker's); else looked up by the token.
+        """
+        params = {"callback_token": token, "tenant": await self._tenant(token, tenant)}
+        row = await self._db.fetch_one("get_callback", params)
         if row is None:
             return None
         return CallbackRecord(
@@ -118,20 +123,22 @@ class Callbacks:
             CallbackRefused: no such token, it was completed or expired already, or its
                 task has ended.
         """
+        tenant = await self._tenant(token, None)
         rows = await self._db.fetch_all_then(
             "complete_callback",
             {
                 "callback_token": token,
+                "tenant": tenant,
                 "result": None if error is not None else Jsonb(result),
                 "error": None if error is None else Jsonb(error),
             },
             lambda done: wake_branches_of(
-                [(row["task_id"], f"callback:{token}", None) for row in done]
+                [(row["task_id"], f"callback:{token}", None) for row in done], tenant
             ),
         )
         if rows:
             return int(rows[0]["task_id"])
-        known = await self.get(token)
+        known = await self.get(token, tenant=tenant) if tenant is not None else None
         if known is None:
             raise CallbackRefused(f"no callback token {token!r}")
         if known.state == "open":  # its task has ended
@@ -143,6 +150,20 @@ class Callbacks:
             "expired (its attempt timed out or was retried)")
         raise CallbackRefused(f"callback {token!r} of task {known.task_id} {why}")
 
-    async def expire(self, token: str) -> None:
-        """Refuse any later completion of ``token`` (its attempt timed out)."""
-        await self._db.execute("expire_callback", {"callback_token": token})
+    async def expire(self, token: str, *, tenant: str) -> None:
+        """Refuse any later completion of ``token`` (its attempt timed out).
+
+        ``tenant``: its task's.
+        """
+        await self._db.execute("expire_callback", {"callback_token": token, "tenant": tenant})
+
+    async def _tenant(self, token: str, tenant: str | None) -> str | None:
+        """``tenant`` when given, else the tenant of callback ``token`` (None: no such token).
+
+        A lookup by the token alone reads every node of a store distributed by tenant
+        (docs/scaling.md), as a lookup of a task by its id does.
+        """
+        if tenant is not None:
+            return tenant
+        row = await self._db.fetch_one("callback_tenant", {"callback_token": token})
+        return None if row is None else str(row["tenant"])

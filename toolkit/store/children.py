@@ -114,15 +114,17 @@ class Children:
         rows = await insert_keyed(self._db, "start_child", params, held)
         if not rows or rows[0]["parent_id"] is None:
             raise LeaseLost(f"task {fence.task_id}: lease lost before its child started")
-        child = await self.get(fence.task_id, occurrence)
+        child = await self.get(fence.task_id, occurrence, tenant=fence.tenant)
         assert child is not None, "a child just started or found is there"
         return child
 
-    async def get(self, parent_id: int, occurrence: str) -> ChildTask | None:
-        """The child ``occurrence`` of ``parent_id`` started, or None."""
-        row = await self._db.fetch_one(
-            "get_child", {"parent_id": parent_id, "occurrence": occurrence}
-        )
+    async def get(self, parent_id: int, occurrence: str, *, tenant: str) -> ChildTask | None:
+        """The child ``occurrence`` of ``parent_id`` started, or None.
+
+        ``tenant``: the parent's (a child has its parent's tenant).
+        """
+        params = {"parent_id": parent_id, "occurrence": occurrence, "tenant": tenant}
+        row = await self._db.fetch_one("get_child", params)
         if row is None:
             return None
         return ChildTask(

@@ -197,6 +197,8 @@ class Database:
             database (task inputs, results, signal payloads); default 1 MiB and 64 levels.
         registered_tenants: the tenants whose rows this process has seen committed
             (``toolkit.store.submission.register_tenant``).
+        task_tenants: the tenants of tasks this process looked up by id, by task id
+            (``toolkit.store.task_tenants.task_tenant``).
     """
 
     def __init__(
@@ -217,6 +219,7 @@ class Database:
         self.dsn = dsn
         self.payload_limits = PayloadLimits()
         self.registered_tenants: set[str] = set()
+        self.task_tenants: dict[int, str] = {}
 
     @classmethod
     async def connect(

@@ -8,6 +8,7 @@ they are cancelled :data:`CANCEL_BATCH` per statement (``cancel_tasks``), not on
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from psycopg.rows import DictRow
 
@@ -42,6 +43,7 @@ async def cancel_descendants(db: Database, task_ids: Sequence[int]) -> int:
                 "reason": f"parent task {root} cancelled",
                 "plan_id": None,
                 "operator": None,
+                "tenant": None,  # a parent's tenant is its children's: step 3 names it
             }
             await db.fetch_all_then("cancel_tasks", params, _woken_branches)
     return len(children)
@@ -49,4 +51,16 @@ async def cancel_descendants(db: Database, task_ids: Sequence[int]) -> int:
 
 def _woken_branches(rows: list[DictRow]) -> tuple[str, Params] | None:
     cancelled = list(rows[0]["cancelled"]) if rows else []
-    return ("wake_parent_branches", {"task_ids": cancelled}) if cancelled else None
+    return ended_children(cancelled, None)
+
+
+def ended_children(
+    task_ids: Sequence[int], tenant: str | None
+) -> tuple[str, dict[str, Any]] | None:
+    """The ``wake_parent_branches`` statement for tasks that just ended, or None for none.
+
+    ``tenant``: theirs when they have one (a parent has its child's), None for several.
+    """
+    if not task_ids:
+        return None
+    return "wake_parent_branches", {"task_ids": list(task_ids), "tenant": tenant}

@@ -37,13 +37,15 @@ from toolkit.definition.expressions import is_truthy
 from toolkit.errors import ExpressionError, InputError, Throttled
 from toolkit.store.callbacks import wake_branches_of
 from toolkit.store.database import Database
+from toolkit.store.descendants import ended_children
 from toolkit.store.filters import TimeBound, time_bound
 from toolkit.store.key_locks import lock_keys
 from toolkit.store.names import check_event_name, check_tenant
 from toolkit.store.queries import query
 from toolkit.store.submission import keyed_params, register_tenant, start_params
 from toolkit.store.submit_flow import debounced_params, submit_debounced, throttle_delay
-from toolkit.store.tasks import Tasks, cancel_params, ended_children
+from toolkit.store.task_tenants import task_tenant
+from toolkit.store.tasks import Tasks, cancel_params
 
 #: The most events ``Events.list`` returns at once.
 MAX_LISTED = 1000
@@ -152,12 +154,12 @@ class Events:
             waiting, cancelling = await self._subscribers(conn, name, payload, tenant)
             delivered = sorted({*named, *waiting})
             if delivered:
-                delivered = await self._deliver(conn, name, payload, event_id, delivered)
-            cancelled = await self._cancel(conn, name, event_id, cancelling)
+                delivered = await self._deliver(conn, name, payload, event_id, tenant, delivered)
+            cancelled = await self._cancel(conn, name, event_id, tenant, cancelling)
             await cursor.execute(
                 query("record_event_outcome"),
-                {"event_id": event_id, "started": started, "delivered": delivered,
-                 "cancelled": cancelled},
+                {"event_id": event_id, "tenant": tenant, "started": started,
+                 "delivered": delivered, "cancelled": cancelled},
             )  # fmt: skip
         if cancelled:
             await self._tasks.cancel_descendants(cancelled)
@@ -214,11 +216,12 @@ class Events:
                         continue
                     if cancels:
                         cancel = cancel or f"event {row['id']} ({event})"
-                    elif not await self._deliver(conn, event, found, row["id"], [task_id]):
+                    elif not await self._deliver(conn, event, found, row["id"], tenant, [task_id]):
                         continue  # delivered before
                     await cursor.execute(
                         query("record_event_reached"),
-                        {"event_id": row["id"], "task_id": task_id, "cancels": cancels},
+                        {"event_id": row["id"], "tenant": tenant, "task_id": task_id,
+                         "cancels": cancels},
                     )
         return cancel
 
@@ -244,12 +247,15 @@ class Events:
                 unknown.append(event)
         return unknown, sorted(known)
 
-    async def of_task(self, task_id: int) -> list[dict[str, Any]]:
+    async def of_task(self, task_id: int, *, tenant: str | None = None) -> list[dict[str, Any]]:
         """The events that started task ``task_id`` or were delivered to it, oldest first.
 
         Each: ``id``, ``name``, ``emitted_at`` and ``how`` (``started`` or ``delivered``).
+        ``tenant``: the task's, if known; else looked up by the id
+        (:func:`~toolkit.store.task_tenants.task_tenant`).
         """
-        return [dict(r) for r in await self._db.fetch_all("task_event_ids", {"task_id": task_id})]
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        return [dict(r) for r in await self._db.fetch_all("task_event_ids", params)]
 
     # --- the parts of an emit --------------------------------------------------------------
 
@@ -383,19 +389,23 @@ class Events:
         conn: psycopg.AsyncConnection[Any],
         name: str,
         event_id: int,
+        tenant: str,
         task_ids: Sequence[int],
     ) -> list[int]:
-        """Cancel ``task_ids`` as ``toolkit cancel`` does; those cancelled or asked to stop."""
+        """Cancel ``task_ids`` as ``toolkit cancel`` does; those cancelled or asked to stop.
+
+        ``tenant``: theirs, the event's.
+        """
         done = []
         cursor = conn.cursor(row_factory=dict_row)
         for task_id in task_ids:
-            params = cancel_params(task_id, f"event {event_id} ({name})")
+            params = cancel_params(task_id, tenant, f"event {event_id} ({name})")
             await cursor.execute(query("request_cancel"), params)
             row = await cursor.fetchone()
             if row is not None and (row["cancelled"] or row["requested"]):
                 done.append(task_id)
                 if row["cancelled"]:
-                    wake = ended_children([task_id])
+                    wake = ended_children([task_id], tenant)
                     assert wake is not None
                     await cursor.execute(query(wake[0]), wake[1])
         return done
@@ -406,18 +416,23 @@ class Events:
         name: str,
         payload: Any,
         event_id: int,
+        tenant: str,
         task_ids: Sequence[int],
     ) -> list[int]:
-        """Deliver the event to ``task_ids`` (each once); the tasks it was stored for now."""
+        """Deliver the event to ``task_ids`` (each once); the tasks it was stored for now.
+
+        ``tenant``: the event's, and the tasks'.
+        """
         signal = event_signal(name)
         cursor = conn.cursor(row_factory=dict_row)
         await cursor.execute(
             query("deliver_event"),
-            {"task_ids": list(task_ids), "name": signal, "payload": Jsonb(payload),
-             "event_id": event_id, "address": None, "plan_id": None, "operator": None},
+            {"task_ids": list(task_ids), "tenant": tenant, "name": signal,
+             "payload": Jsonb(payload), "event_id": event_id, "address": None, "plan_id": None,
+             "operator": None},
         )  # fmt: skip
         sent = [int(row["task_id"]) for row in await cursor.fetchall()]
-        wake = wake_branches_of([(task_id, f"signal:{signal}", None) for task_id in sent])
+        wake = wake_branches_of([(task_id, f"signal:{signal}", None) for task_id in sent], tenant)
         if wake is not None:
             await cursor.execute(query(wake[0]), wake[1])
         return sent

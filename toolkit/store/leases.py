@@ -21,6 +21,7 @@ from toolkit.lifecycle import TaskState, WaitReason
 from toolkit.payload import PayloadLimits
 from toolkit.store import rotation
 from toolkit.store.database import Database
+from toolkit.store.descendants import ended_children
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import FencedWrite, write_json
@@ -354,7 +355,13 @@ class Leases:
                 nothing of the batch was written.
         """
         (worker_id,) = {write.fence.worker_id for write in writes}
-        params = {"worker_id": worker_id, "writes": Jsonb([write_json(w) for w in writes])}
+        tenants = {write.fence.tenant for write in writes}
+        tenant = tenants.pop() if len(tenants) == 1 else None  # due_marks: null for several
+        params = {
+            "worker_id": worker_id,
+            "writes": Jsonb([write_json(w) for w in writes]),
+            "tenant": tenant,
+        }
         waits = [
             w.fence.task_id
             for w in writes
@@ -375,7 +382,9 @@ class Leases:
             applied = {row["id"]: TaskState(row["state"]) for row in await cursor.fetchall()}
             raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
             if raced:
-                await cursor.execute(query("wake_raced_waits"), {"task_ids": raced})
+                await cursor.execute(
+                    query("wake_raced_waits"), {"task_ids": raced, "tenant": tenant}
+                )
             parking = [w for w in parking if w.fence.task_id in applied]
             if parking:
                 parked = [
@@ -386,11 +395,17 @@ class Leases:
                 ]
                 await cursor.execute(
                     query("wake_waiting_branches"),
-                    {"task_ids": [w.fence.task_id for w in parking], "parked": Jsonb(parked)},
+                    {
+                        "task_ids": [w.fence.task_id for w in parking],
+                        "parked": Jsonb(parked),
+                        "tenant": tenant,
+                    },
                 )
             ended = [task_id for task_id in ending if task_id in applied]
             if ended:
-                await cursor.execute(query("wake_parent_branches"), {"task_ids": ended})
+                wake = ended_children(ended, tenant)
+                assert wake is not None
+                await cursor.execute(query(wake[0]), wake[1])
         return applied
 
     async def next_signal(
@@ -399,6 +414,8 @@ class Leases:
         names: Sequence[str],
         taken: Sequence[int] = (),
         address: str | None = None,
+        *,
+        tenant: str,
     ) -> tuple[int, str, Any] | None:
         """The oldest unconsumed signal of the task named one of ``names``.
 
@@ -408,13 +425,15 @@ class Leases:
             taken: ids already taken by this cycle but not yet marked consumed.
             address: for a wait inside a branch, the branch's name (signals addressed to
                 it count too); None at the task's own level (task-wide signals only).
+            tenant: the task's (from its claim).
 
         Returns:
             ``(signal id, name, payload)``, or None.
         """
         row = await self._db.fetch_one(
             "next_signal",
-            {"task_id": task_id, "names": list(names), "taken": list(taken), "address": address},
+            {"task_id": task_id, "tenant": tenant, "names": list(names), "taken": list(taken),
+             "address": address},
         )
         return None if row is None else (row["id"], row["name"], row["payload"])
 

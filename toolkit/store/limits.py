@@ -292,6 +292,7 @@ class Limits:
                 "rate": per_second,
                 "burst": None if isinstance(burst, _Keep) else float(burst),
                 "per_tenant": per_tenant,
+                "tenant": None,  # its waiting tasks are any tenant's
             },
         )
         return await self.get(name)

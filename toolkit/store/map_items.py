@@ -23,6 +23,7 @@ from toolkit.store.children import child_params
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
 from toolkit.store.key_locks import insert_keyed
+from toolkit.store.task_tenants import task_tenant
 
 #: Failed item tasks a summary lists (the step's output keeps them as its ``errors``).
 ERRORS_SHOWN = 10
@@ -153,24 +154,33 @@ class MapItems:
             raise LeaseLost(f"task {fence.task_id}: lease lost before its map items started")
         return int(row["inserted"])
 
-    async def progress(self, parent_id: int, occurrence: str, listed: int) -> MapProgress:
+    async def progress(
+        self, parent_id: int, occurrence: str, listed: int, *, tenant: str
+    ) -> MapProgress:
         """Count the live children and the failed items of map occurrence ``occurrence``.
 
         Reads the live and the failed children only, not every child (``listed``: the items
-        listed in all, where the last task's items end).
+        listed in all, where the last task's items end; ``tenant``: the parent's).
         """
         row = await self._db.fetch_one(
-            "map_progress", {"parent_id": parent_id, "occurrence": occurrence, "listed": listed}
-        )
+            "map_progress",
+            {"parent_id": parent_id, "tenant": tenant, "occurrence": occurrence,
+             "listed": listed},
+        )  # fmt: skip
         assert row is not None, "sub-selects give a row"
         return MapProgress(live=row["live"], failed=row["failed"])
 
-    async def summary(self, parent_id: int, occurrence: str, listed: int) -> MapSummary:
-        """Count every child of map occurrence ``occurrence``, and its first failures."""
+    async def summary(
+        self, parent_id: int, occurrence: str, listed: int, *, tenant: str
+    ) -> MapSummary:
+        """Count every child of map occurrence ``occurrence``, and its first failures.
+
+        ``tenant``: the parent's.
+        """
         row = await self._db.fetch_one(
             "map_summary",
-            {"parent_id": parent_id, "occurrence": occurrence, "listed": listed,
-             "errors": ERRORS_SHOWN},
+            {"parent_id": parent_id, "tenant": tenant, "occurrence": occurrence,
+             "listed": listed, "errors": ERRORS_SHOWN},
         )  # fmt: skip
         assert row is not None, "an aggregate has a row"
         return MapSummary(
@@ -200,6 +210,7 @@ class MapItems:
         state: str | None = None,
         after: int = 0,
         limit: int = 1000,
+        tenant: str | None = None,
     ) -> list[MapItemResult]:
         """The per-item results of task ``task_id``'s distributed map steps, in item order.
 
@@ -209,11 +220,13 @@ class MapItems:
             state: only tasks in this state (e.g. ``"failed"``); None: all.
             after: from this item index on (a page's last index + 1 reads the next page).
             limit: at most this many rows.
+            tenant: the task's tenant, if known; else looked up by the id
+                (:func:`~toolkit.store.task_tenants.task_tenant`).
         """
         rows = await self._db.fetch_all(
             "map_item_results",
-            {"parent_id": task_id, "occurrence": occurrence, "state": state, "after": after,
-             "limit": limit},
+            {"parent_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant),
+             "occurrence": occurrence, "state": state, "after": after, "limit": limit},
         )  # fmt: skip
         return [
             MapItemResult(

@@ -37,16 +37,23 @@ MAX_CHILD_DEPTH = 8
 
 
 async def plan(
-    db: Database, task_id: int, options: RedriveOptions, *, depth: int = 0
+    db: Database,
+    task_id: int,
+    options: RedriveOptions,
+    *,
+    depth: int = 0,
+    tenant: str | None = None,
 ) -> RedrivePlan:
     """Plan the redrive of ``task_id`` (and of the failed children it redrives); write nothing.
+
+    ``tenant``: the task's, if known; else looked up by the id (a child has its parent's).
 
     Raises:
         UnknownTask: no such task.
         NotRedrivable: the task (or a child it would redrive) cannot be redriven as asked.
         UnknownDefinition: ``options.version`` is not deployed.
     """
-    facts = await _facts(db, task_id, options)
+    facts = await _facts(db, task_id, options, tenant)
     found = plan_redrive(facts, options)
     children = []
     for child in found.children:
@@ -56,7 +63,9 @@ async def plan(
                     f"task {task_id}: children nested deeper than {MAX_CHILD_DEPTH}; redrive"
                     " the deepest failed child first"
                 )
-            inner = await plan(db, child.child_id, RedriveOptions(), depth=depth + 1)
+            inner = await plan(
+                db, child.child_id, RedriveOptions(), depth=depth + 1, tenant=found.tenant
+            )
             child = dataclasses.replace(child, plan=inner)
         children.append(child)
     return dataclasses.replace(found, children=tuple(children))
@@ -72,6 +81,7 @@ async def redrive(
     dry_run: bool = False,
     plan_id: int | None = None,
     token: int | None = None,
+    tenant: str | None = None,
 ) -> RedrivePlan:
     """Plan the redrive of ``task_id`` and, unless ``dry_run``, apply it.
 
@@ -85,6 +95,7 @@ async def redrive(
         plan_id: the bulk plan this redrive belongs to, recorded in the event.
         token: apply only while the task's fencing token is still this one (the token a
             preview showed); None: the token the plan reads.
+        tenant: the task's tenant, if known; else looked up by the id.
 
     Returns:
         The plan (its preview: ``plan.lines()``).
@@ -95,7 +106,7 @@ async def redrive(
         RedriveRefused: the plan is refused (not idempotent effects not named with
             ``rerun``, compensations that ran); ``exc.plan`` is the plan.
     """
-    found = await plan(db, task_id, options)
+    found = await plan(db, task_id, options, tenant=tenant)
     if dry_run:
         return found
     if token is not None and found.token != token:
@@ -160,7 +171,8 @@ async def _apply(
     await cursor.execute(
         query("redrive_task"),
         {
-            "task_id": found.task_id, "state": found.state, "token": found.token,
+            "task_id": found.task_id, "tenant": found.tenant, "state": found.state,
+            "token": found.token,
             "checkpoint": Jsonb(found.checkpoint), "digest": found.digest,
             "version": found.to_version, "timeout": found.timeout,
             "branches": Jsonb(list(found.branch_frames)), "fanout": fan.get("occurrence"),
@@ -175,11 +187,14 @@ async def _apply(
         )
 
 
-async def _facts(db: Database, task_id: int, options: RedriveOptions) -> RedriveFacts:
+async def _facts(
+    db: Database, task_id: int, options: RedriveOptions, tenant: str | None
+) -> RedriveFacts:
     """What the store recorded of ``task_id``, as the planner reads it."""
     reads = TaskReads(db)
-    task = await reads.get(task_id)
-    pinned = await _pinned(db, task_id)
+    task = await reads.get(task_id, tenant=tenant)
+    by_id = {"task_id": task_id, "tenant": task.tenant}
+    pinned = await _pinned(db, by_id)
     target = pinned
     if options.version is not None and (pinned is None or options.version != pinned.version):
         target = await DefinitionCatalog(db).get(task.definition_name, options.version)
@@ -191,27 +206,30 @@ async def _facts(db: Database, task_id: int, options: RedriveOptions) -> Redrive
         )
     fanout = (task.checkpoint.get("fanout") or {}).get("occurrence")
     rows = (
-        await db.fetch_all("ended_branches", {"task_id": task_id, "fanout": fanout})
+        await db.fetch_all("ended_branches", {**by_id, "fanout": fanout})
         if fanout
         else []
     )
-    children = await db.fetch_all("task_children", {"task_id": task_id})
-    clock = await db.fetch_one("redrive_clock", {"task_id": task_id})
+    children = await db.fetch_all("task_children", by_id)
+    clock = await db.fetch_one("redrive_clock", by_id)
     return RedriveFacts(
         task=task,
         pinned=pinned,
         target=target,
-        evidence=await reads.evidence(task_id),
-        events=await reads.events(task_id),
+        evidence=await reads.evidence(task_id, tenant=task.tenant),
+        events=await reads.events(task_id, tenant=task.tenant),
         branches=rows,
         children={row["parent_occurrence"]: row for row in children},
         deadline_passed=bool(clock and clock["deadline_passed"]),
     )
 
 
-async def _pinned(db: Database, task_id: int) -> WorkflowDefinition | None:
-    """The definition ``task_id`` is pinned to, or None when its version was deleted."""
-    row = await db.fetch_one("task_definition_body", {"task_id": task_id})
+async def _pinned(db: Database, by_id: dict[str, Any]) -> WorkflowDefinition | None:
+    """The definition a task is pinned to, or None when its version was deleted.
+
+    ``by_id``: the task's id and tenant, as the statement's parameters.
+    """
+    row = await db.fetch_one("task_definition_body", by_id)
     if row is None or row["body"] is None:
         return None
     return definition_from_body(row["body"])

@@ -129,7 +129,7 @@ class RedrivePlan:
     """What a redrive of one task does; ``checkpoint`` and the rest are what it writes.
 
     Attributes:
-        task_id: the task.
+        task_id: the task; ``tenant`` its tenant.
         state: its state (``failed`` or ``cancelled``) and ``token`` its fencing token as
             read: the redrive applies only while both are still those.
         workflow: its definition name; ``version`` the pinned version, ``to_version`` the
@@ -152,6 +152,7 @@ class RedrivePlan:
     """
 
     task_id: int
+    tenant: str
     state: str
     token: int
     workflow: str
@@ -378,7 +379,7 @@ def plan_redrive(facts: RedriveFacts, options: RedriveOptions) -> RedrivePlan:
             "--from an earlier step to run more than that",
         )
     return RedrivePlan(
-        task_id=task.id, state=task.state, token=task.lease_token,
+        task_id=task.id, tenant=task.tenant, state=task.state, token=task.lease_token,
         workflow=task.definition_name, version=task.definition_version,
         to_version=target.version, resume=step, occurrence=occurrence,
         from_step=options.from_step is not None, effects=tuple(effects),

@@ -327,6 +327,7 @@ class Schedules:
                          "concurrency_key": concurrency["concurrency_key"]})  # fmt: skip
         params = {
             "name": schedule.name,
+            "tenant": schedule.tenant,
             "definition_name": definition.name,
             "version": definition.version,
             "digest": definition.digest,

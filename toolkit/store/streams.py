@@ -23,6 +23,7 @@ from toolkit.store.database import Database
 from toolkit.store.fence import Fence, fence_params
 from toolkit.store.task_notices import listen, task_news
 from toolkit.store.task_reads import TERMINAL_STATES
+from toolkit.store.task_tenants import task_tenant
 
 #: Largest published item, bytes of JSON text.
 MAX_ITEM_BYTES = 64 * 1024
@@ -118,32 +119,46 @@ class Streams:
         payload = f'{{"task":{task_id},"value":{text}}}'
         await self._db.fetch_one("report_progress", {"payload": payload})
 
-    async def items(self, task_id: int, after: int = 0, limit: int = 1000) -> list[StreamEvent]:
-        """The task's stream items after number ``after``, in order (at most ``limit``)."""
-        rows = await self._db.fetch_all(
-            "stream_items", {"task_id": task_id, "after": after, "limit": limit}
-        )
+    async def items(
+        self, task_id: int, after: int = 0, limit: int = 1000, *, tenant: str | None = None
+    ) -> list[StreamEvent]:
+        """The task's stream items after number ``after``, in order (at most ``limit``).
+
+        ``tenant``: the task's, if known; else looked up by the id
+        (:func:`~toolkit.store.task_tenants.task_tenant`).
+        """
+        tenant = await task_tenant(self._db, task_id, tenant)
+        params = {"task_id": task_id, "tenant": tenant, "after": after, "limit": limit}
+        rows = await self._db.fetch_all("stream_items", params)
         return [
             StreamEvent("item", row["value"], row["seq"], row["occurrence"], row["published_at"])
             for row in rows
         ]
 
     async def follow(
-        self, task_id: int, *, after: int = 0, poll: float = 1.0, progress: bool = True
+        self,
+        task_id: int,
+        *,
+        after: int = 0,
+        poll: float = 1.0,
+        progress: bool = True,
+        tenant: str | None = None,
     ) -> AsyncIterator[StreamEvent]:
         """Yield a task's stream items, its progress and its state changes until it ends.
 
         The stream's items after number ``after`` come in order, each once, and the last
         event is the task's end state, after its last items; progress values come as they
         are sent while following (best effort: none is replayed). Woken by LISTEN/NOTIFY;
-        without notifications it reads every ``poll`` seconds.
+        without notifications it reads every ``poll`` seconds. ``tenant``: as :meth:`items`.
 
         Raises:
             UnknownTask: no such task.
         """
         listening = await listen(self._db, _CHANNELS, "runifold-watch")
         try:
-            row = await self._db.fetch_one("await_task", {"task_id": task_id})
+            tenant = await task_tenant(self._db, task_id, tenant)
+            params = {"task_id": task_id, "tenant": tenant}
+            row = await self._db.fetch_one("await_task", params)
             if row is None:
                 raise UnknownTask(f"no task {task_id}")
             shown: tuple[str, str | None] | None = None
@@ -152,7 +167,7 @@ class Streams:
                 if state != shown and row["state"] not in TERMINAL_STATES:
                     shown = state
                     yield StreamEvent("state", row["state"], detail=_wait(row))
-                for item in await self.items(task_id, after):
+                for item in await self.items(task_id, after, tenant=tenant):
                     after = item.seq or after
                     yield item
                 if row["state"] in TERMINAL_STATES:
@@ -161,7 +176,7 @@ class Streams:
                 async for value in task_news(listening, task_id, poll):
                     if progress:
                         yield StreamEvent("progress", value)
-                row = await self._db.fetch_one("get_task", {"task_id": task_id})
+                row = await self._db.fetch_one("get_task", params)
                 assert row is not None
         finally:
             if listening is not None:
@@ -176,6 +191,3 @@ def _ending(row: dict[str, Any]) -> dict[str, Any]:
     if row["state"] == "succeeded":
         return {"result": row["result"]}
     return {"error": row["error"]}
-
-
-

@@ -21,6 +21,7 @@ from toolkit.lifecycle import TaskState
 from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.task_notices import listen, task_news
+from toolkit.store.task_tenants import task_tenant
 
 #: States a task never leaves.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -77,13 +78,19 @@ class TaskReads:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def get(self, task_id: int) -> TaskRecord:
+    async def get(self, task_id: int, *, tenant: str | None = None) -> TaskRecord:
         """Read one task.
 
+        Args:
+            task_id: the task.
+            tenant: its tenant, if known; else looked up by the id
+                (:func:`~toolkit.store.task_tenants.task_tenant`).
+
         Raises:
-            UnknownTask: no task has that id.
+            UnknownTask: no task has that id (under ``tenant``, when given).
         """
-        row = await self._db.fetch_one("get_task", {"task_id": task_id})
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        row = await self._db.fetch_one("get_task", params)
         if row is None:
             raise UnknownTask(f"no task {task_id}")
         return TaskRecord(**row)
@@ -156,18 +163,22 @@ class TaskReads:
             (r["state"], r["definition_name"], r["definition_version"], int(r["n"])) for r in rows
         ]
 
-    async def evidence(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """The task's effect evidence records, oldest first."""
-        return [
-            dict(row) for row in await self._db.fetch_all("task_evidence", {"task_id": task_id})
-        ]
+    async def evidence(
+        self, task_id: int, *, tenant: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """The task's effect evidence records, oldest first (``tenant``: as :meth:`get`)."""
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        return [dict(row) for row in await self._db.fetch_all("task_evidence", params)]
 
-    async def events(self, task_id: int) -> builtins.list[dict[str, Any]]:
-        """The task's events (every transition), oldest first."""
-        return [dict(row) for row in await self._db.fetch_all("task_events", {"task_id": task_id})]
+    async def events(
+        self, task_id: int, *, tenant: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        """The task's events (every transition), oldest first (``tenant``: as :meth:`get`)."""
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        return [dict(row) for row in await self._db.fetch_all("task_events", params)]
 
-    async def queue_position(self, task_id: int) -> dict[str, Any]:
-        """Why a due task is not running yet (``toolkit show``).
+    async def queue_position(self, task_id: int, *, tenant: str | None = None) -> dict[str, Any]:
+        """Why a due task is not running yet (``toolkit show``; ``tenant``: as :meth:`get`).
 
         Returns:
             ``{"due", "paused", "max_active", "active", "ahead", "served"}``: whether it is
@@ -178,7 +189,8 @@ class TaskReads:
         Raises:
             UnknownTask: no such task.
         """
-        row = await self._db.fetch_one("task_queue_position", {"task_id": task_id})
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        row = await self._db.fetch_one("task_queue_position", params)
         if row is None:
             raise UnknownTask(f"no task {task_id}")
         return dict(row)
@@ -211,16 +223,26 @@ class TaskReads:
         assert row is not None
         return bool(row["pending"]), row["next_due"]
 
-    async def signals(self, task_id: int) -> builtins.list[dict[str, Any]]:
+    async def signals(
+        self, task_id: int, *, tenant: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
         """Every signal sent to the task, consumed or not, oldest first.
 
         Each: ``id``, ``name``, ``address`` (the branch it is for; None: the task as a
         whole), ``payload``, ``sent_at``, ``consumed_at``, ``consumed_by`` (the occurrence
-        that took it), ``consumed_token``.
+        that took it), ``consumed_token``. ``tenant``: as :meth:`get`.
         """
-        return [dict(row) for row in await self._db.fetch_all("task_signals", {"task_id": task_id})]
+        params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+        return [dict(row) for row in await self._db.fetch_all("task_signals", params)]
 
-    async def result(self, task_id: int, *, timeout: float | None = None, poll: float = 5.0) -> Any:
+    async def result(
+        self,
+        task_id: int,
+        *,
+        timeout: float | None = None,
+        poll: float = 5.0,
+        tenant: str | None = None,
+    ) -> Any:
         """Wait for a task to end; return its output, or raise its error.
 
         The task is marked awaited, so that its ending, by whatever statement, notifies
@@ -232,6 +254,7 @@ class TaskReads:
             task_id: the task.
             timeout: seconds to wait at most; None waits as long as it takes.
             poll: seconds between two reads without a notification.
+            tenant: the task's tenant, if known (as :meth:`get`).
 
         Returns:
             The task's output (JSON) when it succeeded.
@@ -246,7 +269,8 @@ class TaskReads:
         listening: psycopg.AsyncConnection[Any] | None = None
         try:
             listening = await listen(self._db, [ENDED_CHANNEL], "runifold-wait")
-            row = await self._db.fetch_one("await_task", {"task_id": task_id})
+            params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
+            row = await self._db.fetch_one("await_task", params)
             while True:
                 if row is None:
                     raise UnknownTask(f"no task {task_id}")
@@ -262,7 +286,7 @@ class TaskReads:
                     )
                 async for _ in task_news(listening, task_id, min(poll, left)):
                     pass  # progress values are not wanted here
-                row = await self._db.fetch_one("get_task", {"task_id": task_id})
+                row = await self._db.fetch_one("get_task", params)
         finally:
             if listening is not None:
                 await listening.close()

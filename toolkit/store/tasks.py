@@ -35,7 +35,8 @@ from toolkit.payload import check_payload
 from toolkit.store.branches import BranchRows
 from toolkit.store.callbacks import Callbacks, wake_branches_of
 from toolkit.store.concurrency_keys import apply_policy, refused_or_cancelled
-from toolkit.store.descendants import cancel_descendants
+from toolkit.store.database import Database
+from toolkit.store.descendants import cancel_descendants, ended_children
 from toolkit.store.key_locks import insert_keyed
 from toolkit.store.names import check_signal_name, check_tenant
 from toolkit.store.redrive import RedriveOptions, RedrivePlan, redrive
@@ -55,6 +56,7 @@ from toolkit.store.submit_flow import no_delayed_start, submit_flowing
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
+from toolkit.store.task_tenants import task_tenant
 
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
@@ -232,6 +234,7 @@ class Tasks(TaskReads):
         *,
         force: bool = False,
         address: str | None = None,
+        tenant: str | None = None,
     ) -> int:
         """Send signal ``name`` to a task; it is kept until a ``wait: {signal: name}`` consumes it.
 
@@ -249,6 +252,8 @@ class Tasks(TaskReads):
             force: store the signal even if no step waits for ``name``.
             address: the branch (a parallel branch's name, a map item's index as text) it
                 is for; None: the task as a whole.
+            tenant: the task's tenant, if known; else looked up by the id
+                (:func:`~toolkit.store.task_tenants.task_tenant`).
 
         Returns:
             The signal's id.
@@ -268,7 +273,8 @@ class Tasks(TaskReads):
         """
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
-        found = await self._signal_wait(task_id, name)
+        tenant = await task_tenant(self._db, task_id, tenant)
+        found = await _signal_wait(self._db, task_id, tenant)
         waited, schema = signal_waits(*found, name) if found else (None, None)
         if waited is not None and name not in waited and not force:
             raise UnknownSignal(task_id=task_id, name=name, waited=waited)
@@ -279,7 +285,11 @@ class Tasks(TaskReads):
                     task_id=task_id, name=name, waited=waited or (), address=address,
                     addresses=shapes,
                 )  # fmt: skip
-        waiters = await BranchRows(self._db).signal_waiters(task_id, name)
+        waiters = (
+            await BranchRows(self._db).signal_waiters(task_id, name, tenant=tenant)
+            if tenant is not None
+            else []
+        )
         if address is None:
             if len(waiters) > 1:
                 raise SignalAmbiguous(task_id, name, [w.address for w in waiters])
@@ -291,10 +301,10 @@ class Tasks(TaskReads):
             payload = validate_payload(schema, payload, f"payload of signal {name!r}")
         rows = await self._db.fetch_all_then(
             "send_signal",
-            {"task_id": task_id, "name": name, "payload": Jsonb(payload), "plan_id": None,
-             "operator": None, "address": address, "event_id": None},
+            {"task_id": task_id, "tenant": tenant, "name": name, "payload": Jsonb(payload),
+             "plan_id": None, "operator": None, "address": address, "event_id": None},
             lambda sent: wake_branches_of(
-                [(task_id, f"signal:{name}", address) for r in sent if r["signal_id"]]
+                [(task_id, f"signal:{name}", address) for r in sent if r["signal_id"]], tenant
             ),
         )  # fmt: skip
         row = rows[0] if rows else None
@@ -305,18 +315,6 @@ class Tasks(TaskReads):
                 f"task {task_id} {TaskState(row['state']).phrase()}; signal {name!r} was not stored"
             )
         return int(row["signal_id"])
-
-    async def _signal_wait(
-        self, task_id: int, name: str
-    ) -> tuple[WorkflowDefinition, str | None] | None:
-        """The task's definition and the step its own graph is at (its cursor).
-
-        None for an ended or unknown task (the signal is refused for that).
-        """
-        row = await self._db.fetch_one("task_definition_body", {"task_id": task_id})
-        if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
-            return None
-        return definition_from_body(row["body"]), (row["checkpoint"] or {}).get("cursor")
 
     async def complete(
         self,
@@ -352,12 +350,15 @@ class Tasks(TaskReads):
         result = self._checked(result, f"result of callback {token!r}")
         return await Callbacks(self._db).complete(token, result=result)
 
-    async def cancel(self, task_id: int, reason: str = "cancelled by request") -> str:
+    async def cancel(
+        self, task_id: int, reason: str = "cancelled by request", *, tenant: str | None = None
+    ) -> str:
         """Cancel a task, and its live child tasks (and theirs).
 
         A queued or waiting task (or one whose lease expired) is cancelled at once; a leased
         one gets a cancel request that its worker learns of at its next heartbeat, which
         cancels the running handler. Completed steps and their external writes stay done.
+        ``tenant``: the task's, if known (as :meth:`signal`).
 
         Returns:
             ``"cancelled"`` or ``"requested"``.
@@ -366,7 +367,7 @@ class Tasks(TaskReads):
             UnknownTask: no such task.
             TaskTerminal: the task has already ended.
         """
-        row = await self._request_cancel(task_id, reason)
+        row = await self._request_cancel(task_id, reason, tenant)
         if row is None or row["previous_state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["cancelled"] or row["requested"]:
@@ -385,12 +386,16 @@ class Tasks(TaskReads):
         """
         return await cancel_descendants(self._db, task_ids)
 
-    async def _request_cancel(self, task_id: int, reason: str) -> dict[str, Any] | None:
+    async def _request_cancel(
+        self, task_id: int, reason: str, tenant: str | None
+    ) -> dict[str, Any] | None:
         """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""
         rows = await self._db.fetch_all_then(
             "request_cancel",
-            cancel_params(task_id, reason),
-            lambda done: ended_children([task_id] if done and done[0]["cancelled"] else []),
+            cancel_params(task_id, await task_tenant(self._db, task_id, tenant), reason),
+            lambda done: ended_children(
+                [task_id] if done and done[0]["cancelled"] else [], tenant
+            ),
         )
         return rows[0] if rows else None
 
@@ -404,6 +409,7 @@ class Tasks(TaskReads):
         error: str | None = None,
         message: str | None = None,
         operator: str = "operator",
+        tenant: str | None = None,
     ) -> None:
         """Resolve an effect whose intent was recorded without an outcome (DESIGN §2).
 
@@ -411,7 +417,8 @@ class Tasks(TaskReads):
         as if the handler had returned it; ``failed`` records ``error`` and goes through the
         step's retry and catch policy (``error`` is the error name retry and catch rules match,
         default ``ReconciledFailure``); ``retry`` calls the handler again with the same
-        idempotency key (the operator takes the risk of a second call).
+        idempotency key (the operator takes the risk of a second call). ``tenant``: the
+        task's, if known (as :meth:`signal`).
 
         Raises:
             UnknownTask: no such task.
@@ -420,7 +427,7 @@ class Tasks(TaskReads):
         """
         if outcome == "completed":
             self._checked(result, f"result of step {step!r}")
-        task = await self.get(task_id)
+        task = await self.get(task_id, tenant=tenant)
         pending = task.checkpoint.get("pending")
         # ``step`` names the step of the pending occurrence: at the task's level (``charge``
         # for ``charge#1``) or in a branch (``charge`` or ``fan`` for ``fan#1/a/charge#1``).
@@ -446,6 +453,7 @@ class Tasks(TaskReads):
             "reconcile_effect",
             {
                 "task_id": task_id,
+                "tenant": task.tenant,
                 "occurrence": pending,
                 "record": record,
                 "operator": operator,
@@ -470,6 +478,7 @@ class Tasks(TaskReads):
         operator: str = "operator",
         dry_run: bool = False,
         token: int | None = None,
+        tenant: str | None = None,
     ) -> RedrivePlan:
         """Bring a ``failed`` or ``cancelled`` task back (issue 19; docs/reliability.md).
 
@@ -494,6 +503,7 @@ class Tasks(TaskReads):
             dry_run: only plan; nothing is written.
             token: apply only while the task's fencing token is still this one (the
                 ``plan.token`` of the dry run the operator read); None: any.
+            tenant: the task's tenant, if known (as :meth:`signal`).
 
         Returns:
             The plan; ``plan.lines()`` is the preview.
@@ -508,17 +518,29 @@ class Tasks(TaskReads):
         options = RedriveOptions(from_step, frozenset(rerun), timeout, version)
         return await redrive(
             self._db, task_id, options, reason=reason, operator=operator, dry_run=dry_run,
-            token=token,
+            token=token, tenant=tenant,
         )  # fmt: skip
 
 
-def ended_children(task_ids: Sequence[int]) -> tuple[str, dict[str, Any]] | None:
-    """The ``wake_parent_branches`` statement for tasks that just ended, or None for none."""
-    if not task_ids:
+async def _signal_wait(
+    db: Database, task_id: int, tenant: str | None
+) -> tuple[WorkflowDefinition, str | None] | None:
+    """The task's definition and the step its own graph is at (its cursor).
+
+    None for an ended or unknown task (the signal is refused for that).
+    """
+    row = await db.fetch_one("task_definition_body", {"task_id": task_id, "tenant": tenant})
+    if row is None or row["body"] is None or row["state"] in TERMINAL_STATES:
         return None
-    return "wake_parent_branches", {"task_ids": list(task_ids)}
+    return definition_from_body(row["body"]), (row["checkpoint"] or {}).get("cursor")
 
 
-def cancel_params(task_id: int, reason: str) -> dict[str, Any]:
+def cancel_params(task_id: int, tenant: str | None, reason: str) -> dict[str, Any]:
     """The parameters of ``request_cancel`` for one task, outside any bulk plan."""
-    return {"task_id": task_id, "reason": reason, "plan_id": None, "operator": None}
+    return {
+        "task_id": task_id,
+        "tenant": tenant,
+        "reason": reason,
+        "plan_id": None,
+        "operator": None,
+    }

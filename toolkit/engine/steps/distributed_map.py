@@ -130,7 +130,7 @@ async def _failed_early(
     cycle = ctx.cycle
     progress = await cycle.retrying(
         functools.partial(cycle.services.store.map_items.progress, cycle.task.id,
-                          state.occurrence, state.listed)
+                          state.occurrence, state.listed, tenant=cycle.task.tenant)
     )  # fmt: skip
     if progress.failed <= _tolerated(step, None):
         return None
@@ -149,7 +149,7 @@ async def _count(ctx: StepContext, step: DistributedMapStep, state: MapItemsWait
     store = cycle.services.store
     progress = await cycle.retrying(
         functools.partial(store.map_items.progress, cycle.task.id, state.occurrence,
-                          state.listed)
+                          state.listed, tenant=cycle.task.tenant)
     )  # fmt: skip
     tolerated = _tolerated(step, state.listed)
     if progress.failed > tolerated:
@@ -187,7 +187,7 @@ async def _summary(cycle: Cycle, state: MapItemsWait) -> dict[str, Any]:
     """The step's output: counts over every child, and the first failed tasks."""
     summary = await cycle.retrying(
         functools.partial(cycle.services.store.map_items.summary, cycle.task.id,
-                          state.occurrence, state.listed)
+                          state.occurrence, state.listed, tenant=cycle.task.tenant)
     )  # fmt: skip
     return {
         "items": state.listed, "tasks": summary.tasks, "succeeded": summary.succeeded,

@@ -188,7 +188,9 @@ class Branches:
         elif fan.started:
             store = cycle.services.store.branches
             for row in await cycle.retrying(
-                functools.partial(store.resumable, cycle.task.id, fan.occurrence)
+                functools.partial(
+                    store.resumable, cycle.task.id, fan.occurrence, tenant=cycle.task.tenant
+                )
             ):
                 frame = BranchFrame.from_json(row.frame)
                 frame.due = row.due
@@ -368,7 +370,9 @@ class Branches:
         store = cycle.services.store.branches
         if waiting > 0:
             await self._cancel_waiting()
-        rows = await cycle.retrying(functools.partial(store.ended, cycle.task.id, fan.occurrence))
+        tenant = cycle.task.tenant
+        ended = functools.partial(store.ended, cycle.task.id, fan.occurrence, tenant=tenant)
+        rows = await cycle.retrying(ended)
         frames = {row.name: BranchFrame.from_json(row.frame) for row in rows}
         winner = fan.winner
         output: Any = None
@@ -409,7 +413,9 @@ class Branches:
         cycle, step, fan = self.cycle, self.step, self.fan
         store = cycle.services.store
         rows = await cycle.retrying(
-            functools.partial(store.branches.waiting, cycle.task.id, fan.occurrence)
+            functools.partial(
+                store.branches.waiting, cycle.task.id, fan.occurrence, tenant=cycle.task.tenant
+            )
         )
         for row in rows:
             frame = BranchFrame.from_json(row.frame)
@@ -428,19 +434,30 @@ class Branches:
         if isinstance(wait, ChildWait):
             try:
                 await cycle.retrying(
-                    functools.partial(store.tasks.cancel, wait.child, "its branch cancelled")
+                    functools.partial(
+                        store.tasks.cancel,
+                        wait.child,
+                        "its branch cancelled",
+                        tenant=cycle.task.tenant,
+                    )
                 )
             except TaskTerminal:
                 pass  # it ended meanwhile
         if frame.fanout is not None:  # a nested step: its waiting branches go too
             rows = await cycle.retrying(
-                functools.partial(store.branches.waiting, cycle.task.id, frame.fanout.occurrence)
+                functools.partial(
+                    store.branches.waiting,
+                    cycle.task.id,
+                    frame.fanout.occurrence,
+                    tenant=cycle.task.tenant,
+                )
             )
             for row in rows:
                 await self._let_go(BranchFrame.from_json(row.frame))
         for occurrence in [o for o in cycle.checkpoint.callbacks if o.startswith(frame.prefix)]:
             token = cycle.checkpoint.callbacks.pop(occurrence).token
-            await cycle.retrying(functools.partial(store.callbacks.expire, token))
+            expire = functools.partial(store.callbacks.expire, token, tenant=cycle.task.tenant)
+            await cycle.retrying(expire)
 
     def context(self, name: str) -> dict[str, Any]:
         """What ``context`` adds in branch ``name``: its name, a map's item and index.

@@ -119,7 +119,14 @@ async def take_signal(
     async with cycle.signal_lock:  # two branches never take the same signal
         taken = list(cycle.signals_taken)
         found = await cycle.retrying(
-            functools.partial(leases.next_signal, cycle.task.id, names, taken, ctx.address)
+            functools.partial(
+                leases.next_signal,
+                cycle.task.id,
+                names,
+                taken,
+                ctx.address,
+                tenant=cycle.task.tenant,
+            )
         )
         if found is None:
             return None

@@ -25,7 +25,9 @@ async def run(ctx: StepContext, step: WorkflowStep) -> Transition:
     cycle = ctx.cycle
     store = cycle.services.store
     occurrence = ctx.frame.occurrence(step.id)
-    child = await cycle.retrying(functools.partial(store.children.get, cycle.task.id, occurrence))
+    child = await cycle.retrying(
+        functools.partial(store.children.get, cycle.task.id, occurrence, tenant=cycle.task.tenant)
+    )
     if child is None:
         try:
             definition = await cycle.retrying(

@@ -200,7 +200,9 @@ WHERE plan_id = %(plan_id)s AND task_id = %(task_id)s AND outcome IS NULL;
 -- name: lock_task_state
 -- A task's state and fencing token, its row locked as a redrive locks it (so the compare
 -- with a plan item holds until the transaction ends).
-SELECT state, lease_token FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE;
+SELECT state, lease_token FROM toolkit_tasks
+WHERE id = %(task_id)s AND tenant = %(tenant)s
+FOR NO KEY UPDATE;
 
 -- name: bulk_plan_task_ids
 -- Every task of plan %(plan_id)s, in id order (a redrive plan's preview plans each).

@@ -10,7 +10,8 @@ WITH lease AS (
 ), expired AS (
     UPDATE toolkit_callbacks
     SET state = 'expired'
-    WHERE task_id = (SELECT id FROM lease) AND occurrence = %(occurrence)s
+    WHERE task_id = (SELECT id FROM lease) AND tenant = %(tenant)s
+      AND occurrence = %(occurrence)s
       AND state = 'open' AND token <> %(callback_token)s
 ), created AS (
     INSERT INTO toolkit_callbacks (token, task_id, tenant, occurrence, attempt)
@@ -19,12 +20,17 @@ WITH lease AS (
 )
 SELECT (SELECT id FROM lease) AS task_id;
 
+-- name: callback_tenant
+-- The tenant of callback %(callback_token)s, for the statements that name it beside the
+-- token (an external system completes a callback by its token alone).
+SELECT tenant FROM toolkit_callbacks WHERE token = %(callback_token)s;
+
 -- name: get_callback
 SELECT c.token, c.task_id, c.occurrence, c.attempt, c.state, c.result, c.error,
        c.created_at, c.completed_at, t.state AS task_state
 FROM toolkit_callbacks c
-JOIN toolkit_tasks t ON t.id = c.task_id
-WHERE c.token = %(callback_token)s;
+JOIN toolkit_tasks t ON t.id = c.task_id AND t.tenant = %(tenant)s
+WHERE c.token = %(callback_token)s AND c.tenant = %(tenant)s;
 
 -- name: complete_callback
 -- Completes an open callback once, and wakes its task if it already waits for it. The task
@@ -37,22 +43,23 @@ WITH
 , target AS (
     SELECT t.id, t.tenant, t.state, t.wait_reason
     FROM toolkit_callbacks c
-    JOIN toolkit_tasks t ON t.id = c.task_id
-    WHERE c.token = %(callback_token)s
+    JOIN toolkit_tasks t ON t.id = c.task_id AND t.tenant = %(tenant)s
+    WHERE c.token = %(callback_token)s AND c.tenant = %(tenant)s
     FOR NO KEY UPDATE OF t
 ), completed AS (
     UPDATE toolkit_callbacks
     SET state = 'completed', result = %(result)s::jsonb, error = %(error)s::jsonb,
         completed_at = statement_timestamp()
     FROM target
-    WHERE token = %(callback_token)s AND toolkit_callbacks.state = 'open'
+    WHERE token = %(callback_token)s AND toolkit_callbacks.tenant = %(tenant)s
+      AND toolkit_callbacks.state = 'open'
       AND target.state IN ('queued', 'leased', 'waiting')
     RETURNING toolkit_callbacks.task_id, toolkit_callbacks.tenant, occurrence
 ), woken AS (
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM completed c, target, due_in_statement
-    WHERE t.id = c.task_id AND target.id = c.task_id
+    WHERE t.id = c.task_id AND t.tenant = %(tenant)s AND target.id = c.task_id
       AND target.state = 'waiting' AND target.wait_reason = 'callback'
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
@@ -74,4 +81,4 @@ FROM completed;
 
 -- name: expire_callback
 UPDATE toolkit_callbacks SET state = 'expired'
-WHERE token = %(callback_token)s AND state = 'open';
+WHERE token = %(callback_token)s AND tenant = %(tenant)s AND state = 'open';

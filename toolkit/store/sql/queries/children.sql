@@ -74,7 +74,8 @@ SELECT (SELECT id FROM parent) AS parent_id,
 -- The child task a parent's step occurrence started, if any.
 SELECT id, definition_name, definition_version, state, result, error
 FROM toolkit_tasks
-WHERE parent_id = %(parent_id)s AND parent_occurrence = %(occurrence)s;
+WHERE parent_id = %(parent_id)s AND parent_occurrence = %(occurrence)s
+  AND tenant = %(tenant)s;
 
 -- name: live_children
 -- Every live descendant of tasks %(task_ids)s (children, their children ...), for cancelling

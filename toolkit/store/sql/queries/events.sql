@@ -17,7 +17,7 @@ WHERE tenant = %(tenant)s AND name = %(name)s AND key = %(key)s;
 -- What an emit did: the tasks it started, those it was delivered to, those it cancelled.
 UPDATE toolkit_events
 SET started = %(started)s, delivered = %(delivered)s, cancelled = %(cancelled)s
-WHERE id = %(event_id)s;
+WHERE id = %(event_id)s AND tenant = %(tenant)s;
 
 -- name: event_use_definitions
 -- The definitions whose newest registered version has a trigger for event %(name)s or
@@ -101,7 +101,8 @@ ORDER BY s.task_id;
 UPDATE toolkit_events
 SET delivered = CASE WHEN %(cancels)s THEN delivered ELSE delivered || %(task_id)s::bigint END,
     cancelled = CASE WHEN %(cancels)s THEN cancelled || %(task_id)s::bigint ELSE cancelled END
-WHERE id = %(event_id)s AND NOT %(task_id)s::bigint = ANY(delivered || cancelled);
+WHERE id = %(event_id)s AND tenant = %(tenant)s
+  AND NOT %(task_id)s::bigint = ANY(delivered || cancelled);
 
 -- name: deliver_event
 -- Event %(event_id)s delivered to the live tasks %(task_ids)s as signal %(name)s with payload
@@ -154,14 +155,14 @@ LIMIT %(limit)s;
 -- name: task_event_ids
 -- The events delivered to task %(task_id)s, the one that started it, the one that cancelled it.
 SELECT e.id, e.name, e.emitted_at, 'delivered' AS how
-FROM toolkit_signals s JOIN toolkit_events e ON e.id = s.event_id
-WHERE s.task_id = %(task_id)s
+FROM toolkit_signals s JOIN toolkit_events e ON e.id = s.event_id AND e.tenant = %(tenant)s
+WHERE s.task_id = %(task_id)s AND s.tenant = %(tenant)s
 UNION ALL
 SELECT e.id, e.name, e.emitted_at, 'started'
 FROM toolkit_events e
-WHERE e.started @> ARRAY[%(task_id)s::bigint]
+WHERE e.tenant = %(tenant)s AND e.started @> ARRAY[%(task_id)s::bigint]
 UNION ALL
 SELECT e.id, e.name, e.emitted_at, 'cancelled'
 FROM toolkit_events e
-WHERE e.cancelled @> ARRAY[%(task_id)s::bigint]
+WHERE e.tenant = %(tenant)s AND e.cancelled @> ARRAY[%(task_id)s::bigint]
 ORDER BY 1;

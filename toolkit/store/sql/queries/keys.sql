@@ -49,17 +49,20 @@ keys_in_statement AS (
 -- that this snapshot has every holder committed before the lock) and no task waits for
 -- it; then its first rows, in order, are admitted while the key's live holders and the rows
 -- before them number fewer than the row's max_active. Every other keyed row is parked.
--- key_decided: (n, admitted, parked).
+-- key_decided: (n, admitted, parked). %(tenant)s: the rows' tenant, named for a store
+-- distributed by tenant to route the counts (as due_marks; null: several tenants).
 key_counts AS (
     SELECT k.tenant, k.definition_name, k.concurrency_key,
            k.locked AND NOT EXISTS (
                SELECT 1 FROM toolkit_tasks w
-               WHERE w.tenant = k.tenant AND w.definition_name = k.definition_name
+               WHERE w.tenant = k.tenant AND (%(tenant)s::text IS NULL OR w.tenant = %(tenant)s)
+                 AND w.definition_name = k.definition_name
                  AND w.concurrency_key = k.concurrency_key
                  AND w.state = 'waiting' AND w.wait_reason = 'concurrency') AS free,
            CASE WHEN k.locked THEN (
                SELECT count(*) FROM toolkit_tasks h
-               WHERE h.tenant = k.tenant AND h.definition_name = k.definition_name
+               WHERE h.tenant = k.tenant AND (%(tenant)s::text IS NULL OR h.tenant = %(tenant)s)
+                 AND h.definition_name = k.definition_name
                  AND h.concurrency_key = k.concurrency_key
                  AND h.key_held AND h.state IN ('queued', 'leased', 'waiting')) END AS held
     FROM (

@@ -92,16 +92,17 @@ SELECT (SELECT id FROM parent) AS parent_id,
 -- items run from its map_index to the next task's, the last one's to %(listed)s). Reads
 -- the live and the failed children only (their partial indexes), not every child.
 SELECT (SELECT count(*) FROM toolkit_tasks
-        WHERE parent_id = %(parent_id)s AND map_index IS NOT NULL
+        WHERE parent_id = %(parent_id)s AND tenant = %(tenant)s AND map_index IS NOT NULL
           AND state IN ('queued', 'leased', 'waiting')
           AND starts_with(parent_occurrence, %(occurrence)s || '/')) AS live,
        (SELECT coalesce(sum(coalesce(
                    (SELECT min(n.map_index) FROM toolkit_tasks n
-                    WHERE n.parent_id = f.parent_id AND n.map_index > f.map_index
+                    WHERE n.parent_id = f.parent_id AND n.tenant = %(tenant)s
+                      AND n.map_index > f.map_index
                       AND starts_with(n.parent_occurrence, %(occurrence)s || '/')),
                    %(listed)s) - f.map_index), 0)::bigint
         FROM toolkit_tasks f
-        WHERE f.parent_id = %(parent_id)s AND f.map_index IS NOT NULL
+        WHERE f.parent_id = %(parent_id)s AND f.tenant = %(tenant)s AND f.map_index IS NOT NULL
           AND f.state IN ('failed', 'cancelled')
           AND starts_with(f.parent_occurrence, %(occurrence)s || '/')) AS failed;
 
@@ -113,7 +114,7 @@ WITH c AS (
     SELECT id, state, error, map_index,
            coalesce(lead(map_index) OVER (ORDER BY map_index), %(listed)s) - map_index AS items
     FROM toolkit_tasks
-    WHERE parent_id = %(parent_id)s AND map_index IS NOT NULL
+    WHERE parent_id = %(parent_id)s AND tenant = %(tenant)s AND map_index IS NOT NULL
       AND starts_with(parent_occurrence, %(occurrence)s || '/')
 )
 SELECT count(*) AS tasks,
@@ -153,7 +154,8 @@ SELECT ARRAY(SELECT id FROM now_cancelled UNION ALL SELECT id FROM requested) AS
 -- %(after)s (a map_index), of occurrence %(occurrence)s and state %(state)s when given.
 SELECT id, parent_occurrence, map_index, state, input, result, error, finished_at
 FROM toolkit_tasks
-WHERE parent_id = %(parent_id)s AND map_index IS NOT NULL AND map_index >= %(after)s
+WHERE parent_id = %(parent_id)s AND tenant = %(tenant)s
+  AND map_index IS NOT NULL AND map_index >= %(after)s
   AND (%(occurrence)s::text IS NULL OR starts_with(parent_occurrence, %(occurrence)s || '/'))
   AND (%(state)s::text IS NULL OR state = %(state)s::text)
 ORDER BY map_index, id

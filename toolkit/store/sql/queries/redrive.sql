@@ -3,14 +3,14 @@
 -- redrives a failed one, or says which a re-planned step replaces).
 SELECT id, parent_occurrence, state, definition_name, error ->> 'name' AS error_name
 FROM toolkit_tasks
-WHERE parent_id = %(task_id)s
+WHERE parent_id = %(task_id)s AND tenant = %(tenant)s
 ORDER BY id;
 
 -- name: redrive_clock
 -- Whether the task's workflow deadline has passed (database time).
 SELECT deadline_at IS NOT NULL AND deadline_at <= statement_timestamp() AS deadline_passed
 FROM toolkit_tasks
-WHERE id = %(task_id)s;
+WHERE id = %(task_id)s AND tenant = %(tenant)s;
 
 -- name: redrive_task
 -- A redrive (issue 19, docs/reliability.md): applied only while the task is still in
@@ -32,7 +32,8 @@ WITH
 -- include: keys_in_statement
 , target AS (
     SELECT id FROM toolkit_tasks
-    WHERE id = %(task_id)s AND state = %(state)s AND lease_token = %(token)s
+    WHERE id = %(task_id)s AND tenant = %(tenant)s AND state = %(state)s
+      AND lease_token = %(token)s
     FOR NO KEY UPDATE
 ), updated AS (
     UPDATE toolkit_tasks t
@@ -55,7 +56,7 @@ WITH
                       END,
         updated_at = statement_timestamp()
     FROM target, due_in_statement, keys_in_statement
-    WHERE t.id = target.id
+    WHERE t.id = target.id AND t.tenant = %(tenant)s
     RETURNING t.id, t.tenant, t.lease_token, t.run_at, t.definition_name, t.concurrency_key
 ), key_parked AS (
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
@@ -71,11 +72,12 @@ WITH
         seen = 0
     FROM updated u
     CROSS JOIN jsonb_to_recordset(%(branches)s::jsonb) AS r(name text, status text, frame jsonb)
-    WHERE b.task_id = u.id AND b.fanout = %(fanout)s AND b.name = r.name
+    WHERE b.task_id = u.id AND b.tenant = %(tenant)s AND b.fanout = %(fanout)s
+      AND b.name = r.name
 ), dropped AS (
     DELETE FROM toolkit_branches b
     USING updated u
-    WHERE b.task_id = u.id
+    WHERE b.task_id = u.id AND b.tenant = %(tenant)s
       AND EXISTS (SELECT 1 FROM unnest(%(dropped)s::text[]) AS d(fanout)
                   WHERE b.fanout = d.fanout OR starts_with(b.fanout, d.fanout || '/'))
 ), events AS (

@@ -25,6 +25,9 @@ due_in_statement AS (
 --   fails a test of the UPDATE is skipped without being read again, so a demotion that
 --   committed while the lock waited would be missed. It lowers next_due on the row as
 --   updated.
+-- * %(tenant)s, when the statement makes one tenant's tasks due (null: any, a statement
+--   over several tenants' tasks), names it beside the CTE's tenants, so that a store
+--   distributed by tenant routes both to the tenant's node (docs/scaling.md).
 -- A tenant row must be in the statement's snapshot: a task that exists has its tenant's row
 -- committed before it, and a submit for a tenant first registers it by a statement of its
 -- own when the process has not seen it (register_tenant, toolkit/store/submission.py); a
@@ -35,6 +38,7 @@ due_at AS (
     SELECT tn.tenant, tn.ready, tn.next_due
     FROM toolkit_tenants tn
     WHERE tn.tenant = ANY(ARRAY(SELECT tenant FROM due_at))
+      AND (%(tenant)s::text IS NULL OR tn.tenant = %(tenant)s)
     ORDER BY tn.tenant
     FOR KEY SHARE OF tn
 ), due_marked AS (
@@ -45,6 +49,7 @@ due_at AS (
                                 WHERE NOT l.ready
                                   AND (l.next_due IS NULL OR l.next_due > a.at)))
       AND d.tenant = tn.tenant
+      AND (%(tenant)s::text IS NULL OR tn.tenant = %(tenant)s)
 )
 
 -- fragment: rotation_floor

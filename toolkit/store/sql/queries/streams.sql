@@ -18,7 +18,8 @@ WITH task AS (
 SELECT seq, task_id::text AS notify_toolkit_stream FROM item;
 
 -- name: stream_full
-SELECT stream_seq >= %(max_items)s AS full FROM toolkit_tasks WHERE id = %(task_id)s;
+SELECT stream_seq >= %(max_items)s AS full FROM toolkit_tasks
+WHERE id = %(task_id)s AND tenant = %(tenant)s;
 
 -- name: report_progress
 -- ctx.progress: a notification only (channel toolkit_progress, payload JSON {task, value}):
@@ -29,6 +30,6 @@ SELECT pg_notify('toolkit_progress', %(payload)s) IS NULL AS notified;
 -- The items of a task's stream after %(after)s, in order, at most %(limit)s.
 SELECT seq, occurrence, fencing_token, value, published_at
 FROM toolkit_task_stream
-WHERE task_id = %(task_id)s AND seq > %(after)s
+WHERE task_id = %(task_id)s AND tenant = %(tenant)s AND seq > %(after)s
 ORDER BY seq
 LIMIT %(limit)s;

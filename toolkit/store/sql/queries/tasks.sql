@@ -151,10 +151,15 @@ AND (%(finished_since)s::timestamptz IS NULL
 AND (%(finished_until)s::timestamptz IS NULL
      OR t.finished_at < %(finished_until)s::timestamptz)
 
+-- name: task_tenant
+-- The tenant of task %(task_id)s, for the statements that name it beside the id
+-- (toolkit/store/task_tenants.py): the one per-task statement without it.
+SELECT tenant FROM toolkit_tasks WHERE id = %(task_id)s;
+
 -- name: get_task
 -- include: task_columns
 FROM toolkit_tasks t
-WHERE t.id = %(task_id)s;
+WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s;
 
 -- name: list_tasks
 -- One page of the tasks a filter matches, newest first: those with ids below %(before)s
@@ -172,7 +177,7 @@ LIMIT %(limit)s;
 -- returns it as that update left it: an ending that committed first is seen here, one that
 -- commits later sees the mark and notifies.
 UPDATE toolkit_tasks SET awaited = true
-WHERE id = %(task_id)s
+WHERE id = %(task_id)s AND tenant = %(tenant)s
 RETURNING id, state, wait_reason, result, error;
 
 -- name: count_tasks
@@ -201,13 +206,13 @@ ORDER BY state;
 SELECT id, occurrence, step, handler, idempotent, idempotency_key, record, attempt,
        fencing_token, worker_id, result, error, spend, recorded_at
 FROM toolkit_effect_evidence
-WHERE task_id = %(task_id)s
+WHERE task_id = %(task_id)s AND tenant = %(tenant)s
 ORDER BY id;
 
 -- name: task_events
 SELECT id, kind, worker_id, fencing_token, detail, at
 FROM toolkit_task_events
-WHERE task_id = %(task_id)s
+WHERE task_id = %(task_id)s AND tenant = %(tenant)s
 ORDER BY id;
 
 -- name: count_evidence
@@ -332,7 +337,7 @@ SELECT EXISTS (
 -- woken by the worker's own commit (wake_raced_waits).
 WITH target AS (
     SELECT id, tenant, state, wait_reason, checkpoint
-    FROM toolkit_tasks WHERE id = %(task_id)s FOR NO KEY UPDATE
+    FROM toolkit_tasks WHERE id = %(task_id)s AND tenant = %(tenant)s FOR NO KEY UPDATE
 ), r AS (
     SELECT %(task_id)s::bigint AS task_id, %(payload)s::jsonb AS payload
 ),
@@ -447,7 +452,7 @@ WITH ended AS (
 -- name: task_signals
 SELECT id, name, address, payload, sent_at, consumed_at, consumed_by, consumed_token
 FROM toolkit_signals
-WHERE task_id = %(task_id)s
+WHERE task_id = %(task_id)s AND tenant = %(tenant)s
 ORDER BY id;
 
 -- name: request_cancel
@@ -455,7 +460,7 @@ ORDER BY id;
 -- request that its holder learns of at its next heartbeat.
 WITH target AS (
     SELECT id, state, lease_expires_at FROM toolkit_tasks
-    WHERE id = %(task_id)s FOR NO KEY UPDATE
+    WHERE id = %(task_id)s AND tenant = %(tenant)s FOR NO KEY UPDATE
 ),
 -- include: cancel_targets
 SELECT (SELECT state FROM target) AS previous_state,
@@ -572,7 +577,7 @@ WITH reconciling AS (
     SELECT id, lease_token, %(occurrence)s::text AS occurrence,
            %(resolution)s::jsonb AS resolution
     FROM toolkit_tasks
-    WHERE id = %(task_id)s
+    WHERE id = %(task_id)s AND tenant = %(tenant)s
       AND state = 'waiting' AND wait_reason = 'reconciliation'
       AND checkpoint ->> 'pending' = %(occurrence)s
     FOR NO KEY UPDATE
@@ -631,7 +636,7 @@ SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
 SELECT d.body, t.checkpoint, t.state
 FROM toolkit_tasks t
 LEFT JOIN toolkit_definitions d ON d.digest = t.definition_digest
-WHERE t.id = %(task_id)s;
+WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s;
 
 -- name: key_live_tasks
 -- The live tasks of a concurrency key (docs/flow-control.md), oldest first: those holding it,
@@ -769,11 +774,11 @@ LIMIT 5;
 SELECT t.state IN ('queued', 'waiting') AND t.run_at <= statement_timestamp() AS due,
        tn.paused, tn.max_active,
        (SELECT count(*) FROM toolkit_tasks a
-        WHERE a.tenant = t.tenant AND a.state = 'leased'
+        WHERE a.tenant = %(tenant)s AND a.state = 'leased'
           AND a.lease_expires_at > statement_timestamp()) AS active,
        (SELECT count(*) FROM (
             SELECT 1 FROM toolkit_tasks a
-            WHERE a.tenant = t.tenant AND a.state IN ('queued', 'leased', 'waiting')
+            WHERE a.tenant = %(tenant)s AND a.state IN ('queued', 'leased', 'waiting')
               AND ((CASE WHEN a.state = 'leased' THEN a.lease_expires_at ELSE a.run_at END
                     AT TIME ZONE 'UTC') - a.priority * interval '1 minute', a.id)
                   < ((t.run_at AT TIME ZONE 'UTC') - t.priority * interval '1 minute', t.id)
@@ -785,8 +790,8 @@ SELECT t.state IN ('queued', 'waiting') AND t.run_at <= statement_timestamp() AS
                  AND w.definitions @> jsonb_build_array(
                          jsonb_build_object('digest', t.definition_digest))) AS served
 FROM toolkit_tasks t
-JOIN toolkit_tenants tn ON tn.tenant = t.tenant
-WHERE t.id = %(task_id)s;
+JOIN toolkit_tenants tn ON tn.tenant = %(tenant)s
+WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s;
 
 -- name: held_tasks
 -- include: held_task_counts

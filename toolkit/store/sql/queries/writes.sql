@@ -265,7 +265,8 @@ SELECT id, state, NULL, NULL FROM replayed;
 -- never leaves a branch's own signal for nobody.
 SELECT id, name, payload
 FROM toolkit_signals
-WHERE task_id = %(task_id)s AND name = ANY(%(names)s::text[]) AND consumed_at IS NULL
+WHERE task_id = %(task_id)s AND tenant = %(tenant)s AND name = ANY(%(names)s::text[])
+  AND consumed_at IS NULL
   AND NOT (id = ANY(%(taken)s::bigint[]))
   AND (address IS NULL OR address = %(address)s)
 ORDER BY address IS NULL, id
