@@ -27,7 +27,8 @@ key_released AS (
         SELECT 1
         FROM key_released k
         JOIN toolkit_tasks t
-          ON t.tenant = k.tenant AND t.definition_name = k.definition_name
+          ON t.tenant = k.tenant AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
+         AND t.definition_name = k.definition_name
          AND t.concurrency_key = k.concurrency_key
         WHERE t.state = 'waiting' AND t.wait_reason = 'concurrency')
 ), schedule_runs AS (

@@ -137,7 +137,7 @@ WITH subscription AS (
 )
 SELECT e.id, e.payload
 FROM toolkit_events e
-JOIN toolkit_tasks t ON t.id = %(task_id)s
+JOIN toolkit_tasks t ON t.id = %(task_id)s AND t.tenant = %(tenant)s
 WHERE e.tenant = %(tenant)s AND e.name = %(name)s AND e.emitted_at >= t.created_at
   AND e.payload @> %(contains)s::jsonb
 ORDER BY e.id;

@@ -138,7 +138,7 @@ WITH parent AS (
       AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
 ), target AS (
     SELECT id, state, lease_expires_at FROM toolkit_tasks
-    WHERE parent_id = (SELECT id FROM parent) AND map_index IS NOT NULL
+    WHERE parent_id = (SELECT id FROM parent) AND tenant = %(tenant)s AND map_index IS NOT NULL
       AND starts_with(parent_occurrence, %(occurrence)s || '/')
       AND state IN ('queued', 'leased', 'waiting')
     ORDER BY id

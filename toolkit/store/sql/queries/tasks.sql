@@ -502,7 +502,7 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
         cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
         finished_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM target, ends_in_statement
-    WHERE t.id = target.id
+    WHERE t.id = target.id AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND (target.state IN ('queued', 'waiting')
            OR (target.state = 'leased' AND target.lease_expires_at <= statement_timestamp()))
     RETURNING t.id, t.tenant, t.state, t.definition_name, t.concurrency_key, t.key_held,
@@ -526,13 +526,13 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
         GROUP BY e.tenant, k.key
         ORDER BY e.tenant, k.key
     ) r
-    WHERE b.tenant = r.tenant AND b.resource = r.resource
+    WHERE b.tenant = r.tenant AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.resource = r.resource
 ), requested AS (
     UPDATE toolkit_tasks t
     SET cancel_requested = jsonb_build_object('reason', %(reason)s::text, 'at', statement_timestamp()),
         updated_at = statement_timestamp()
     FROM target
-    WHERE t.id = target.id
+    WHERE t.id = target.id AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND target.state = 'leased' AND target.lease_expires_at > statement_timestamp()
     RETURNING t.id, t.tenant
 ), woken_parent AS (
@@ -542,8 +542,8 @@ SELECT ARRAY(SELECT id FROM now_cancelled ORDER BY id) AS cancelled,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
                       THEN (SELECT statement_timestamp()) ELSE p.run_at END
     FROM toolkit_tasks c, due_in_statement
-    WHERE c.id IN (SELECT id FROM now_cancelled)
-      AND p.id = c.parent_id AND c.map_index IS NULL
+    WHERE c.id IN (SELECT id FROM now_cancelled) AND (%(tenant)s::text IS NULL OR c.tenant = %(tenant)s)
+      AND p.id = c.parent_id AND (%(tenant)s::text IS NULL OR p.tenant = %(tenant)s) AND c.map_index IS NULL
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT id FROM target)  -- cancelled here too: its row is written above
     RETURNING p.id, p.tenant, p.state, p.run_at
@@ -605,7 +605,8 @@ SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
     FROM reconciling g
     JOIN LATERAL (
         SELECT * FROM toolkit_effect_evidence
-        WHERE task_id = g.id AND occurrence = g.occurrence AND record = 'started'
+        WHERE task_id = g.id AND (%(tenant)s::text IS NULL OR toolkit_effect_evidence.tenant = %(tenant)s)
+          AND occurrence = g.occurrence AND record = 'started'
         ORDER BY id DESC LIMIT 1
     ) e ON true
     WHERE %(record)s::text IS NOT NULL
@@ -615,7 +616,7 @@ SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
         checkpoint = jsonb_set(t.checkpoint, '{resolution}', g.resolution),
         updated_at = statement_timestamp()
     FROM reconciling g, due_in_statement
-    WHERE t.id = g.id
+    WHERE t.id = g.id AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.tenant, t.run_at, g.resolution
 ), made_due AS (
     SELECT tenant, run_at AS at FROM updated
