@@ -7,6 +7,7 @@ import sys
 import click
 
 from toolkit.cli.session import Settings, run_in_database
+from toolkit.store.distribution import distribute as distribute_tables
 from toolkit.store.embedded import stop_embedded
 from toolkit.store.migrations import migrate, schema_status
 
@@ -17,11 +18,23 @@ def db() -> None:
 
 
 @db.command("migrate")
+@click.option(
+    "--distribute",
+    is_flag=True,
+    help="Then distribute the tables by tenant over the Citus cluster of this coordinator"
+    " (once; docs/scaling.md).",
+)
 @click.pass_obj
-def db_migrate(settings: Settings) -> None:
+def db_migrate(settings: Settings, distribute: bool) -> None:
     """Apply pending schema migrations."""
     applied = [f"{m.version:04d}_{m.name}" for m in run_in_database(settings, migrate)]
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
+    if distribute:
+        done, layout = run_in_database(settings, distribute_tables)
+        click.echo("distributed by tenant:" if done else "already distributed:")
+        for table in layout:
+            shards = ", ".join(f"{node} {n}" for node, n in sorted(table.shards.items()))
+            click.echo(f"  {table.table:<30} {table.layout:<10} {shards}")
 
 
 @db.command("status")

@@ -7,6 +7,7 @@ they are cancelled :data:`CANCEL_BATCH` per statement (``cancel_tasks``), not on
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,8 +19,12 @@ from toolkit.store.database import Database, Params
 CANCEL_BATCH = 1000
 
 
-async def cancel_descendants(db: Database, task_ids: Sequence[int]) -> int:
+async def cancel_descendants(
+    db: Database, task_ids: Sequence[int], tenant: str | None = None
+) -> int:
     """Cancel the live descendants of the cancelled tasks ``task_ids``, as ``toolkit cancel``.
+
+    ``tenant``: theirs when they have one (a child has its parent's), None for several.
 
     A queued or waiting one ends at once, a leased one gets a request its holder learns of
     at its next heartbeat; the reason names its cancelled ancestor. A child cancelled at
@@ -32,7 +37,7 @@ async def cancel_descendants(db: Database, task_ids: Sequence[int]) -> int:
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    children = await db.fetch_all("live_children", {"task_ids": list(task_ids)})
+    children = await db.fetch_all("live_children", {"task_ids": list(task_ids), "tenant": tenant})
     by_root: dict[int, list[int]] = {}
     for child in children:
         by_root.setdefault(child["root"], []).append(child["id"])
@@ -43,15 +48,16 @@ async def cancel_descendants(db: Database, task_ids: Sequence[int]) -> int:
                 "reason": f"parent task {root} cancelled",
                 "plan_id": None,
                 "operator": None,
-                "tenant": None,  # a parent's tenant is its children's: step 3 names it
+                "tenant": tenant,
             }
-            await db.fetch_all_then("cancel_tasks", params, _woken_branches)
+            await db.fetch_all_then("cancel_tasks", params, functools.partial(_woken, tenant))
     return len(children)
 
 
-def _woken_branches(rows: list[DictRow]) -> tuple[str, Params] | None:
+def _woken(tenant: str | None, rows: list[DictRow]) -> tuple[str, Params] | None:
+    """The wake of the parents' branches after ``cancel_tasks`` (``rows``)."""
     cancelled = list(rows[0]["cancelled"]) if rows else []
-    return ended_children(cancelled, None)
+    return ended_children(cancelled, tenant)
 
 
 def ended_children(

@@ -162,7 +162,7 @@ class Events:
                  "delivered": delivered, "cancelled": cancelled},
             )  # fmt: skip
         if cancelled:
-            await self._tasks.cancel_descendants(cancelled)
+            await self._tasks.cancel_descendants(cancelled, tenant)
         return Emitted(
             event_id, False, tuple(started), tuple(delivered), tuple(ended), tuple(cancelled)
         )

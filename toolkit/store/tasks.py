@@ -274,6 +274,8 @@ class Tasks(TaskReads):
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
         tenant = await task_tenant(self._db, task_id, tenant)
+        if tenant is None:
+            raise UnknownTask(f"no task {task_id}")
         found = await _signal_wait(self._db, task_id, tenant)
         waited, schema = signal_waits(*found, name) if found else (None, None)
         if waited is not None and name not in waited and not force:
@@ -285,11 +287,7 @@ class Tasks(TaskReads):
                     task_id=task_id, name=name, waited=waited or (), address=address,
                     addresses=shapes,
                 )  # fmt: skip
-        waiters = (
-            await BranchRows(self._db).signal_waiters(task_id, name, tenant=tenant)
-            if tenant is not None
-            else []
-        )
+        waiters = await BranchRows(self._db).signal_waiters(task_id, name, tenant=tenant)
         if address is None:
             if len(waiters) > 1:
                 raise SignalAmbiguous(task_id, name, [w.address for w in waiters])
@@ -367,11 +365,12 @@ class Tasks(TaskReads):
             UnknownTask: no such task.
             TaskTerminal: the task has already ended.
         """
+        tenant = await task_tenant(self._db, task_id, tenant)
         row = await self._request_cancel(task_id, reason, tenant)
         if row is None or row["previous_state"] is None:
             raise UnknownTask(f"no task {task_id}")
         if row["cancelled"] or row["requested"]:
-            await self.cancel_descendants([task_id])
+            await self.cancel_descendants([task_id], tenant)
         if row["cancelled"]:
             return "cancelled"
         if row["requested"]:
@@ -379,12 +378,13 @@ class Tasks(TaskReads):
         ended = TaskState(row["previous_state"]).phrase()
         raise TaskTerminal(f"task {task_id} {ended}; it cannot be cancelled")
 
-    async def cancel_descendants(self, task_ids: Sequence[int]) -> int:
+    async def cancel_descendants(self, task_ids: Sequence[int], tenant: str | None = None) -> int:
         """Cancel the live children of cancelled tasks (and theirs); how many.
 
-        As :meth:`cancel` does each (:func:`toolkit.store.descendants.cancel_descendants`).
+        As :meth:`cancel` does each (:func:`toolkit.store.descendants.cancel_descendants`;
+        ``tenant``: theirs when they have one).
         """
-        return await cancel_descendants(self._db, task_ids)
+        return await cancel_descendants(self._db, task_ids, tenant)
 
     async def _request_cancel(
         self, task_id: int, reason: str, tenant: str | None
@@ -392,7 +392,7 @@ class Tasks(TaskReads):
         """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""
         rows = await self._db.fetch_all_then(
             "request_cancel",
-            cancel_params(task_id, await task_tenant(self._db, task_id, tenant), reason),
+            cancel_params(task_id, tenant, reason),
             lambda done: ended_children(
                 [task_id] if done and done[0]["cancelled"] else [], tenant
             ),

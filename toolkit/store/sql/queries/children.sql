@@ -79,12 +79,14 @@ WHERE parent_id = %(parent_id)s AND parent_occurrence = %(occurrence)s
 
 -- name: live_children
 -- Every live descendant of tasks %(task_ids)s (children, their children ...), for cancelling
--- parents; root: the task of %(task_ids)s it descends from.
+-- parents; root: the task of %(task_ids)s it descends from. %(tenant)s: their tenant (a
+-- child has its parent's), or null for tasks of several.
 WITH RECURSIVE tree AS (
-    SELECT id, parent_id AS root FROM toolkit_tasks
-    WHERE parent_id = ANY(%(task_ids)s::bigint[]) AND state IN ('queued', 'leased', 'waiting')
+    SELECT id, parent_id AS root FROM toolkit_tasks p
+    WHERE parent_id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR p.tenant = %(tenant)s)
+      AND state IN ('queued', 'leased', 'waiting')
     UNION
     SELECT c.id, tree.root FROM toolkit_tasks c JOIN tree ON c.parent_id = tree.id
-    WHERE c.state IN ('queued', 'leased', 'waiting')
+    WHERE (%(tenant)s::text IS NULL OR c.tenant = %(tenant)s) AND c.state IN ('queued', 'leased', 'waiting')
 )
 SELECT id, root FROM tree ORDER BY id;

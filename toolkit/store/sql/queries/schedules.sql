@@ -4,9 +4,15 @@
 SELECT s.name, s.definition_name, s.owner, s.owner_version, s.cadence, s.input, s.tenant,
        s.tags, s.overlap, s.catchup, s.catchup_window, s.pause_after_failures, s.paused,
        s.pause_note, s.consecutive_failures, s.next_tick, s.buffered, s.fired, s.skipped,
-       s.missed, s.caught_up, s.last_tick, s.created_at, s.updated_at,
-       (SELECT count(*) FROM toolkit_tasks t
-        WHERE t.schedule_name = s.name AND t.state IN ('queued', 'leased', 'waiting')) AS live
+       s.missed, s.caught_up, s.last_tick, s.created_at, s.updated_at
+
+-- fragment: schedule_unended_runs
+-- Joined to toolkit_schedules s: l.live, its runs not ended (null: none). A join to a grouped
+-- sub-select, not a sub-select per schedule: Citus refuses a correlated sub-select beside a
+-- reference table (the schedules), and runs this one on each shard, then joins.
+LEFT JOIN (SELECT t.schedule_name, count(*) AS live FROM toolkit_tasks t
+           WHERE t.schedule_name IS NOT NULL AND t.state IN ('queued', 'leased', 'waiting')
+           GROUP BY t.schedule_name) l ON l.schedule_name = s.name
 
 -- name: create_schedule
 -- A new schedule; its first tick is the cadence's first after database now (%(next_tick)s
@@ -43,12 +49,16 @@ RETURNING name;
 
 -- name: get_schedule
 -- include: schedule_columns
+, coalesce(l.live, 0) AS live
 FROM toolkit_schedules s
+-- include: schedule_unended_runs
 WHERE s.name = %(name)s;
 
 -- name: list_schedules
 -- include: schedule_columns
+, coalesce(l.live, 0) AS live
 FROM toolkit_schedules s
+-- include: schedule_unended_runs
 WHERE (%(definition_name)s::text IS NULL OR s.definition_name = %(definition_name)s::text)
 ORDER BY s.name;
 
@@ -77,7 +87,9 @@ RETURNING name;
 -- locks: fire_schedule decides, by compare-and-set.
 WITH now AS (SELECT statement_timestamp() AS now)
 -- include: schedule_columns
-, now.now
+, (SELECT count(*) FROM toolkit_tasks t
+   WHERE t.schedule_name = s.name AND t.state IN ('queued', 'leased', 'waiting')) AS live,
+  now.now
 FROM toolkit_schedules s, now
 WHERE NOT s.paused
   AND s.definition_name = ANY(%(names)s::text[])

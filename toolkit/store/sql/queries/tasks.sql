@@ -401,7 +401,7 @@ SELECT (SELECT state FROM target) AS state,
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp(), updated_at = statement_timestamp()
     FROM due_in_statement
-    WHERE t.id IN (SELECT task_id FROM woken)
+    WHERE t.id IN (SELECT task_id FROM woken) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.state = 'waiting' AND t.wait_reason = 'branches'
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
@@ -424,7 +424,8 @@ WITH k AS (
     UPDATE toolkit_branches b
     SET wakes = b.wakes + 1
     FROM k
-    WHERE b.task_id = k.task_id AND b.status = 'waiting' AND b.waits_for @> ARRAY[k.key]
+    WHERE b.task_id = k.task_id AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.status = 'waiting'
+      AND b.waits_for @> ARRAY[k.key]
       AND (k.address IS NULL OR regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g') = k.address)
     RETURNING b.task_id
 ),
@@ -437,13 +438,14 @@ WITH k AS (
 -- it), so this snapshot has every branch the parent parked before.
 WITH ended AS (
     SELECT id, parent_id FROM toolkit_tasks
-    WHERE id = ANY(%(task_ids)s::bigint[]) AND parent_id IS NOT NULL
+    WHERE id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR toolkit_tasks.tenant = %(tenant)s)
+      AND parent_id IS NOT NULL
       AND state IN ('succeeded', 'failed', 'cancelled')
 ), woken AS (
     UPDATE toolkit_branches b
     SET wakes = b.wakes + 1
     FROM ended e
-    WHERE b.task_id = e.parent_id AND b.status = 'waiting'
+    WHERE b.task_id = e.parent_id AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.status = 'waiting'
       AND b.waits_for @> ARRAY['child:' || e.id::text]
     RETURNING b.task_id
 ),

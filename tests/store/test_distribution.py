@@ -1,0 +1,94 @@
+"""``toolkit db migrate --distribute``: the distributed layout on a Citus cluster (issue 25;
+docs/scaling.md). On one PostgreSQL it is refused with a message; on the cluster of
+``TOOLKIT_TEST_CITUS_DSN`` (skipped without one, tests/helpers/citus.py) the tables are
+spread by tenant over the workers, and a task's own statements run there."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.helpers.citus import CITUS_DSN, empty_cluster, needs_citus, shards_of_tenants
+from tests.helpers.inprocess import invoke
+from tests.helpers.workflows import definition
+from toolkit.errors import ConfigError
+from toolkit.store import Store
+from toolkit.store.distribution import TableLayout, distribute
+
+pytestmark = pytest.mark.anyio
+
+WAITER = """
+name: citus-waiter
+version: 1
+start: wait
+steps:
+  wait: {wait: {signal: go}}
+"""
+
+
+async def test_one_postgresql_is_not_distributed(store: Store) -> None:
+    with pytest.raises(ConfigError, match="--distribute needs Citus: this database has no citus"):
+        await distribute(store.db)
+
+
+def test_the_command_says_why_it_distributes_nothing(dsn: str) -> None:
+    code, out, err = invoke(dsn, "db", "migrate", "--distribute")
+    assert code == 1, (out, err)
+    assert "schema is up to date" in out and err.count("\n") == 1, err
+    assert "no citus extension" in err, err
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[tuple[Store, bool, list[TableLayout]]]:
+    """A store on the emptied cluster, migrated and distributed."""
+    assert CITUS_DSN is not None
+    empty_cluster(CITUS_DSN)
+    async with await Store.open(CITUS_DSN) as store:
+        applied, layout = await distribute(store.db)
+        yield store, applied, layout
+
+
+@needs_citus
+async def test_the_tables_are_spread_by_tenant_over_the_workers(
+    cluster: tuple[Store, bool, list[TableLayout]],
+) -> None:
+    store, applied, layout = cluster
+    assert applied
+    by_table = {table.table: table for table in layout}
+    by_tenant = {name for name, table in by_table.items() if table.layout == "by tenant"}
+    assert {"toolkit_tasks", "toolkit_tenants", "toolkit_effect_evidence",
+            "toolkit_task_events", "toolkit_signals", "toolkit_branches"} <= by_tenant  # fmt: skip
+    for name in by_tenant:
+        assert len(by_table[name].shards) >= 2, by_table[name]  # on two workers at least
+    for name in ("toolkit_definitions", "toolkit_workers", "toolkit_limits", "toolkit_schedules"):
+        assert by_table[name].layout == "reference", by_table[name]
+    assert not [t for t in layout if t.layout == "local"], layout
+    again, _ = await distribute(store.db)
+    assert not again  # once
+
+
+@needs_citus
+async def test_a_tasks_own_statements_run_on_the_cluster(
+    cluster: tuple[Store, bool, list[TableLayout]],
+) -> None:
+    """Submit, read, signal, cancel and redrive tasks of tenants on both workers."""
+    store, _, _ = cluster
+    assert CITUS_DSN is not None
+    d = definition(WAITER)
+    await store.definitions.deploy(d)
+    tenants = [f"tenant-{i}" for i in range(8)]
+    nodes = shards_of_tenants(CITUS_DSN, tenants)
+    assert len(set(nodes.values())) >= 2, nodes  # the tasks live on both workers
+    for tenant in tenants:
+        (task_id,) = await store.tasks.submit(d, [{}], tenant=tenant)
+        task = await store.tasks.get(task_id)
+        assert (task.tenant, task.state) == (tenant, "queued"), task
+        assert await store.tasks.signal(task_id, "go", {"n": 1}, tenant=tenant) > 0
+        assert [s["name"] for s in await store.tasks.signals(task_id)] == ["go"]
+        assert await store.tasks.cancel(task_id, "done with it") == "cancelled"
+        await store.tasks.redrive(task_id, reason="again", tenant=tenant)
+        task = await store.tasks.get(task_id, tenant=tenant)
+        assert task.state == "queued", task
+        kinds = [e["kind"] for e in await store.tasks.events(task_id, tenant=tenant)]
+        assert kinds == ["submitted", "signal_received", "cancelled", "redriven"], kinds
