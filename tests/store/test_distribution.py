@@ -12,7 +12,7 @@ import pytest
 from tests.helpers.citus import CITUS_DSN, empty_cluster, needs_citus, shards_of_tenants
 from tests.helpers.inprocess import invoke
 from tests.helpers.workflows import definition
-from toolkit.errors import ConfigError
+from toolkit.errors import CallbackRefused, ConfigError, UnknownTask
 from toolkit.store import Store
 from toolkit.store.distribution import TableLayout, distribute
 
@@ -92,3 +92,19 @@ async def test_a_tasks_own_statements_run_on_the_cluster(
         assert task.state == "queued", task
         kinds = [e["kind"] for e in await store.tasks.events(task_id, tenant=tenant)]
         assert kinds == ["submitted", "signal_received", "cancelled", "redriven"], kinds
+    # A parent's cancel reaches its live child (a child made by hand: no worker runs here),
+    # and an unknown id or callback token is reported as on one PostgreSQL (regression: the
+    # cluster refused the statements that did not name a tenant).
+    (parent, child) = await store.tasks.submit(d, [{}, {}], tenant="tenant-0")
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "UPDATE toolkit_tasks SET parent_id = %s, parent_occurrence = 'kid#1'"
+            " WHERE id = %s AND tenant = 'tenant-0'",
+            (parent, child),
+        )
+    assert await store.tasks.cancel(parent) == "cancelled"
+    assert (await store.tasks.get(child)).state == "cancelled"
+    with pytest.raises(UnknownTask, match="^no task 999999$"):
+        await store.tasks.cancel(999999)
+    with pytest.raises(CallbackRefused, match="no callback token"):
+        await store.tasks.complete("cb_nosuch", result={})

@@ -11,7 +11,7 @@ import pytest
 
 from tests.apps import golden
 from tests.helpers.workflows import definition
-from toolkit.errors import UnknownTask
+from toolkit.errors import CallbackRefused, UnknownTask
 from toolkit.runtime.config import SupervisorConfig
 from toolkit.runtime.supervisor import WorkflowSupervisor
 from toolkit.runtime.worker import Worker
@@ -46,13 +46,25 @@ async def test_an_operators_read_looks_the_tenant_up_once(store: Store) -> None:
     assert (await store.tasks.get(task_id)).tenant == "acme"
     assert store.db.task_tenants == {task_id: "acme"}
     assert [e["kind"] for e in await store.tasks.events(task_id)] == ["submitted"]
-    # Given, the tenant is used as it is: another tenant's task is not found.
-    with pytest.raises(UnknownTask):
+    # Given, the tenant is used as it is: another tenant's task is not found, and nothing
+    # is done to it.
+    with pytest.raises(UnknownTask, match=f"no task {task_id} of tenant 'globex'"):
         await store.tasks.get(task_id, tenant="globex")
-    # An unknown id is reported as before, and nothing is remembered for it.
-    with pytest.raises(UnknownTask, match=f"no task {task_id + 100}"):
-        await store.tasks.get(task_id + 100)
+    with pytest.raises(UnknownTask, match=f"no task {task_id} of tenant 'globex'"):
+        await store.tasks.cancel(task_id, tenant="globex")
+    with pytest.raises(UnknownTask, match=f"no task {task_id} of tenant 'globex'"):
+        await store.tasks.signal(task_id, "go", force=True, tenant="globex")
+    assert (await store.tasks.get(task_id)).state == "queued"
+    assert await store.tasks.signals(task_id) == []
+    # An unknown id is reported as before, and nothing is remembered for it; an unknown
+    # callback token likewise (regression: on Citus both reached a statement without a
+    # tenant, which the cluster refused with its own error).
+    for act in (store.tasks.get, store.tasks.cancel):
+        with pytest.raises(UnknownTask, match=f"^no task {task_id + 100}$"):
+            await act(task_id + 100)
     assert task_id + 100 not in store.db.task_tenants
+    with pytest.raises(CallbackRefused, match="no callback token 'cb_nosuch'"):
+        await store.tasks.complete("cb_nosuch", result={})
 
 
 async def test_the_remembered_tenants_are_bounded(

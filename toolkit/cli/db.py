@@ -31,7 +31,7 @@ def db_migrate(settings: Settings, distribute: bool) -> None:
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
     if distribute:
         done, layout = run_in_database(settings, distribute_tables)
-        click.echo("distributed by tenant:" if done else "already distributed:")
+        click.echo("distributed:" if done else "already distributed:")
         for table in layout:
             shards = ", ".join(f"{node} {n}" for node, n in sorted(table.shards.items()))
             click.echo(f"  {table.table:<30} {table.layout:<10} {shards}")

@@ -14,8 +14,9 @@ from toolkit.errors import ConfigError, PayloadRefused
 from toolkit.payload import parse_json
 
 #: ``--tenant`` of the commands that act on one task by its id (``show``, ``signal``,
-#: ``cancel``, ``reconcile``, ``redrive``): without it the tenant is looked up by the id,
-#: which on a store distributed by tenant reads every node (docs/scaling.md).
+#: ``cancel``, ``reconcile``, ``redrive``, ``wait``, ``watch``): without it the tenant is
+#: looked up by the id, which on a store distributed by tenant reads every node
+#: (docs/scaling.md).
 task_tenant_option = click.option(
     "--tenant",
     metavar="TENANT",

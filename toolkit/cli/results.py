@@ -13,7 +13,7 @@ import json
 
 import click
 
-from toolkit.cli.options import duration_option
+from toolkit.cli.options import duration_option, task_tenant_option
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.errors import TaskCancelled, TaskFailed, WaitTimedOut
@@ -32,10 +32,15 @@ def wait_timeout(text: str | None, option: str) -> float | None:
     return None if text is None else duration_option(text, f"{option} {text}")
 
 
-async def await_and_print(store: Store, task_id: int, timeout: float | None) -> int:
-    """Wait for the task, print its output or error; return the exit status."""
+async def await_and_print(
+    store: Store, task_id: int, timeout: float | None, tenant: str | None = None
+) -> int:
+    """Wait for the task, print its output or error; return the exit status.
+
+    ``tenant``: the task's, if known (else looked up by the id).
+    """
     try:
-        output = await store.tasks.result(task_id, timeout=timeout)
+        output = await store.tasks.result(task_id, timeout=timeout, tenant=tenant)
     except TaskCancelled as exc:
         click.echo(f"error: {exc.message}", err=True)
         echo_json(exc.error)
@@ -59,8 +64,9 @@ async def await_and_print(store: Store, task_id: int, timeout: float | None) -> 
     metavar="DURATION",
     help="Give up after this long (e.g. 30s, 5m); the task goes on. Default: wait until it ends.",
 )
+@task_tenant_option
 @click.pass_context
-def wait(ctx: click.Context, task_id: int, timeout_text: str | None) -> None:
+def wait(ctx: click.Context, task_id: int, timeout_text: str | None, tenant: str | None) -> None:
     """Wait for task TASK_ID to end; print its output as JSON.
 
     Exit status: 0 it succeeded (the output on stdout); 3 it failed and 4 it was cancelled
@@ -68,7 +74,9 @@ def wait(ctx: click.Context, task_id: int, timeout_text: str | None) -> None:
     """
     settings: Settings = ctx.obj
     timeout = wait_timeout(timeout_text, "--timeout")
-    ctx.exit(run_in_store(settings, lambda store: await_and_print(store, task_id, timeout)))
+    ctx.exit(
+        run_in_store(settings, lambda store: await_and_print(store, task_id, timeout, tenant))
+    )
 
 
 @click.command()
@@ -76,8 +84,11 @@ def wait(ctx: click.Context, task_id: int, timeout_text: str | None) -> None:
 @click.option("--after", type=click.IntRange(min=0), default=0, show_default=True,
               help="Show the stream's items after this number (resume where you left).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per event.")
+@task_tenant_option
 @click.pass_context
-def watch(ctx: click.Context, task_id: int, after: int, as_json: bool) -> None:
+def watch(
+    ctx: click.Context, task_id: int, after: int, as_json: bool, tenant: str | None
+) -> None:
     """Follow task TASK_ID until it ends: its state, what its steps publish and their progress.
 
     Prints a line per state change, per published item (`item N VALUE`, durable and in
@@ -88,7 +99,7 @@ def watch(ctx: click.Context, task_id: int, after: int, as_json: bool) -> None:
 
     async def follow(store: Store) -> int:
         code = 0
-        async for event in store.streams.follow(task_id, after=after):
+        async for event in store.streams.follow(task_id, after=after, tenant=tenant):
             if as_json:
                 line = {"kind": event.kind, "value": event.value, "seq": event.seq,
                         "occurrence": event.occurrence, **event.detail}  # fmt: skip

@@ -169,7 +169,7 @@ def submit(
             click.echo(task_id)
             return 0
         click.echo(f"task {task_id} submitted; waiting for it to end", err=True)
-        return await await_and_print(store, task_id, wait_timeout_seconds)
+        return await await_and_print(store, task_id, wait_timeout_seconds, tenant)
 
     ctx.exit(run_in_store(settings, submit_task))
 

@@ -124,6 +124,8 @@ class Callbacks:
                 task has ended.
         """
         tenant = await self._tenant(token, None)
+        if tenant is None:
+            raise CallbackRefused(f"no callback token {token!r}")
         rows = await self._db.fetch_all_then(
             "complete_callback",
             {
@@ -138,7 +140,7 @@ class Callbacks:
         )
         if rows:
             return int(rows[0]["task_id"])
-        known = await self.get(token, tenant=tenant) if tenant is not None else None
+        known = await self.get(token, tenant=tenant)
         if known is None:
             raise CallbackRefused(f"no callback token {token!r}")
         if known.state == "open":  # its task has ended

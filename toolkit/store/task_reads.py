@@ -21,7 +21,7 @@ from toolkit.lifecycle import TaskState
 from toolkit.store.database import Database
 from toolkit.store.filters import TaskFilter
 from toolkit.store.task_notices import listen, task_news
-from toolkit.store.task_tenants import task_tenant
+from toolkit.store.task_tenants import task_tenant, unknown_task
 
 #: States a task never leaves.
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -92,7 +92,7 @@ class TaskReads:
         params = {"task_id": task_id, "tenant": await task_tenant(self._db, task_id, tenant)}
         row = await self._db.fetch_one("get_task", params)
         if row is None:
-            raise UnknownTask(f"no task {task_id}")
+            raise unknown_task(task_id, tenant)
         return TaskRecord(**row)
 
     async def _filter_params(self, where: TaskFilter | None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ was looked up is remembered, for the last :data:`REMEMBERED` tasks of the proces
 
 from __future__ import annotations
 
+from toolkit.errors import UnknownTask
 from toolkit.store.database import Database
 
 #: How many tasks' tenants a process remembers (a dict of ints and short strings: about
@@ -49,6 +50,14 @@ async def task_tenant(
         return None
     remember(db, task_id, row["tenant"])
     return str(row["tenant"])
+
+
+def unknown_task(task_id: int, tenant: str | None) -> UnknownTask:
+    """The error for a task no statement found under ``tenant`` (None: not given).
+
+    ``no task 7``, or ``no task 7 of tenant 'acme'`` when the caller gave its tenant.
+    """
+    return UnknownTask(f"no task {task_id}" + (f" of tenant {tenant!r}" if tenant else ""))
 
 
 def remember(db: Database, task_id: int, tenant: str) -> None:

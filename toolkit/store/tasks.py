@@ -28,7 +28,6 @@ from toolkit.errors import (
     SubmitConflict,
     TaskTerminal,
     UnknownSignal,
-    UnknownTask,
 )
 from toolkit.lifecycle import TaskState
 from toolkit.payload import check_payload
@@ -56,7 +55,7 @@ from toolkit.store.submit_flow import no_delayed_start, submit_flowing
 from toolkit.store.task_reads import TERMINAL_STATES as TERMINAL_STATES
 from toolkit.store.task_reads import TaskReads
 from toolkit.store.task_reads import TaskRecord as TaskRecord
-from toolkit.store.task_tenants import task_tenant
+from toolkit.store.task_tenants import task_tenant, unknown_task
 
 
 #: An error name a callback completion may report: what ``catch`` and ``retry`` match.
@@ -273,9 +272,9 @@ class Tasks(TaskReads):
         """
         check_signal_name(name)
         payload = self._checked(payload, f"payload of signal {name!r}")
-        tenant = await task_tenant(self._db, task_id, tenant)
+        given, tenant = tenant, await task_tenant(self._db, task_id, tenant)
         if tenant is None:
-            raise UnknownTask(f"no task {task_id}")
+            raise unknown_task(task_id, given)
         found = await _signal_wait(self._db, task_id, tenant)
         waited, schema = signal_waits(*found, name) if found else (None, None)
         if waited is not None and name not in waited and not force:
@@ -307,7 +306,7 @@ class Tasks(TaskReads):
         )  # fmt: skip
         row = rows[0] if rows else None
         if row is None or row["state"] is None:
-            raise UnknownTask(f"no task {task_id}")
+            raise unknown_task(task_id, given)
         if row["signal_id"] is None:
             raise TaskTerminal(
                 f"task {task_id} {TaskState(row['state']).phrase()}; signal {name!r} was not stored"
@@ -365,12 +364,12 @@ class Tasks(TaskReads):
             UnknownTask: no such task.
             TaskTerminal: the task has already ended.
         """
-        tenant = await task_tenant(self._db, task_id, tenant)
-        row = await self._request_cancel(task_id, reason, tenant)
+        known = await task_tenant(self._db, task_id, tenant)
+        row = await self._request_cancel(task_id, reason, known) if known is not None else None
         if row is None or row["previous_state"] is None:
-            raise UnknownTask(f"no task {task_id}")
+            raise unknown_task(task_id, tenant)
         if row["cancelled"] or row["requested"]:
-            await self.cancel_descendants([task_id], tenant)
+            await self.cancel_descendants([task_id], known)
         if row["cancelled"]:
             return "cancelled"
         if row["requested"]:

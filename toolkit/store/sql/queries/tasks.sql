@@ -476,8 +476,8 @@ SELECT (SELECT state FROM target) AS previous_state,
 -- descendants of a cancelled task (Tasks.cancel_descendants), in one statement rather than
 -- one each. Rows are locked in id order.
 WITH target AS (
-    SELECT id, state, lease_expires_at FROM toolkit_tasks
-    WHERE id = ANY(%(task_ids)s::bigint[])
+    SELECT id, state, lease_expires_at FROM toolkit_tasks t
+    WHERE id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     ORDER BY id
     FOR NO KEY UPDATE
 ),
