@@ -25,14 +25,17 @@ SELECT d.name, d.version, d.digest, d.deployed_at, d.retired_at,
                WHERE w.stopped_at IS NULL AND w.expires_at > statement_timestamp()
                  AND w.definitions @> jsonb_build_array(jsonb_build_object('digest', d.digest))
        ) AS served,
-       coalesce(
-           (SELECT jsonb_object_agg(s.state, s.n)
-            FROM (SELECT state, count(*) AS n
-                  FROM toolkit_tasks t
-                  WHERE t.definition_name = d.name AND t.definition_version = d.version
-                  GROUP BY state) s),
-           '{}'::jsonb) AS task_counts
+       coalesce(c.counts, '{}'::jsonb) AS task_counts
 FROM toolkit_definitions d
+-- The counts by a join to the tasks grouped by version, not a sub-select per version (Citus
+-- refuses a correlated sub-select beside a reference table, the definitions).
+LEFT JOIN (SELECT s.definition_name, s.definition_version,
+                  jsonb_object_agg(s.state, s.n) AS counts
+           FROM (SELECT definition_name, definition_version, state, count(*) AS n
+                 FROM toolkit_tasks
+                 GROUP BY definition_name, definition_version, state) s
+           GROUP BY s.definition_name, s.definition_version) c
+  ON c.definition_name = d.name AND c.definition_version = d.version
 ORDER BY d.name, d.version;
 
 -- name: retire_definition

@@ -89,8 +89,8 @@ SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 7243015772));
 -- primary key.
 SELECT s.task_id, s.cancels
 FROM toolkit_event_subscriptions s
-JOIN toolkit_tasks t ON t.id = s.task_id
-WHERE s.tenant = %(tenant)s AND s.event = %(name)s AND s.fields = %(fields)s
+JOIN toolkit_tasks t ON t.id = s.task_id AND t.tenant = s.tenant
+WHERE s.tenant = %(tenant)s AND t.tenant = %(tenant)s AND s.event = %(name)s AND s.fields = %(fields)s
   AND s.match = %(match)s
   AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
 ORDER BY s.task_id;

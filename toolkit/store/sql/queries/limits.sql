@@ -86,7 +86,7 @@ WITH lim AS (
     SELECT s.name, s.scope, count(*) AS in_use
     FROM toolkit_limit_slots s
     JOIN lim ON lim.name = s.name
-    JOIN toolkit_tasks t ON t.id = s.task_id AND t.lease_token = s.token
+    JOIN toolkit_tasks t ON t.id = s.task_id AND t.tenant = s.tenant AND t.lease_token = s.token
     WHERE t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     GROUP BY s.name, s.scope
 ), waits AS (
@@ -193,7 +193,7 @@ CROSS JOIN LATERAL (
            extract(epoch FROM min(t.lease_expires_at) - statement_timestamp())::float8
                AS first_free_seconds
     FROM toolkit_limit_slots x
-    JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
+    JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
     WHERE x.name = s.name AND x.scope = s.scope
       AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
       AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
@@ -221,20 +221,23 @@ WITH rated AS (
     USING slotted s
     WHERE x.name = s.name AND x.scope = s.scope AND x.task_id <> %(task_id)s
       AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
-                      WHERE t.id = x.task_id AND t.lease_token = x.token
+                      WHERE t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
                         AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp())
 )
 INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
 SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s FROM slotted
 ON CONFLICT (task_id, occurrence, name, tenant) DO UPDATE
-SET scope = excluded.scope, token = excluded.token, acquired_at = statement_timestamp();
+-- excluded.acquired_at: the statement's time, its column default (Citus takes no function
+-- but an immutable one here)
+SET scope = excluded.scope, token = excluded.token, acquired_at = excluded.acquired_at;
 
 -- name: limit_health
 -- Per limit, for `toolkit doctor`: live slots in use, tasks waiting for it, and how long
 -- the longest of them has waited (seconds since its first deferral, database time).
 SELECT l.name, l.max_concurrency, l.rate_per_second,
        (SELECT count(*) FROM toolkit_limit_slots x
-        JOIN toolkit_tasks t ON t.id = x.task_id AND t.lease_token = x.token
+        JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant
+         AND t.lease_token = x.token
         WHERE x.name = l.name AND t.state = 'leased'
           AND t.lease_expires_at > statement_timestamp()) AS in_use,
        w.waiting, w.oldest_wait

@@ -605,12 +605,15 @@ SELECT id, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
            %(record)s::text, e.attempt, g.lease_token, %(operator)s, %(result)s::jsonb,
            %(error)s::jsonb
     FROM reconciling g
-    JOIN LATERAL (
-        SELECT * FROM toolkit_effect_evidence
-        WHERE task_id = g.id AND (%(tenant)s::text IS NULL OR toolkit_effect_evidence.tenant = %(tenant)s)
-          AND occurrence = g.occurrence AND record = 'started'
-        ORDER BY id DESC LIMIT 1
-    ) e ON true
+    -- each one's latest started record (DISTINCT ON, not a LATERAL ... LIMIT 1, which
+    -- Citus cannot push down)
+    JOIN (
+        SELECT DISTINCT ON (x.task_id, x.occurrence) x.*
+        FROM toolkit_effect_evidence x
+        WHERE (x.task_id, x.occurrence) IN (SELECT id, occurrence FROM reconciling)
+          AND (%(tenant)s::text IS NULL OR x.tenant = %(tenant)s) AND x.record = 'started'
+        ORDER BY x.task_id, x.occurrence, x.id DESC
+    ) e ON e.task_id = g.id AND e.occurrence = g.occurrence
     WHERE %(record)s::text IS NOT NULL
 ), updated AS (
     UPDATE toolkit_tasks t

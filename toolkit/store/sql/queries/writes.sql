@@ -286,19 +286,20 @@ WITH
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp()
     FROM due_in_statement
-    WHERE t.id = ANY(%(task_ids)s::bigint[])
+    WHERE t.id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.state = 'waiting'
       AND t.run_at > statement_timestamp()
-      AND CASE t.wait_reason
-          WHEN 'signal' THEN EXISTS (
+      -- (ORs, not CASE t.wait_reason WHEN: Citus sends that to a shard as text = boolean)
+      AND ((t.wait_reason = 'signal' AND EXISTS (
               SELECT 1 FROM toolkit_signals s
-              WHERE s.task_id = t.id AND s.consumed_at IS NULL AND s.address IS NULL
+              WHERE s.task_id = t.id AND s.tenant = t.tenant AND s.consumed_at IS NULL
+                AND s.address IS NULL
                 AND (s.name = t.checkpoint -> 'wait' ->> 'signal'
-                     OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false)))
-          WHEN 'callback' THEN EXISTS (
+                     OR coalesce(t.checkpoint -> 'wait' -> 'signals' ? s.name, false))))
+           OR (t.wait_reason = 'callback' AND EXISTS (
               SELECT 1 FROM toolkit_callbacks c
-              WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.state = 'completed')
-          ELSE false END
+              WHERE c.token = t.checkpoint -> 'wait' ->> 'callback' AND c.tenant = t.tenant
+                AND c.state = 'completed')))
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
     SELECT tenant, run_at AS at FROM woken
@@ -324,22 +325,23 @@ WITH parked AS (
     UPDATE toolkit_branches b
     SET wakes = b.wakes + 1
     FROM parked p
-    WHERE b.task_id = p.task_id AND b.fanout = p.fanout AND b.name = p.name
+    WHERE b.task_id = p.task_id AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.fanout = p.fanout
+      AND b.name = p.name
       AND b.status = 'waiting' AND b.wakes <= b.seen
       AND (EXISTS (
                SELECT 1 FROM toolkit_signals s
-               WHERE s.task_id = b.task_id AND s.consumed_at IS NULL
+               WHERE s.task_id = b.task_id AND s.tenant = b.tenant AND s.consumed_at IS NULL
                  AND (s.address IS NULL
                       OR s.address = regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g'))
                  AND 'signal:' || s.name = ANY(b.waits_for))
            OR EXISTS (
                SELECT 1 FROM toolkit_callbacks c
-               WHERE c.state = 'completed'
+               WHERE c.state = 'completed' AND c.tenant = b.tenant
                  AND c.token IN (SELECT substr(k, 10) FROM unnest(b.waits_for) AS k
                                  WHERE k LIKE 'callback:%%'))
            OR EXISTS (
                SELECT 1 FROM toolkit_tasks c
-               WHERE c.state IN ('succeeded', 'failed', 'cancelled')
+               WHERE c.state IN ('succeeded', 'failed', 'cancelled') AND c.tenant = b.tenant
                  AND c.id IN (SELECT substr(k, 7)::bigint FROM unnest(b.waits_for) AS k
                               WHERE k LIKE 'child:%%')))
     RETURNING b.task_id
@@ -350,14 +352,14 @@ WITH parked AS (
     SET run_at = LEAST(
             t.run_at,
             (SELECT min(b.run_at) FROM toolkit_branches b
-             WHERE b.task_id = t.id AND b.status = 'waiting'),
+             WHERE b.task_id = t.id AND b.tenant = t.tenant AND b.status = 'waiting'),
             CASE WHEN t.id IN (SELECT task_id FROM ready)
                       OR EXISTS (SELECT 1 FROM toolkit_branches b
-                                 WHERE b.task_id = t.id AND b.status = 'waiting'
-                                   AND b.wakes > b.seen)
+                                 WHERE b.task_id = t.id AND b.tenant = t.tenant
+                                   AND b.status = 'waiting' AND b.wakes > b.seen)
                  THEN statement_timestamp() END)
     FROM due_in_statement
-    WHERE t.id = ANY(%(task_ids)s::bigint[])
+    WHERE t.id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.state = 'waiting' AND t.wait_reason = 'branches'
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
