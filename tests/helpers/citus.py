@@ -51,8 +51,8 @@ def shards_of_tenants(dsn: str, tenants: list[str]) -> dict[str, str]:
         return {
             tenant: str(
                 conn.execute(
-                    "SELECT nodename || ':' || nodeport FROM citus_shards"
-                    " WHERE shardid = get_shard_id_for_distribution_column('toolkit_tasks', %s::text)",
+                    "SELECT nodename || ':' || nodeport FROM citus_shards WHERE shardid ="
+                    " get_shard_id_for_distribution_column('toolkit_tasks', %s::text)",
                     (tenant,),
                 ).fetchone()[0]  # type: ignore[index]
             )

@@ -104,7 +104,7 @@ async def test_a_tasks_own_statements_run_on_the_cluster(
         )
     assert await store.tasks.cancel(parent) == "cancelled"
     assert (await store.tasks.get(child)).state == "cancelled"
-    with pytest.raises(UnknownTask, match="^no task 999999$"):
+    with pytest.raises(UnknownTask, match=r"^no task 999999$"):
         await store.tasks.cancel(999999)
     with pytest.raises(CallbackRefused, match="no callback token"):
         await store.tasks.complete("cb_nosuch", result={})
