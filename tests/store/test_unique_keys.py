@@ -11,6 +11,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.conftest import at_schema_version
+from tests.helpers.tenants import PER_TASK_TABLES
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.store import Store
@@ -20,24 +21,14 @@ pytestmark = pytest.mark.anyio
 
 #: The tables that are distributed by tenant on Citus (docs/scaling.md): every table with a
 #: tenant column but the schedules, a reference table.
-DISTRIBUTED_BY_TENANT = frozenset(
-    {
-        "toolkit_tasks",
-        "toolkit_tenants",
-        "toolkit_tenant_budgets",
-        "toolkit_throttle_keys",
-        "toolkit_key_wakes",
-        "toolkit_events",
-        "toolkit_event_subscriptions",
-        "toolkit_effect_evidence",
-        "toolkit_task_events",
-        "toolkit_signals",
-        "toolkit_callbacks",
-        "toolkit_limit_slots",
-        "toolkit_branches",
-        "toolkit_task_stream",
-    }
-)
+DISTRIBUTED_BY_TENANT = frozenset(PER_TASK_TABLES) | {
+    "toolkit_tasks",
+    "toolkit_tenants",
+    "toolkit_tenant_budgets",
+    "toolkit_throttle_keys",
+    "toolkit_key_wakes",
+    "toolkit_events",
+}
 
 # An insert and its ON CONFLICT clause, if any, before the statement's next insert.
 _INSERT = re.compile(
