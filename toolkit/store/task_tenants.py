@@ -4,10 +4,11 @@ Every per-task statement names the task's tenant beside its id (issue 25, docs/s
 "Every per-task statement carries the tenant"): on a store distributed by tenant (Citus)
 that is what routes it to the one node holding the task. A worker knows the tenant from
 its claim, and passes it; an operator's call (``toolkit show``, ``signal``, ``cancel``,
-``reconcile``, ``redrive``, and their Python methods) may give it (``tenant=``,
-``--tenant``), or it is looked up here by the id: one index probe on one PostgreSQL, a read
-of every node on Citus. A task's tenant never changes and an id is never reused, so what
-was looked up is remembered, for the last :data:`REMEMBERED` tasks of the process.
+``reconcile``, ``redrive``, ``wait``, ``watch``, and their Python methods) may give it
+(``tenant=``, ``--tenant``), or it is looked up here by the id: one index probe on one
+PostgreSQL, a read of every node on Citus. A task's tenant never changes and an id is never
+reused, so what was looked up is remembered, for the last :data:`REMEMBERED` tasks of the
+process.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ async def task_tenant(
     row = await db.fetch_one("task_tenant", {"task_id": task_id})
     if row is None:
         return None
-    remember(db, task_id, row["tenant"])
+    _remember(db, task_id, row["tenant"])
     return str(row["tenant"])
 
 
@@ -60,7 +61,7 @@ def unknown_task(task_id: int, tenant: str | None) -> UnknownTask:
     return UnknownTask(f"no task {task_id}" + (f" of tenant {tenant!r}" if tenant else ""))
 
 
-def remember(db: Database, task_id: int, tenant: str) -> None:
+def _remember(db: Database, task_id: int, tenant: str) -> None:
     """Remember task ``task_id``'s tenant, forgetting the oldest past :data:`REMEMBERED`."""
     known = db.task_tenants
     if len(known) >= REMEMBERED:

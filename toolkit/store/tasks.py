@@ -386,7 +386,7 @@ class Tasks(TaskReads):
         return await cancel_descendants(self._db, task_ids, tenant)
 
     async def _request_cancel(
-        self, task_id: int, reason: str, tenant: str | None
+        self, task_id: int, reason: str, tenant: str
     ) -> dict[str, Any] | None:
         """``request_cancel``; a child cancelled at once wakes its parent's waiting branch."""
         rows = await self._db.fetch_all_then(
