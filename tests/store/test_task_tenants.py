@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.apps import golden
+from tests.engine.golden.steps import ITEM
 from tests.helpers.workflows import definition
 from toolkit.errors import CallbackRefused, UnknownTask
 from toolkit.runtime.config import SupervisorConfig
@@ -127,7 +128,7 @@ steps:
     map:
       distributed: true
       items_from: {effect: golden.pages}
-      workflow: {name: tenant-item}
+      workflow: {name: golden-item}
       tolerated_failures: 1
     next: last
   last: {wait: {signal: finish}}
@@ -139,13 +140,4 @@ version: 1
 start: call
 steps:
   call: {effect: golden.echo, idempotent: true}
-"""
-
-ITEM = """
-name: tenant-item
-version: 1
-input: {type: object}
-start: call
-steps:
-  call: {effect: golden.echo, idempotent: true, args: {item: "${ input }"}}
 """
