@@ -28,8 +28,10 @@ the ledger tells how often each effect really ran. The last stdout line is the f
 diagnostics go to stderr.
 
 Run: ``.venv/bin/python bench/chaos.py [--short | --long] [--seed S] [--tasks N]
-[--dsn DSN [--allow-server-restart]] [--keep]``. Without ``--dsn``, a temporary embedded
-server is started and stopped. Every run uses a scratch database of its own.
+[--dsn DSN [--allow-server-restart]] [--citus-dsn DSN [--shards S]] [--keep]``. Without
+``--dsn``, a temporary embedded server is started and stopped. Every run uses a scratch
+database of its own, but with ``--citus-dsn``: that database of a Citus coordinator, laid out
+again (``toolkit db migrate --distribute``; issue 25), without the server restart fault.
 """
 
 from __future__ import annotations
@@ -60,12 +62,14 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from bench.chaos_app import CREATE_LEDGER, SIGNAL, WORKFLOW
+from bench.citus import drop_toolkit_objects
 from bench.workload import bench_server, scratch_database, with_dbname
 from toolkit.definition import WorkflowDefinition, parse_definition
 from toolkit.errors import DatabaseUnavailable, TaskTerminal
 from toolkit.history.audit import AuditReport, audit_all
 from toolkit.store import Store
 from toolkit.store.database import Database
+from toolkit.store.distribution import distribute
 from toolkit.store.embedded import stop_embedded
 from toolkit.store.migrations import migrate
 
@@ -241,11 +245,14 @@ async def fetch(dsn: str, statement: LiteralString) -> list[dict[str, Any]] | No
         return None
 
 
-async def prepare(dsn: str, definition: WorkflowDefinition) -> None:
-    """Migrate the scratch database, create the ledger, deploy the definition."""
+async def prepare(dsn: str, definition: WorkflowDefinition, shards: int | None = None) -> None:
+    """Migrate the scratch database (and distribute it over ``shards`` shards a table, on a
+    Citus cluster), create the ledger, deploy the definition."""
     db = await Database.connect(dsn)
     try:
         await migrate(db)
+        if shards is not None:
+            await distribute(db, shards=shards)
         async with db.connection() as conn:
             await conn.execute(CREATE_LEDGER)
         await Store(db).definitions.deploy(definition)
@@ -634,9 +641,11 @@ async def harness_store(dsn: str) -> AsyncIterator[Store]:
         await store.close()
 
 
-async def chaos(config: ChaosConfig, server: Server, dsn: str, folder: Path) -> Figures:
+async def chaos(
+    config: ChaosConfig, server: Server, dsn: str, folder: Path, shards: int | None = None
+) -> Figures:
     definition = parse_definition(WORKFLOW, source="<chaos>")
-    await prepare(dsn, definition)
+    await prepare(dsn, definition, shards)
     path = folder / "chaos.yaml"
     path.write_text(WORKFLOW)
     workers = Workers(config, dsn, path, folder)
@@ -667,6 +676,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ChaosConfig, argparse.Nam
         help="with --dsn: restart it once (pg_ctlcluster --skip-systemctl-redirect 15 main)",
     )
     parser.add_argument(
+        "--citus-dsn",
+        help="run on this database of a Citus coordinator instead (its toolkit tables are"
+        " dropped, then migrated and distributed; no server restart)",
+    )
+    parser.add_argument("--shards", type=int, default=4, help="with --citus-dsn: per table")
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the database and the logs (and the embedded server running)",
@@ -689,8 +704,15 @@ def main(argv: list[str] | None = None) -> int:
             if not server.can_restart:
                 note("chaos: no server restart (a --dsn server without --allow-server-restart)")
             name = f"chaos_{config.seed}_{os.getpid()}"
-            with scratch(server_dsn, name, args.keep) as dsn:
-                figures = anyio.run(chaos, config, server, dsn, folder)
+            if args.citus_dsn:
+                drop_toolkit_objects(args.citus_dsn)
+                with psycopg.connect(args.citus_dsn, autocommit=True) as conn:
+                    conn.execute("DROP TABLE IF EXISTS chaos_ledger")
+                cluster = Server(args.citus_dsn)
+                figures = anyio.run(chaos, config, cluster, args.citus_dsn, folder, args.shards)
+            else:
+                with scratch(server_dsn, name, args.keep) as dsn:
+                    figures = anyio.run(chaos, config, server, dsn, folder)
     finally:
         if home is not None and not args.keep:
             stop_embedded(home)

@@ -217,6 +217,7 @@ class Worker:
             "deferring": False,
             "locked": [],  # the engine's claim: no limited tenant locked (the one-statement path)
             "window": rotation.window(self.batch),
+            "tenant": None,
         }
 
 
@@ -271,7 +272,7 @@ def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write:
     ]
     cursor = conn.execute(
         query("commit_fenced"),
-        {"worker_id": worker.owner, "writes": Jsonb(writes), "tenant": TENANT},
+        {"worker_id": worker.owner, "writes": Jsonb(writes), "tenant": TENANT, "wake_within": None},
     )
     return cursor.rowcount
 

@@ -1,7 +1,11 @@
 """Test fixtures: a real PostgreSQL, one template database per session, a fresh copy per test.
 
 The embedded server is used unless ``TOOLKIT_TEST_DSN`` names another (CI runs the store and
-worker tests a second time against the system PostgreSQL 15 that way).
+worker tests a second time against the system PostgreSQL 15 that way). With ``--citus``, the
+tests that use a store run on the Citus cluster of ``TOOLKIT_TEST_CITUS_DSN`` instead, its
+tables distributed (tests/helpers/citus.py; docs/scaling.md): each test empties the one
+database and lays it out again, and the tests that need databases of their own, or the
+triggers the distribution drops, are skipped there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
+from tests.helpers.citus import CITUS_DSN, distributed_database
 from tests.helpers.tenants import (
     keys_over_max_active,
     rows_under_another_tenant,
@@ -51,8 +56,28 @@ def with_dbname(dsn: str, dbname: str) -> str:
 PROCESS_TESTS = Path(__file__).resolve().parent / "process"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--citus",
+        action="store_true",
+        help="run the tests that use a store on the Citus cluster of TOOLKIT_TEST_CITUS_DSN,"
+        " distributed by tenant (slow: the database is laid out again for each test)",
+    )
+
+
+def on_citus(config: pytest.Config) -> bool:
+    """Whether this session runs its stores on the Citus cluster (``--citus``)."""
+    if not config.getoption("citus"):
+        return False
+    if CITUS_DSN is None:
+        raise pytest.UsageError("--citus needs TOOLKIT_TEST_CITUS_DSN (tests/helpers/citus.py)")
+    return True
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if item.get_closest_marker("one_postgresql") and config.getoption("citus"):
+            item.add_marker(pytest.mark.skip(reason="checks one PostgreSQL (--citus)"))
         if PROCESS_TESTS in item.path.parents:
             continue
         if DATABASE_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -100,8 +125,10 @@ async def prepare_database(dsn: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def template_dsn(server_dsn: str) -> Iterator[str]:
+def template_dsn(server_dsn: str, pytestconfig: pytest.Config) -> Iterator[str]:
     """A migrated template database, built once per session."""
+    if on_citus(pytestconfig):
+        pytest.skip("needs databases of its own: not on the cluster (--citus)")
     name = f"toolkit_template_{os.getpid()}"
     _admin(server_dsn, sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
     _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -114,9 +141,15 @@ def template_dsn(server_dsn: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def dsn(server_dsn: str, template_dsn: str) -> Iterator[str]:
-    """A fresh migrated database for one test."""
-    template = conninfo_to_dict(template_dsn)["dbname"]
+def dsn(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh migrated database for one test (``--citus``: the cluster's, distributed)."""
+    if on_citus(request.config):
+        assert CITUS_DSN is not None
+        anyio.run(distributed_database, CITUS_DSN, prepare_database)
+        yield CITUS_DSN
+        return
+    server_dsn = request.getfixturevalue("server_dsn")
+    template = conninfo_to_dict(request.getfixturevalue("template_dsn"))["dbname"]
     name = f"toolkit_test_{uuid.uuid4().hex[:12]}"
     _admin(
         server_dsn,
@@ -141,8 +174,10 @@ def at_schema_version(dsn: str, version: int) -> None:
 
 
 @pytest.fixture
-def empty_dsn(server_dsn: str) -> Iterator[str]:
+def empty_dsn(server_dsn: str, pytestconfig: pytest.Config) -> Iterator[str]:
     """A fresh database without the schema, for migration tests."""
+    if on_citus(pytestconfig):
+        pytest.skip("needs a database of its own: not on the cluster (--citus)")
     name = f"toolkit_empty_{uuid.uuid4().hex[:12]}"
     _admin(server_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield with_dbname(server_dsn, name)
@@ -171,7 +206,9 @@ async def store(dsn: str) -> AsyncIterator[Store]:
 async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the four end triggers, as a distributed store will
     be (tests/helpers/triggers.py)."""
-    if request.param == "triggers dropped":
+    if request.param == "triggers kept" and on_citus(request.config):
+        pytest.skip("the distribution drops the triggers (--citus)")
+    if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, ENDING_TRIGGERS)
     return store
 
@@ -179,7 +216,9 @@ async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the tenant rotation's four triggers."""
-    if request.param == "triggers dropped":
+    if request.param == "triggers kept" and on_citus(request.config):
+        pytest.skip("the distribution drops the triggers (--citus)")
+    if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, ROTATION_TRIGGERS)
     return store
 
@@ -187,7 +226,9 @@ async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def keying(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the two triggers that admitted keyed tasks."""
-    if request.param == "triggers dropped":
+    if request.param == "triggers kept" and on_citus(request.config):
+        pytest.skip("the distribution drops the triggers (--citus)")
+    if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, KEY_TRIGGERS)
     return store
 

@@ -122,7 +122,7 @@ async def hand_out(ctx: EffectContext, complete_early: bool = False) -> str:
         async with ctx.connection() as conn:
             await conn.execute(
                 "UPDATE toolkit_callbacks SET state = 'completed', result = '\"early\"',"
-                " completed_at = clock_timestamp() WHERE token = %s",
+                " completed_at = statement_timestamp() WHERE token = %s",
                 (ctx.callback_token,),
             )
     return "handed out"

@@ -120,7 +120,7 @@ async def test_each_attempt_of_a_callback_in_a_branch_waits_its_whole_timeout(
             task_id,
         )
         assert 3500 < left[0] <= 3600, left  # the whole timeout is ahead, not a remainder
-        await sql(store, "UPDATE toolkit_branches SET run_at = clock_timestamp()")
+        await sql(store, "UPDATE toolkit_branches SET run_at = statement_timestamp()")
         await make_due(store, task_id)
     await drain(store, BRANCH_CALLBACK)
     assert (await store.tasks.get(task_id)).result == "gave up"

@@ -127,7 +127,7 @@ async def crash_inside_the_window(store: Store, text: str, at: str) -> list[str]
     with pytest.raises(Crash):
         await Interpreter(store, crashing, "dead").execute(task, d, control)
     await sql(
-        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+        store, "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1s'"
     )
     return keys
 

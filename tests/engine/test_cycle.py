@@ -206,7 +206,7 @@ async def test_a_write_given_up_is_sent_again_before_any_later_write_of_the_cycl
     # The task then finishes from what the store has, with both branches' rows.
     await sql(
         store.db.dsn,
-        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() WHERE id = %s",
         (task_id,),
     )
     report = await run_until_idle(Worker(store, app, [d]))

@@ -42,8 +42,8 @@ async def test_a_waiting_task_fails_at_its_deadline(store: Store) -> None:
     await drain(store, DEADLINE)
     assert 3500 < await due_in(store, task_id) <= 3600  # a wait without end: at the deadline
     await sql(
-        store, "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(), run_at = "
-        "clock_timestamp() WHERE id = %s", task_id,
+        store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(), run_at = "
+        "statement_timestamp() WHERE id = %s", task_id,
     )  # fmt: skip
     await drain(store, DEADLINE)
     task = await store.tasks.get(task_id)

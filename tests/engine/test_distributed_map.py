@@ -291,7 +291,7 @@ async def test_a_page_listed_again_after_a_crash_starts_no_child_twice(store: St
     await sql(
         store,
         "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL,"
-        " run_at = clock_timestamp(), checkpoint = checkpoint - 'wait' WHERE id = %s",
+        " run_at = statement_timestamp(), checkpoint = checkpoint - 'wait' WHERE id = %s",
         task_id,
     )
     await listed(store, text, task_id)
@@ -467,7 +467,7 @@ async def test_the_childrens_version_is_pinned_at_the_first_page(store: Store) -
     await sql(
         store,
         "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL,"
-        " run_at = clock_timestamp(), checkpoint = jsonb_set(checkpoint, '{wait,map}',"
+        " run_at = statement_timestamp(), checkpoint = jsonb_set(checkpoint, '{wait,map}',"
         " checkpoint #> '{wait,map}' || '{\"cursor\": 20, \"listed\": 20, \"tasks\": 20,"
         " \"listing\": true, \"pages\": 2}') WHERE id = %s",
         task_id,

@@ -202,7 +202,7 @@ steps:
     with pytest.raises(Crash):
         await Interpreter(store, crashing, "dead").execute(task, d)
     await sql(
-        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+        store, "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1s'"
     )
     await drain(store, text)
     task_record = await store.tasks.get(task_id)
@@ -356,7 +356,7 @@ async def test_started_without_outcome_on_non_idempotent_effect_fails_closed(sto
         await Interpreter(store, crashing, "dead").execute(task, d)
     async with store.db.connection() as conn:
         await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
         )
     report = await run_until_idle(store, FIVE_SLOW_STEPS)
     record = await store.tasks.get(task_id)

@@ -180,7 +180,7 @@ async def nested_timer_due(store: Store, task_id: int, fanout_like: str) -> None
     ``fanout_like`` (SQL LIKE) have passed, and the task is due."""
     await sql(
         store,
-        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
+        "UPDATE toolkit_branches SET run_at = statement_timestamp()"
         " WHERE task_id = %s AND fanout LIKE %s AND status = 'waiting'",
         task_id,
         fanout_like,

@@ -83,7 +83,7 @@ async def test_a_child_is_started_once_per_step_occurrence(store: Store) -> None
     # Row surgery: the parent is back where it was before its wait was written.
     await sql(
         store,
-        "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL, run_at = clock_timestamp()"
+        "UPDATE toolkit_tasks SET state = 'queued', wait_reason = NULL, run_at = now()"
         " WHERE id = %s",
         parent_id,
     )
@@ -175,8 +175,8 @@ async def test_a_parent_past_its_deadline_cancels_its_live_child(store: Store) -
     await drain(store, SLOW_PARENT)  # the child's definition is served by no worker here
     assert (await store.tasks.get(task_id)).wait_reason == "child"
     await sql(
-        store, "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(), run_at = "
-        "clock_timestamp() WHERE id = %s", task_id,
+        store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(), run_at = "
+        "statement_timestamp() WHERE id = %s", task_id,
     )  # fmt: skip
     await drain(store, SLOW_PARENT)
     parent = await store.tasks.get(task_id)

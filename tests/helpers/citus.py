@@ -10,9 +10,14 @@ toolkit's tables and functions, migrates and distributes again.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 
 import psycopg
 import pytest
+
+from bench.citus import TOOLKIT_TABLES, drop_toolkit_objects
+from toolkit.store.database import Database
+from toolkit.store.distribution import distribute
 
 #: The coordinator's database, or None.
 CITUS_DSN = os.environ.get("TOOLKIT_TEST_CITUS_DSN")
@@ -23,26 +28,49 @@ needs_citus = pytest.mark.skipif(
     " with the citus extension and its workers (docs/scaling.md)",
 )
 
-# The coordinator holds reference tables' shards too (toolkit_definitions_102458): a
-# toolkit table's name never ends in digits, a shard's always does.
-_TABLES = r"""
-SELECT c.oid::regclass FROM pg_class c
-WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
-  AND c.relname LIKE 'toolkit\_%' AND c.relname !~ '_[0-9]+$'
-"""
-_FUNCTIONS = r"""
-SELECT p.oid::regprocedure FROM pg_proc p
-WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'toolkit\_%'
-"""
+#: The cluster databases this process laid out (a test then only empties their rows).
+_LAID_OUT: list[str] = []
 
 
 def empty_cluster(dsn: str) -> None:
-    """Drop every toolkit table and function of the cluster's database (on every node)."""
+    """Drop every toolkit table and function of the cluster's database (on every node), and
+    the tests' own table."""
+    if dsn in _LAID_OUT:
+        _LAID_OUT.remove(dsn)
+    drop_toolkit_objects(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        for (table,) in conn.execute(_TABLES).fetchall():
-            conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
-        for (function,) in conn.execute(_FUNCTIONS).fetchall():
-            conn.execute(f"DROP FUNCTION IF EXISTS {function} CASCADE")
+        conn.execute("DROP TABLE IF EXISTS test_calls")  # the tests' handlers' (counting)
+
+
+def emptied_rows(dsn: str) -> None:
+    """Every toolkit table's rows deleted (but the schema's version and the fleet counts' one
+    row, as the migrations left them), identities restarted, and the tests' own table."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [
+            str(table)
+            for (table,) in conn.execute(TOOLKIT_TABLES).fetchall()
+            if str(table) not in ("toolkit_schema_version", "toolkit_fleet_counts")
+        ]
+        conn.execute(f"TRUNCATE {', '.join(tables)}, test_calls RESTART IDENTITY")
+        conn.execute("DELETE FROM toolkit_fleet_counts")
+        conn.execute("INSERT INTO toolkit_fleet_counts DEFAULT VALUES")
+
+
+async def distributed_database(dsn: str, prepare: Callable[[str], Awaitable[None]]) -> None:
+    """The cluster's database as a fresh test database: the first time in a process emptied,
+    prepared (``prepare``: migrated, with the tests' tables) and distributed (``toolkit db
+    migrate --distribute``, a few seconds), then only its rows emptied."""
+    if dsn in _LAID_OUT:
+        emptied_rows(dsn)
+        return
+    empty_cluster(dsn)
+    await prepare(dsn)
+    db = await Database.connect(dsn)
+    try:
+        await distribute(db)
+    finally:
+        await db.close()
+    _LAID_OUT.append(dsn)
 
 
 def shards_of_tenants(dsn: str, tenants: list[str]) -> dict[str, str]:

@@ -422,7 +422,7 @@ async def _hung_more_than(count: int) -> bool:
 async def expire_lease(store: Store, task_id: int) -> None:
     await sql(
         store,
-        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"
+        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 second'"
         " WHERE id = %s AND state = 'leased'",
         task_id,
     )

@@ -52,14 +52,14 @@ async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...
 
 async def make_due(store: Store, task_id: int) -> None:
     """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
-    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", task_id)
+    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = %s", task_id)
 
 
 async def branch_due(store: Store, task_id: int, name: str) -> None:
     """Row surgery: the timer of waiting branch ``name`` has passed, and the task is due."""
     await sql(
         store,
-        "UPDATE toolkit_branches SET run_at = clock_timestamp()"
+        "UPDATE toolkit_branches SET run_at = statement_timestamp()"
         " WHERE task_id = %s AND name = %s AND status = 'waiting'",
         task_id,
         name,
@@ -188,7 +188,7 @@ async def leave_uncertain(store: Store, count: int) -> list[int]:
         with pytest.raises(Crash):
             await Interpreter(store, crashing, "dead").execute(task, d)
     await sql(
-        store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+        store, "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1s'"
     )
     await drain(store, UNCERTAIN)
     for task_id in ids:

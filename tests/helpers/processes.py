@@ -129,7 +129,7 @@ def backdate_leases(dsn: str, task_ids: list[int] | None = None) -> int:
     """Row surgery: expire the lease of these (default: all) leased tasks now; return count."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         cursor = conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second' "
+            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second' "
             "WHERE state = 'leased' AND (%s::bigint[] IS NULL OR id = ANY(%s::bigint[]))",
             (task_ids, task_ids),
         )

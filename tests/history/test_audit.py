@@ -56,7 +56,7 @@ async def expire_leases(store: Store) -> None:
     """Row surgery: every lease held now has expired."""
     await sql(
         store,
-        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second' "
+        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 second' "
         "WHERE state = 'leased'",
     )
 
@@ -96,7 +96,7 @@ async def test_real_workflows_leave_sound_histories(store: Store) -> None:
     texts = (THREE_STEPS, FIVE_SLOW_STEPS, RETRIED_INTENT, TIMER_AND_SIGNAL)
     await drain(store, *texts)
     # Row surgery: the timer is due now; a worker that drains stops before a future timer.
-    await sql(store, "UPDATE toolkit_tasks SET run_at = clock_timestamp() WHERE id = %s", signalled)
+    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = %s", signalled)
     await drain(store, *texts)
     ids.append(signalled)
     assert {(await store.tasks.get(i)).state for i in ids} == {"succeeded"}

@@ -265,7 +265,7 @@ async def test_lease_losses_count_takeovers(store: Store, tmp_path: Path) -> Non
     assert [t.id for t in claimed] == [task_id]
     async with store.db.connection() as conn:  # the holder vanished: its lease runs out
         await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 s'"
+            "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 s'"
         )
     await run_until_idle(store, DEFINITIONS)
     await export_history(store.db, tmp_path)

@@ -117,7 +117,7 @@ async def test_the_browser_reconciles(store: Store) -> None:
             (uncertain, claimed.token),
         )
         await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 s', "
+            "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 s', "
             "checkpoint = checkpoint || jsonb_build_object('pending', 'only#1', "
             "'attempts', jsonb_build_object('only#1', 1)) WHERE id = %s",
             (uncertain,),

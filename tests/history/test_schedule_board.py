@@ -98,7 +98,7 @@ async def test_the_row_counts_ticks_fired_and_skipped_and_marks_a_due_one(store:
     async def due_now() -> None:  # row surgery: its next tick came 10 s ago (no sleeping)
         await sql(
             store,
-            "UPDATE toolkit_schedules SET next_tick = clock_timestamp() - interval '10 s'"
+            "UPDATE toolkit_schedules SET next_tick = statement_timestamp() - interval '10 s'"
             " WHERE name = 'new-year'",
         )
 

@@ -210,8 +210,8 @@ async def test_a_step_the_deadline_abandoned_is_failed_and_on_timeout_done(
     (task_id,) = await deploy_submit(store, DEADLINE, [{}])
     await drain(store, DEADLINE)
     await sql(
-        store, "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(), run_at = "
-        "clock_timestamp() WHERE id = %s", task_id,
+        store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(), run_at = "
+        "statement_timestamp() WHERE id = %s", task_id,
     )  # fmt: skip
     await drain(store, DEADLINE)
     assert (await store.tasks.get(task_id)).result == "late"

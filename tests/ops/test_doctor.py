@@ -19,7 +19,7 @@ def test_doctor_flags_an_expired_lease_and_an_unavailable_definition(dsn: str) -
     query(
         dsn,
         "UPDATE toolkit_tasks SET state = 'leased', lease_owner = 'gone', lease_token = 1, "
-        "lease_expires_at = clock_timestamp() - interval '1 minute' WHERE id = %s RETURNING id",
+        "lease_expires_at = statement_timestamp() - interval '1 minute' WHERE id = %s RETURNING id",
         (task_id,),
     )
     result = runner.invoke(cli, ["doctor", "--json"], env={"TOOLKIT_DSN": dsn})
@@ -37,7 +37,7 @@ def test_doctor_judges_the_oldest_due_task_of_tenants_that_are_not_paused(dsn: s
     (task_id,) = submit_tasks(dsn, SLOW, [{}])
     query(
         dsn,
-        "UPDATE toolkit_tasks SET run_at = clock_timestamp() - interval '1 hour' WHERE id = %s"
+        "UPDATE toolkit_tasks SET run_at = statement_timestamp() - interval '1 hour' WHERE id = %s"
         " RETURNING tenant",
         (task_id,),
     )

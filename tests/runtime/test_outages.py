@@ -212,7 +212,7 @@ async def test_a_stale_worker_never_commits_after_a_takeover(
         await terminate_worker_connections(store.db.dsn)
         await sql(
             store.db.dsn,
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 s' "
+            "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 s' "
             "WHERE id = %s",
             (task_id,),
         )

@@ -83,7 +83,7 @@ steps:
         await eventually(called, what="the first call")
         async with store.db.connection() as conn:
             await conn.execute(
-                "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1s'"
+                "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1s'"
                 " WHERE id = %s",
                 (task_id,),
             )

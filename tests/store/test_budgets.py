@@ -41,7 +41,7 @@ async def test_a_task_cancelled_after_its_worker_died_mid_step_returns_its_reser
     assert outcome is ReservationOutcome.RESERVED
     await sql(
         store,
-        "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() WHERE id = %s",
         task_id,
     )
     assert await store.tasks.cancel(task_id) == "cancelled"
@@ -101,7 +101,7 @@ async def test_a_budget_set_while_a_reservation_is_out_counts_only_the_spend(
     assert await store.leases.commit(release) == "succeeded"
     assert await tenant_use(store, "acme") == (30, 0)
     # The task ends holding it (cancelled once its lease expired): the trigger's release.
-    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = now() WHERE id = %s",
               second.id)  # fmt: skip
     assert await store.tasks.cancel(second.id) == "cancelled"
     assert await tenant_use(store, "acme") == (35, 0)

@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.apps.counting import CREATE_CALLS
 from tests.helpers.citus import CITUS_DSN, empty_cluster, needs_citus, shards_of_tenants
-from tests.helpers.inprocess import invoke
-from tests.helpers.workflows import definition
+from tests.helpers.inprocess import drain, invoke
+from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import CallbackRefused, ConfigError, UnknownTask
 from toolkit.store import Store
 from toolkit.store.distribution import TableLayout, distribute
@@ -27,16 +28,24 @@ steps:
 """
 
 
+@pytest.mark.one_postgresql
 async def test_one_postgresql_is_not_distributed(store: Store) -> None:
     with pytest.raises(ConfigError, match="--distribute needs Citus: this database has no citus"):
         await distribute(store.db)
 
 
+@pytest.mark.one_postgresql
 def test_the_command_says_why_it_distributes_nothing(dsn: str) -> None:
     code, out, err = invoke(dsn, "db", "migrate", "--distribute")
     assert code == 1, (out, err)
     assert "schema is up to date" in out and err.count("\n") == 1, err
     assert "no citus extension" in err, err
+
+
+@pytest.mark.one_postgresql
+def test_shards_go_with_distribute(dsn: str) -> None:
+    code, out, err = invoke(dsn, "db", "migrate", "--shards", "4")
+    assert code == 2 and "--shards goes with --distribute" in err, (out, err)
 
 
 @pytest.fixture
@@ -108,3 +117,55 @@ async def test_a_tasks_own_statements_run_on_the_cluster(
         await store.tasks.cancel(999999)
     with pytest.raises(CallbackRefused, match="no callback token"):
         await store.tasks.complete("cb_nosuch", result={})
+
+
+@needs_citus
+async def test_a_worker_runs_tenants_tasks_on_both_workers(
+    cluster: tuple[Store, bool, list[TableLayout]],
+) -> None:
+    """Claims, heartbeats and group commits tenant by tenant, each statement on the tenant's
+    node (toolkit/store/distributed_leases.py): a worker drains three-step tasks of eight
+    tenants spread over both workers; each is claimed once, its evidence and events stored
+    with it."""
+    store, _, _ = cluster
+    assert CITUS_DSN is not None
+    async with store.db.connection() as conn:
+        await conn.execute(CREATE_CALLS)
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    tenants = [f"tenant-{i}" for i in range(8)]
+    assert len(set(shards_of_tenants(CITUS_DSN, tenants).values())) >= 2
+    ids = {
+        tenant: await store.tasks.submit(d, [{"n": n} for n in range(5)], tenant=tenant)
+        for tenant in tenants
+    }
+    report = await drain(store, THREE_STEPS)
+    assert store.db.distributed
+    assert (report.succeeded, report.lease_lost, report.recovered) == (40, 0, 0), report
+    for tenant, task_ids in ids.items():
+        for n, task_id in enumerate(task_ids):
+            task = await store.tasks.get(task_id, tenant=tenant)
+            kinds = [e["kind"] for e in await store.tasks.events(task_id, tenant=tenant)]
+            records = [
+                (e["step"], e["record"])
+                for e in await store.tasks.evidence(task_id, tenant=tenant)
+            ]
+            assert task.state == "succeeded", (task, kinds)
+            assert kinds.count("claimed") == 1 and kinds[-1] == "succeeded", kinds
+            # the non-idempotent step's evidence before its call; n = 0 routes past "third"
+            steps = [("first", "completed"), ("second", "started"), ("second", "completed")]
+            assert records == steps + ([] if n == 0 else [("third", "completed")]), records
+
+
+@needs_citus
+async def test_the_shards_per_table_are_chosen() -> None:
+    """``--shards``: every read across tenants visits each shard, so a cluster of few nodes
+    wants few (docs/scaling.md)."""
+    assert CITUS_DSN is not None
+    empty_cluster(CITUS_DSN)
+    async with await Store.open(CITUS_DSN) as store:
+        applied, layout = await distribute(store.db, shards=4)
+    assert applied
+    for table in layout:
+        if table.layout == "by tenant":
+            assert sum(table.shards.values()) == 4 and len(table.shards) == 2, table

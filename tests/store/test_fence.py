@@ -31,6 +31,10 @@ UNFENCED = {
     " debounce (never claimed yet: there is no lease)",
     "claim_tasks": "takes the lease (and raises the token) of tasks nobody holds",
     "claim_tasks_one_tenant": "takes the lease of tasks nobody holds (one tenant alone)",
+    "claim_tenant_tasks": "takes the lease of tasks nobody holds (one tenant's, on a store"
+    " distributed by tenant)",
+    "record_fenced_writes": "the evidence and events of the writes commit_fenced_on_shard"
+    " applied, in its transaction (their rows stay locked by it until the commit)",
     "wake_raced_waits": "a wake-up, in the transaction of the fenced write of its wait",
     "wake_waiting_branches": "a wake-up, in the transaction of the fenced write of its wait",
     "wake_branches": "a sender's wake-up of waiting branches: run_at of waiting tasks only",
@@ -124,7 +128,7 @@ async def test_each_term_of_the_fence_refuses_on_its_own(store: Store) -> None:
     assert not await _held(store, task_id, "another worker", tenant, token)
     assert not await _held(store, task_id, "w", "another tenant", token)
     assert not await _held(store, task_id, "w", tenant, token + 1)
-    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() WHERE id = %s",
+    await sql(store, "UPDATE toolkit_tasks SET lease_expires_at = now() WHERE id = %s",
               task_id)  # fmt: skip
     assert not await _held(store, task_id, "w", tenant, token)  # expired
     # Not leased (a row of another state cannot keep its lease columns: try the term on a
@@ -145,7 +149,7 @@ async def test_the_planner_inlines_the_fence(store: Store) -> None:
     task_id, tenant, token = await _leased(store)
     rows = await sql(
         store,
-        "EXPLAIN (VERBOSE) UPDATE toolkit_tasks t SET updated_at = clock_timestamp()"
+        "EXPLAIN (VERBOSE) UPDATE toolkit_tasks t SET updated_at = statement_timestamp()"
         " WHERE t.id = %s AND toolkit_lease_held(t, %s, %s, %s)",
         task_id, "w", tenant, token,
     )  # fmt: skip

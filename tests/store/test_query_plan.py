@@ -45,6 +45,7 @@ CLAIM_TYPES = {
     "deferring": "boolean",
     "locked": "text[]",
     "window": "bigint",
+    "tenant": "text",
 }
 
 _INSERT = """
@@ -118,7 +119,7 @@ async def _mixed(store: Store) -> WorkflowDefinition:
 def _claim_params(d: WorkflowDefinition) -> dict[str, Any]:
     return {
         "worker_id": "w", "digests": [d.digest], "limit": 16, "lease_seconds": 30.0,
-        "deferring": False, "locked": ["limited"], "window": 32,
+        "deferring": False, "locked": ["limited"], "window": 32, "tenant": None,
     }  # fmt: skip
 
 

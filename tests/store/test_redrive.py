@@ -359,8 +359,8 @@ steps:
 """
     (task_id,) = await deploy_submit(store, text, [{}])
     await drain(store, text)
-    await sql(store, "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(),"
-                     " run_at = clock_timestamp() WHERE id = %s", task_id)  # fmt: skip
+    await sql(store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(),"
+                     " run_at = statement_timestamp() WHERE id = %s", task_id)  # fmt: skip
     await drain(store, text)
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "Timeout", task

@@ -62,7 +62,7 @@ async def test_a_dry_tenant_leaves_the_rotation_until_its_task_is_due(store: Sto
     # Made due sooner by any write (here: by hand), the task's tenant is due again at once.
     async with store.db.connection() as conn:
         await conn.execute(
-            "UPDATE toolkit_tasks SET run_at = clock_timestamp() - interval '1 second'"
+            "UPDATE toolkit_tasks SET run_at = statement_timestamp() - interval '1 second'"
             " WHERE id = %s",
             (later,),
         )

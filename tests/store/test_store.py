@@ -31,7 +31,7 @@ async def _expire(store: Store, task_id: int) -> None:
     """Row surgery: the lease expired a second ago (no sleeping)."""
     async with store.db.connection() as conn:
         await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
             " WHERE id = %s",
             (task_id,),
         )

@@ -32,7 +32,7 @@ async def test_items_are_numbered_in_order_and_a_stale_lease_publishes_nothing(
     fence = task.fence("w1")
     assert [await store.streams.publish(fence, "first#1", {"token": t}) for t in "abc"] == [1, 2, 3]
     async with store.db.connection() as conn:  # the lease expires; another worker takes over
-        await conn.execute("UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp()"
+        await conn.execute("UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp()"
                            " - interval '1 second' WHERE id = %s", (task.id,))  # fmt: skip
     (again,) = await store.leases.claim("w2", [d.digest], 1, 30)
     with pytest.raises(LeaseLost):

@@ -169,6 +169,11 @@ def ending_statements(statements: dict[str, str]) -> set[str]:
     return found
 
 
+#: Ending statements whose transaction's next statement releases the keys (a statement routed
+#: to one shard of a distributed store cannot insert in a CTE): that statement, by name.
+KEYS_RELEASED_AFTER = {"commit_fenced_on_shard": "record_fenced_writes"}
+
+
 def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
     """The transaction-wide flag (toolkit.ends_in_statement) turns the triggers off for the
     rest of its transaction: every statement that can end a task must do their work."""
@@ -179,6 +184,7 @@ def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
     missing = sorted(
         name
         for name in ending
-        if "ends_in_statement" not in statements[name] or "key_released AS" not in statements[name]
+        if "ends_in_statement" not in statements[name]
+        or "key_released AS" not in statements[KEYS_RELEASED_AFTER.get(name, name)]
     )
     assert missing == []

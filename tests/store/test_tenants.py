@@ -47,7 +47,7 @@ async def _expire(store: Store, task_ids: list[int]) -> None:
     """Row surgery: these leases expired a second ago (no sleeping)."""
     async with store.db.connection() as conn:
         await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = clock_timestamp() - interval '1 second'"
+            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
             " WHERE id = ANY(%s)",
             (task_ids,),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import click
@@ -24,17 +25,27 @@ def db() -> None:
     help="Then distribute the tables by tenant over the Citus cluster of this coordinator"
     " (once; docs/scaling.md).",
 )
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    help="With --distribute: shards per table (default: Citus' citus.shard_count). A few per"
+    " worker node: every read across tenants visits each shard.",
+)
 @click.pass_obj
-def db_migrate(settings: Settings, distribute: bool) -> None:
+def db_migrate(settings: Settings, distribute: bool, shards: int | None) -> None:
     """Apply pending schema migrations."""
+    if shards is not None and not distribute:
+        raise click.UsageError("--shards goes with --distribute")
     applied = [f"{m.version:04d}_{m.name}" for m in run_in_database(settings, migrate)]
     click.echo("applied: " + ", ".join(applied) if applied else "schema is up to date")
     if distribute:
-        done, layout = run_in_database(settings, distribute_tables)
+        done, layout = run_in_database(
+            settings, functools.partial(distribute_tables, shards=shards)
+        )
         click.echo("distributed:" if done else "already distributed:")
         for table in layout:
-            shards = ", ".join(f"{node} {n}" for node, n in sorted(table.shards.items()))
-            click.echo(f"  {table.table:<30} {table.layout:<10} {shards}")
+            placed = ", ".join(f"{node} {n}" for node, n in sorted(table.shards.items()))
+            click.echo(f"  {table.table:<30} {table.layout:<10} {placed}")
 
 
 @db.command("status")

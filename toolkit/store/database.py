@@ -199,6 +199,8 @@ class Database:
             (``toolkit.store.submission.register_tenant``).
         task_tenants: the tenants of tasks this process looked up by id, by task id
             (``toolkit.store.task_tenants.task_tenant``).
+        distributed: whether the toolkit's tables are distributed by tenant (Citus), once
+            asked (``toolkit.store.distribution.is_distributed``); None until then.
     """
 
     def __init__(
@@ -220,6 +222,7 @@ class Database:
         self.payload_limits = PayloadLimits()
         self.registered_tenants: set[str] = set()
         self.task_tenants: dict[int, str] = {}
+        self.distributed: bool | None = None
 
     @classmethod
     async def connect(

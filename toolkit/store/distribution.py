@@ -13,6 +13,8 @@ import dataclasses
 import importlib.resources
 from typing import Any
 
+from psycopg import sql
+
 from toolkit.errors import ConfigError, SchemaOutdated
 from toolkit.store.database import Database
 from toolkit.store.migrations import schema_status
@@ -44,10 +46,17 @@ def _statements() -> dict[str, str]:
     return parse_named_blocks(text)
 
 
-async def distribute(db: Database) -> tuple[bool, list[TableLayout]]:
+async def distribute(db: Database, *, shards: int | None = None) -> tuple[bool, list[TableLayout]]:
     """Distribute the toolkit's tables over the Citus cluster ``db`` is the coordinator of.
 
     Applied once: a store already distributed is left as it is.
+
+    Args:
+        db: the coordinator's database, migrated.
+        shards: shards per distributed table (None: Citus' ``citus.shard_count``, 32 unless
+            set). Every read across tenants (the claim's window, the idle check) visits each
+            shard: a few per worker node is enough to spread the tenants, and the count
+            bounds how many nodes they can ever spread over (docs/scaling.md).
 
     Returns:
         ``(applied, layout)``: whether this call distributed the tables, and each table's
@@ -76,10 +85,32 @@ async def distribute(db: Database) -> tuple[bool, list[TableLayout]]:
     applied = not (await _fetch(db, statements["distributed"]))[0]["distributed"]
     if applied:
         async with db.connection() as conn:
+            if shards is not None:
+                await conn.execute(sql.SQL("SET citus.shard_count = {}").format(shards))
             for step in _STEPS:
                 await conn.execute(statements[step])
+            if shards is not None:
+                await conn.execute("RESET citus.shard_count")
     rows = await _fetch(db, statements["distribution_report"])
     return applied, [TableLayout(r["table_name"], r["layout"], dict(r["shards"])) for r in rows]
+
+
+async def is_distributed(db: Database) -> bool:
+    """Whether the toolkit's tables in ``db`` are distributed by tenant (Citus).
+
+    True after ``toolkit db migrate --distribute``: claims, heartbeats and group commits are
+    then made tenant by tenant (``toolkit.store.distributed_leases``). Asked once per
+    :class:`Database` (a store is distributed while no worker runs: docs/scaling.md).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    if db.distributed is None:
+        statements = _statements()
+        db.distributed = bool(await _fetch(db, statements["citus_version"])) and bool(
+            (await _fetch(db, statements["distributed"]))[0]["distributed"]
+        )
+    return db.distributed
 
 
 async def _fetch(db: Database, sql: str) -> list[dict[str, Any]]:

@@ -22,6 +22,8 @@ from toolkit.payload import PayloadLimits
 from toolkit.store import rotation
 from toolkit.store.database import Database
 from toolkit.store.descendants import ended_children
+from toolkit.store.distributed_leases import claim_per_tenant, record_on_shard, renew_per_tenant
+from toolkit.store.distribution import is_distributed
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import FencedWrite, write_json
@@ -174,6 +176,7 @@ class Leases:
             "deferring": deferring,
             "locked": [],
             "window": rotation.window(limit),
+            "tenant": None,  # every tenant (a claim for one names it: due_tasks)
         }
         admitted = await self.admit_keys() if self._key_wakes else 0
         rows = await self._claim_rows(params)
@@ -222,8 +225,16 @@ class Leases:
     async def _claim_rows(self, params: dict[str, Any]) -> list[Any]:
         """The claim statement(s): the one tenant's range while it is alone, else fair.
 
-        Returns the rows of the tasks claimed; notes what the claim's summary says.
+        Returns the rows of the tasks claimed; notes what the claim's summary says. On a
+        store distributed by tenant, tenant by tenant (``toolkit.store.distributed_leases``).
         """
+        if await is_distributed(self._db):
+            rows, summary = await claim_per_tenant(self._db, params)
+            self._key_wakes = bool(summary["key_wakes"])
+            await self._rotation.settle(
+                [row["tenant"] for row in rows], summary["dry"], summary["window_full"]
+            )
+            return rows
         claimed: list[Any] = []
         if self._one_tenant is not None:
             claimed = self._summarised(await self._db.fetch_all(
@@ -288,25 +299,31 @@ class Leases:
         Raises:
             DatabaseUnavailable: the database cannot be reached.
         """
-        rows = await self._db.fetch_all(
-            "renew_leases",
-            {
-                "worker_id": worker_id,
-                "incarnation": incarnation,
-                "task_ids": [fence.task_id for fence in fences],
-                "tenants": [fence.tenant for fence in fences],
-                "tokens": [fence.token for fence in fences],
-                "lease_seconds": lease_seconds,
-            },
-            reserved=True,
-        )
+        params = {
+            "worker_id": worker_id, "incarnation": incarnation, "lease_seconds": lease_seconds
+        }  # fmt: skip
+        if await is_distributed(self._db):
+            registered, rows = await renew_per_tenant(self._db, params, fences)
+        else:
+            rows = await self._db.fetch_all(
+                "renew_leases",
+                {
+                    **params,
+                    "task_ids": [fence.task_id for fence in fences],
+                    "tenants": [fence.tenant for fence in fences],
+                    "tokens": [fence.token for fence in fences],
+                    "tenant": None,
+                },
+                reserved=True,
+            )
+            registered = bool(rows and rows[0]["registered"])
         return Renewal(
             renewed={
                 row["id"]: row["cancel_requested"]
                 for row in rows
                 if row["id"] is not None and not row["ended"]
             },
-            registered=bool(rows and rows[0]["registered"]),
+            registered=registered,
             ended=frozenset(row["id"] for row in rows if row["id"] is not None and row["ended"]),
         )
 
@@ -333,13 +350,14 @@ class Leases:
         """Apply fenced writes of several tasks in one statement (group commit).
 
         Each write is fenced on its own: one whose lease is lost changes nothing, the others
-        apply. All applied writes commit together. A batch with signal or callback waits is
-        one transaction of two statements: the second makes such a wait due when what it
-        waits for was sent while the first queued for the task's row (the sender then saw
-        the task leased, and the first statement's snapshot predates the send); so a wait
-        and its wake-up commit together or not at all. A write whose ``write_id`` is already
-        stored (it was applied by an earlier send) is reported with the task's state and
-        applied again never.
+        apply. All applied writes commit together (on a store distributed by tenant, those of
+        each tenant together, one statement per tenant: docs/scaling.md). A batch with
+        signal or callback waits is one transaction of two statements: the second makes such
+        a wait due when what it waits for was sent while the first queued for the task's row
+        (the sender then saw the task leased, and the first statement's snapshot predates
+        the send); so a wait and its wake-up commit together or not at all. A write whose
+        ``write_id`` is already stored (it was applied by an earlier send) is reported with
+        the task's state and applied again never.
 
         Args:
             writes: at most one write per task, all by one worker (each with its fence).
@@ -354,13 +372,24 @@ class Leases:
             StoreError: the database refused the batch (e.g. a value it cannot store);
                 nothing of the batch was written.
         """
+        tenants = sorted({write.fence.tenant for write in writes})
+        distributed = await is_distributed(self._db)
+        if len(tenants) > 1 and distributed:
+            applied: dict[int, TaskState] = {}
+            for each in tenants:  # a transaction per tenant, on the tenant's node
+                applied |= await self.commit_many(
+                    [write for write in writes if write.fence.tenant == each]
+                )
+            return applied
         (worker_id,) = {write.fence.worker_id for write in writes}
-        tenants = {write.fence.tenant for write in writes}
-        tenant = tenants.pop() if len(tenants) == 1 else None  # due_marks: null for several
+        tenant = tenants[0] if len(tenants) == 1 else None  # due_marks: null for several
         params = {
             "worker_id": worker_id,
             "writes": Jsonb([write_json(w) for w in writes]),
             "tenant": tenant,
+            # a released limit slot wakes waiting tasks of any tenant, or on a distributed
+            # store of this batch's alone (its statement is routed to the tenant's shard)
+            "wake_within": tenant if distributed else None,
         }
         waits = [
             w.fence.task_id
@@ -373,13 +402,16 @@ class Leases:
             or any(row.status == "waiting" for row in w.branches)
         ]  # fmt: skip
         ending = [w.fence.task_id for w in writes if w.ends_child]
-        if not waits and not parking and not ending:  # the hot path: one statement
-            rows = await self._db.fetch_all("commit_fenced", params)
+        if not waits and not parking and not ending and not distributed:
+            rows = await self._db.fetch_all("commit_fenced", params)  # the hot path
             return {row["id"]: TaskState(row["state"]) for row in rows}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(query("commit_fenced"), params)
-            applied = {row["id"]: TaskState(row["state"]) for row in await cursor.fetchall()}
+            if distributed:
+                applied = await record_on_shard(cursor, writes, params)
+            else:
+                await cursor.execute(query("commit_fenced"), params)
+                applied = {row["id"]: TaskState(row["state"]) for row in await cursor.fetchall()}
             raced = [task_id for task_id in waits if applied.get(task_id) == "waiting"]
             if raced:
                 await cursor.execute(

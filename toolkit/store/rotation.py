@@ -13,6 +13,9 @@ committed, neither waiting for a lock nor holding one across a round trip:
   (``toolkit_demote_tenants``): locked, then probed in a snapshot taken after the locks; one
   with work due (another worker's, or held back by its ``max_active``) moves on as if
   served, any other leaves the rotation until its next due time.
+
+On a store distributed by tenant (``Database.distributed``) each is a statement per tenant,
+routed to the tenant's shard.
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ class Rotation:
             self._owed.clear()  # every ready tenant is read: the order among them is moot
         else:
             self._owed.update(claimed_tenants)
+        if self._db.distributed:  # a statement per tenant, routed to its shard
+            for tenant, count in list(self._owed.items()):
+                if await self._db.fetch_one("advance_tenant", {"tenant": tenant, "count": count}):
+                    del self._owed[tenant]
+            for tenant in dry:
+                await self._db.fetch_one("demote_dry_tenants", {"tenants": [tenant]})
+            return
         if self._owed:
             rows = await self._db.fetch_all(
                 "advance_rotation",

@@ -79,7 +79,7 @@ async def deadlines(run: Run) -> None:
     await run.drain()
     await sql(
         run.store,
-        "UPDATE toolkit_tasks SET deadline_at = clock_timestamp(), run_at = clock_timestamp()",
+        "UPDATE toolkit_tasks SET deadline_at = now(), run_at = now()",
     )
     await run.drain()
     assert {await run.state(late), await run.state(failed)} == {"succeeded", "failed"}

@@ -18,20 +18,49 @@
 --   schedule pauses at the first failure whose streak reaches the limit.
 -- * ended_awaited: the ids of the awaited tasks, to announce on channel toolkit_task_ended
 --   (null for none: a null result column costs its reader nothing).
+-- include: key_released
+,
+-- include: ended_wakeup
+,
+-- include: schedule_outcomes
+,
+-- include: ended_awaited
+
+-- fragment: task_ended_on_shard
+-- task_ended but what it inserts or changes off the shard, for a statement routed to one
+-- shard of a store distributed by tenant (commit_fenced_on_shard): Citus routes no statement
+-- that inserts in a CTE, and the schedules are a reference table. The caller inserts the
+-- keys' wake rows and counts the scheduled runs' outcomes in the same transaction
+-- (record_fenced_writes).
+-- include: ended_wakeup
+,
+-- include: ended_awaited
+
+-- fragment: key_released
+-- task_ended's wake rows of the concurrency keys its ended holders released (CTE ended:
+-- tenant, definition_name, concurrency_key, key_held).
 key_released AS (
     INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
     SELECT tenant, definition_name, concurrency_key FROM ended WHERE key_held
-    RETURNING tenant, definition_name, concurrency_key
-), ended_wakeup AS (
+)
+
+-- fragment: ended_wakeup
+-- task_ended's test whether a task waits for a key its ended holders released (a row then).
+ended_wakeup AS (
     SELECT 1 WHERE EXISTS (
         SELECT 1
-        FROM key_released k
+        FROM ended k
         JOIN toolkit_tasks t
           ON t.tenant = k.tenant AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
          AND t.definition_name = k.definition_name
          AND t.concurrency_key = k.concurrency_key
-        WHERE t.state = 'waiting' AND t.wait_reason = 'concurrency')
-), schedule_runs AS (
+        WHERE k.key_held AND t.state = 'waiting' AND t.wait_reason = 'concurrency')
+)
+
+-- fragment: schedule_outcomes
+-- task_ended's scheduled runs that succeeded or failed, counted for their schedules (CTE
+-- ended: id, schedule_name, state).
+schedule_runs AS (
     SELECT e.id, e.schedule_name, e.state,
            max(e.id) FILTER (WHERE e.state = 'succeeded')
                OVER (PARTITION BY e.schedule_name ORDER BY e.id) AS last_success
@@ -85,7 +114,11 @@ key_released AS (
     )
     FROM schedule_outcomes o
     WHERE s.name = o.schedule_name
-), ended_awaited AS (
+)
+
+-- fragment: ended_awaited
+-- task_ended's awaited tasks to announce (ids; null for none).
+ended_awaited AS (
     SELECT (SELECT array_agg(id::text ORDER BY id) FROM ended WHERE awaited) AS ids
 )
 
@@ -98,3 +131,16 @@ key_released AS (
 ends_in_statement AS (
     SELECT set_config('toolkit.ends_in_statement', 'on', true) AS flag
 )
+
+-- name: count_schedule_outcomes
+-- The outcomes of scheduled runs ended by a statement routed to one shard
+-- (commit_fenced_on_shard: a store distributed by tenant), counted for their schedules as
+-- task_ended counts them, in the same transaction: runs %(ids)s of schedules %(schedules)s,
+-- each succeeded or failed (%(states)s), in id order. Returns the runs given.
+WITH ended AS (
+    SELECT *
+    FROM unnest(%(ids)s::bigint[], %(schedules)s::text[], %(states)s::text[])
+         AS e(id, schedule_name, state)
+),
+-- include: schedule_outcomes
+SELECT cardinality(%(ids)s::bigint[]) AS runs;

@@ -28,9 +28,13 @@ SELECT id, state AS previous_state, lease_owner AS previous_owner,
        lease_deferred AS previous_deferred,
        CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AS due_at,
        (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
-           - priority * interval '1 minute' AS claim_at
+           - priority * interval '1 minute' AS claim_at,
+       extract(epoch FROM statement_timestamp()
+                          - CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
+       )::float8 AS queue_delay
 FROM toolkit_tasks
 WHERE tenant = tn.tenant
+  AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)  -- (a constant: Citus routes by it)
   AND state IN ('queued', 'leased', 'waiting')
   AND (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END AT TIME ZONE 'UTC')
       - priority * interval '1 minute'
@@ -44,16 +48,13 @@ LIMIT tn.slots
 
 -- fragment: take_leases
 -- The claim of the candidate rows (id, previous_state, previous_owner, previous_deferred,
--- due_at): each becomes leased by %(worker_id)s until database now + %(lease_seconds)s, its
--- fencing token one higher (DESIGN §2), with a claimed (or recovered, for an expired lease)
--- event carrying its queue delay; lease_deferred is %(deferring)s (the claimer has a
--- checkpoint window, migration 0027) except for a takeover, and deferred_before tells a
--- takeover whether the lease it took over was. One row per task claimed, or a single row with a NULL id when none was; each
--- carries the claim's summary (dry: the picked tenants that had nothing due for this
--- worker; window_full: the window held as many tenants as it may), whether tenants with a
--- max_active exist (limits), whether more than one tenant is unpaused (tenants: 1 or 2) and
--- whether tasks may wait for a concurrency key that has room (key_wakes), so that the
--- claimer knows what to do next.
+-- queue_delay: seconds from due to now): each becomes leased by %(worker_id)s until database
+-- now + %(lease_seconds)s, its fencing token one higher (DESIGN §2); lease_deferred is
+-- %(deferring)s (the claimer has a checkpoint window, migration 0027) except for a
+-- takeover, and deferred_before tells a takeover whether the lease it took over was. CTE
+-- claimed; the including statement selects from it (claim_result on one PostgreSQL) and
+-- records its events (claim_events, or record_claims on a distributed store). Nothing here
+-- reads the clock in RETURNING, which Citus refuses.
 claimed AS (
     UPDATE toolkit_tasks t
     SET state = 'leased',
@@ -65,32 +66,45 @@ claimed AS (
         lease_deferred = %(deferring)s::boolean AND c.previous_state <> 'leased',
         updated_at = statement_timestamp()
     FROM candidates c
-    WHERE t.id = c.id
+    WHERE t.id = c.id AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.tenant, t.definition_digest, t.input, t.checkpoint, t.lease_token,
               t.attempts, t.cancel_requested, t.tags, t.parent_id, t.map_index, t.trace_parent,
               t.trace_attempt, c.previous_state,
-              c.previous_owner, c.previous_deferred,
-              extract(epoch FROM statement_timestamp() - c.due_at)::float8 AS queue_delay,
-              extract(epoch FROM t.deadline_at - statement_timestamp())::float8 AS deadline_in
-), events AS (
+              c.previous_owner, c.previous_deferred, c.queue_delay, t.deadline_at
+)
+
+-- fragment: claim_events
+-- The claimed (or recovered, for an expired lease) event of each task in CTE claimed (id,
+-- tenant, lease_token, previous_state, previous_owner, queue_delay), carrying its queue
+-- delay (seconds from due to claimed, database time) and, for a takeover, the previous
+-- owner.
+events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
     SELECT id, tenant,
            CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
            %(worker_id)s, lease_token,
-           -- queue_delay: seconds from due to claimed (database time), for history
-           CASE WHEN previous_state = 'leased'
-                THEN jsonb_build_object('previous_owner', previous_owner,
-                                        'queue_delay', round(queue_delay::numeric, 6))
-                ELSE jsonb_build_object('queue_delay', round(queue_delay::numeric, 6)) END
+           jsonb_strip_nulls(jsonb_build_object(
+               'previous_owner', CASE WHEN previous_state = 'leased' THEN previous_owner END,
+               'queue_delay', round(queue_delay::numeric, 6)))
     FROM claimed
 )
-SELECT c.id, c.tenant, c.definition_digest, c.input, c.checkpoint, c.lease_token, c.attempts,
-       c.cancel_requested, c.tags,
-       -- a child whose end wakes its parent (not a distributed map's item: DESIGN §2)
-       c.parent_id IS NOT NULL AND c.map_index IS NULL AS child, c.trace_parent,
-       c.trace_attempt, c.previous_state = 'leased' AS recovered,
-       c.previous_state = 'leased' AND c.previous_deferred AS deferred_before, c.queue_delay,
-       c.deadline_in, s.dry, s.window_full,
+
+-- fragment: claimed_columns
+-- The columns of a claimed task (CTE claimed as c) that a claim returns (ClaimedTask).
+c.id, c.tenant, c.definition_digest, c.input, c.checkpoint, c.lease_token, c.attempts,
+c.cancel_requested, c.tags,
+-- a child whose end wakes its parent (not a distributed map's item: DESIGN §2)
+c.parent_id IS NOT NULL AND c.map_index IS NULL AS child, c.trace_parent,
+c.trace_attempt, c.previous_state = 'leased' AS recovered,
+c.previous_state = 'leased' AND c.previous_deferred AS deferred_before, c.queue_delay,
+extract(epoch FROM c.deadline_at - statement_timestamp())::float8 AS deadline_in
+
+-- fragment: claim_result
+-- The rows of a claim on one PostgreSQL (take_leases): one per task claimed, or one with a
+-- NULL id, each with the claim's summary and what the claimer is to do next.
+SELECT
+-- include: claimed_columns
+       , s.dry, s.window_full,
        EXISTS (SELECT 1 FROM toolkit_tenants WHERE max_active IS NOT NULL AND NOT paused)
            AS limits,
        (SELECT count(*) FROM (SELECT 1 FROM toolkit_tenants WHERE NOT paused LIMIT 2) two)
@@ -165,7 +179,9 @@ WITH promoted AS (
 ), candidates AS (
     SELECT t.id, t.state AS previous_state, t.lease_owner AS previous_owner,
            t.lease_deferred AS previous_deferred,
-           CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END AS due_at
+           extract(epoch FROM statement_timestamp()
+                              - CASE WHEN t.state = 'leased' THEN t.lease_expires_at
+                                     ELSE t.run_at END)::float8 AS queue_delay
     FROM due
     JOIN toolkit_tasks t ON t.id = due.id
     -- Read by key, never a scan of the live tasks: the ids as an array, and "not ended"
@@ -183,6 +199,9 @@ WITH promoted AS (
            (SELECT count(*) FROM rotation) >= %(window)s AS window_full
 ),
 -- include: take_leases
+,
+-- include: claim_events
+-- include: claim_result
 ;
 
 -- name: claim_tasks_one_tenant
@@ -208,6 +227,9 @@ WITH candidates AS (
     SELECT '{}'::text[] AS dry, false AS window_full
 ),
 -- include: take_leases
+,
+-- include: claim_events
+-- include: claim_result
 ;
 
 -- name: advance_rotation
@@ -235,50 +257,199 @@ SELECT toolkit_demote_tenants(%(tenants)s::text[]) AS demoted;
 
 -- name: renew_leases
 -- One statement per heartbeat interval renews this process's registration and every lease it
--- holds, each fenced by (worker, tenant, task, token): a lease that expired or moved to a
--- higher token is not revived. The registration renews only while it is this process's
+-- holds (lease_renewals). The registration renews only while it is this process's
 -- (%(incarnation)s): once another process took the worker id over, registered is false. (Its
 -- leases cannot outlive it: they expire at the same moment, renewed by this same statement,
--- and the id is taken over only once the registration expired.) Rows are locked in id
--- order, as the group commit does, so the two never deadlock. Returns one row per lease
+-- and the id is taken over only once the registration expired.) Returns one row per lease
 -- renewed or ended by this process's own write (ended), or one row with a NULL id when
--- there is none.
-WITH worker AS (
+-- there is none. (On a store distributed by tenant: renew_registration, then
+-- renew_tenant_leases per tenant.)
+WITH
+-- include: worker_renewal
+,
+-- include: lease_renewals
+SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested, r.ended
+-- include: renewal_rows
+;
+
+-- name: renew_registration
+-- renew_leases' registration alone (a store distributed by tenant: the workers' table is a
+-- reference table, renewed by a statement of its own). Returns whether it renewed.
+WITH
+-- include: worker_renewal
+SELECT EXISTS (SELECT 1 FROM worker) AS registered;
+
+-- name: renew_tenant_leases
+-- renew_leases' leases of tenant %(tenant)s alone (every lease in the arrays is of that
+-- tenant), routed to its shard: a store distributed by tenant renews each tenant's leases by a
+-- statement of its own, after renew_registration. Rows as renew_leases' (registered true).
+WITH
+-- include: lease_renewals
+SELECT true AS registered, r.id, r.cancel_requested, r.ended
+-- include: renewal_rows
+;
+
+-- fragment: worker_renewal
+-- The worker's registration renewed while it is this process's (CTE worker: its id, or none).
+worker AS (
     UPDATE toolkit_workers
     SET heartbeat_at = statement_timestamp(),
         expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second'
     WHERE worker_id = %(worker_id)s AND incarnation = %(incarnation)s AND stopped_at IS NULL
     RETURNING worker_id
-), held AS (
-    SELECT t.id, h.tenant, h.token
+)
+
+-- fragment: lease_renewals
+-- Every lease in (%(task_ids)s, %(tenants)s, %(tokens)s) renewed, each fenced by (worker,
+-- tenant, task, token): a lease that expired or moved to a higher token is not revived.
+-- Rows are locked in id order, as the group commit does, so the two never deadlock.
+-- %(tenant)s: the one tenant of them all, or null (any). CTEs renewed (id,
+-- cancel_requested) and released: the leases this process's own last write ended (the
+-- task's token is still the lease's, and it is no longer leased: nobody claimed it since),
+-- their cycles ending, not lost. Both are read from the rows as locked, re-checked on
+-- their latest version: a write that committed while this statement waited for its row
+-- (a group commit's transaction, on a distributed store several statements) is seen.
+held AS (
+    SELECT t.id, t.state = 'leased' AS leased
     FROM toolkit_tasks t
     JOIN unnest(%(task_ids)s::bigint[], %(tenants)s::text[], %(tokens)s::bigint[])
          AS h(task_id, tenant, token)
       ON t.id = h.task_id
-    WHERE toolkit_lease_held(t, %(worker_id)s, h.tenant, h.token)
+    WHERE (toolkit_lease_held(t, %(worker_id)s, h.tenant, h.token)
+           OR (t.lease_token = h.token AND t.tenant = h.tenant AND t.state <> 'leased'))
+      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
 ), renewed AS (
     UPDATE toolkit_tasks t
     SET lease_expires_at = statement_timestamp() + %(lease_seconds)s * interval '1 second'
     FROM held
-    WHERE t.id = held.id
-      AND toolkit_lease_held(t, %(worker_id)s, held.tenant, held.token)
+    -- held locked the rows whose lease is held, re-checked on their latest version: none
+    -- can change until this statement commits (and the fence in an UPDATE's own WHERE
+    -- keeps Citus from routing the statement to one shard)
+    WHERE t.id = held.id AND held.leased
+      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.cancel_requested
 ), released AS (
-    -- Leases this process's own last write ended (the task's token is still the lease's,
-    -- and it is no longer leased: nobody claimed it since), committed while this statement
-    -- waited: their cycles are ending, not lost.
-    SELECT t.id
-    FROM toolkit_tasks t
-    JOIN unnest(%(task_ids)s::bigint[], %(tokens)s::bigint[]) AS h(task_id, token)
-      ON t.id = h.task_id
-    WHERE t.lease_token = h.token AND t.state <> 'leased'
+    SELECT id FROM held WHERE NOT leased
 )
-SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested, r.ended
+
+-- fragment: renewal_rows
+-- The rows of a renewal: one per lease renewed (ended false) or released (ended true), or
+-- one with a NULL id when there is none.
 FROM (SELECT 1) AS one
 LEFT JOIN (
     SELECT id, cancel_requested, false AS ended FROM renewed
     UNION ALL
     SELECT id, NULL, true FROM released
-) r ON true;
+) r ON true
+
+-- name: claim_window
+-- The claim on a store distributed by tenant (docs/scaling.md), first of its statements: the
+-- tenants it serves, read without a lock (Citus locks rows of one shard per statement). The
+-- ready, unpaused tenants of lowest vtime (promoted false), then up to %(window)s tenants
+-- out of the rotation whose next_due has come (promoted true: the claimer promotes each by
+-- promote_tenant before claiming its tasks); each row carries whether tasks may wait for a
+-- concurrency key that has room (key_wakes) and whether more tenants are ready than a
+-- window holds (window_full); one row with a null tenant when there is none to serve.
+WITH rotation AS (
+    SELECT tenant, weight, max_active, vtime, false AS promoted
+    FROM toolkit_tenants
+    WHERE ready AND NOT paused
+    ORDER BY vtime, tenant
+    LIMIT %(window)s
+), due AS (
+    SELECT tenant, weight, max_active, vtime, true AS promoted
+    FROM toolkit_tenants
+    WHERE NOT ready AND next_due <= (SELECT statement_timestamp())
+    ORDER BY next_due
+    LIMIT %(window)s
+), flags AS (
+    SELECT EXISTS (SELECT 1 FROM toolkit_key_wakes) AS key_wakes,
+           (SELECT count(*) FROM rotation) >= %(window)s AS window_full
+)
+SELECT r.tenant, r.weight, r.max_active, r.vtime, r.promoted, f.key_wakes, f.window_full
+FROM flags f
+LEFT JOIN (SELECT * FROM rotation UNION ALL SELECT * FROM due) r ON true
+ORDER BY r.promoted, r.vtime, r.tenant;
+
+-- name: promote_tenant
+-- A tenant out of the rotation whose next_due has come (claim_window) made ready, at
+-- %(floor)s when unpaused (the window's lowest vtime: rotation_floor, read by claim_window;
+-- null: it keeps its own). Routed to the tenant's shard. Returns the tenant when this
+-- statement promoted it and it is unpaused (a claim then serves it).
+UPDATE toolkit_tenants tn
+SET ready = true, next_due = NULL,
+    vtime = CASE WHEN tn.paused THEN tn.vtime
+                 ELSE greatest(tn.vtime, %(floor)s::float8) END
+WHERE tn.tenant = %(tenant)s AND NOT tn.ready
+  AND tn.next_due <= (SELECT statement_timestamp())
+RETURNING tn.tenant, NOT tn.paused AS serve;
+
+-- name: lock_limited_tenant
+-- lock_limited_tenants for one tenant, routed to its shard: the tenant's row when it has a
+-- max_active and no other claimer holds it; the claim_tenant_tasks that follows in the same
+-- transaction counts its leases in a snapshot taken after the lock.
+SELECT tenant
+FROM toolkit_tenants
+WHERE tenant = %(tenant)s AND max_active IS NOT NULL
+FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: claim_tenant_tasks
+-- The claim of up to %(limit)s due tasks of tenant %(tenant)s (due_tasks, locked as they are
+-- read, then take_leases), one statement routed to the tenant's shard: the claim on a store
+-- distributed by tenant makes one per tenant it serves (Leases.claim; docs/scaling.md). A
+-- paused tenant gets nothing; one with a max_active only when %(locked)s (this transaction
+-- holds its row: lock_limited_tenant), and at most max_active minus its unexpired leases.
+-- Returns one row per task claimed (claimed_columns, and previous_owner); their events are
+-- the transaction's next statement (record_claims).
+WITH tn AS (
+    SELECT tn.tenant,
+           CASE WHEN tn.max_active IS NULL THEN %(limit)s::bigint
+                ELSE greatest(least(%(limit)s::bigint, tn.max_active - (
+                    SELECT count(*) FROM toolkit_tasks a
+                    WHERE a.tenant = %(tenant)s AND a.state = 'leased'
+                      AND a.lease_expires_at > (SELECT statement_timestamp()))), 0) END AS slots
+    FROM toolkit_tenants tn
+    WHERE tn.tenant = %(tenant)s AND NOT tn.paused
+      AND (tn.max_active IS NULL OR %(locked)s::boolean)
+), candidates AS (
+    SELECT due.*
+    FROM tn
+    CROSS JOIN LATERAL (
+        -- include: due_tasks
+        FOR UPDATE SKIP LOCKED
+    ) due
+),
+-- include: take_leases
+SELECT
+-- include: claimed_columns
+       , c.previous_owner
+FROM claimed c
+ORDER BY c.id;
+
+-- name: record_claims
+-- The events of the tasks claim_tenant_tasks claimed for tenant %(tenant)s (claim_events), a
+-- statement of its own in the claim's transaction: Citus routes no statement that inserts
+-- in a CTE to one shard. The tasks: %(ids)s with their %(tokens)s, %(previous_states)s,
+-- %(previous_owners)s and %(queue_delays)s (seconds), as the claim returned them.
+WITH claimed AS (
+    SELECT c.*, %(tenant)s::text AS tenant
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(previous_states)s::text[],
+                %(previous_owners)s::text[], %(queue_delays)s::float8[])
+         AS c(id, lease_token, previous_state, previous_owner, queue_delay)
+),
+-- include: claim_events
+SELECT cardinality(%(ids)s::bigint[]) AS recorded;
+
+-- name: advance_tenant
+-- advance_rotation for one tenant, routed to its shard: it moves on by %(count)s tasks per
+-- unit of weight unless another statement holds its row. Returns the tenant when moved on.
+WITH locked AS (
+    SELECT tenant FROM toolkit_tenants WHERE tenant = %(tenant)s FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE toolkit_tenants tn
+SET vtime = tn.vtime + %(count)s::float8 / tn.weight
+FROM locked
+WHERE tn.tenant = %(tenant)s AND locked.tenant = tn.tenant
+RETURNING tn.tenant;

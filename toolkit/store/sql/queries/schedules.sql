@@ -84,18 +84,27 @@ RETURNING name;
 -- name: due_schedules
 -- A firing pass: the unpaused schedules of these definitions with a tick due now or a
 -- buffered tick, and how many of their runs are live; with database now. Read without
--- locks: fire_schedule decides, by compare-and-set.
-WITH now AS (SELECT statement_timestamp() AS now)
--- include: schedule_columns
-, (SELECT count(*) FROM toolkit_tasks t
-   WHERE t.schedule_name = s.name AND t.state IN ('queued', 'leased', 'waiting')) AS live,
-  now.now
-FROM toolkit_schedules s, now
-WHERE NOT s.paused
-  AND s.definition_name = ANY(%(names)s::text[])
-  AND (s.next_tick <= now.now OR s.buffered <> '[]'::jsonb)
-ORDER BY s.next_tick
-LIMIT %(limit)s;
+-- locks: fire_schedule decides, by compare-and-set. The live runs are counted for the due
+-- schedules only, by their names (one index range each), in a sub-select grouped by name
+-- rather than one per schedule: Citus refuses a correlated sub-select beside a reference
+-- table (the schedules), and runs this one on each shard.
+WITH now AS (SELECT statement_timestamp() AS now), due AS (
+    -- include: schedule_columns
+    , now.now
+    FROM toolkit_schedules s, now
+    WHERE NOT s.paused
+      AND s.definition_name = ANY(%(names)s::text[])
+      AND (s.next_tick <= now.now OR s.buffered <> '[]'::jsonb)
+    ORDER BY s.next_tick
+    LIMIT %(limit)s
+)
+SELECT due.*, coalesce(l.live, 0) AS live
+FROM due
+LEFT JOIN (SELECT t.schedule_name, count(*) AS live FROM toolkit_tasks t
+           WHERE t.schedule_name = ANY(ARRAY(SELECT name FROM due))
+             AND t.state IN ('queued', 'leased', 'waiting')
+           GROUP BY t.schedule_name) l ON l.schedule_name = due.name
+ORDER BY due.next_tick;
 
 -- name: next_schedule_tick
 -- Seconds until the earliest tick of these definitions' unpaused schedules (null: none).

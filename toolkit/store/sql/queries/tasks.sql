@@ -248,13 +248,8 @@ GROUP BY record;
 -- neither due nor ahead.
 WITH now_at AS MATERIALIZED (
     SELECT statement_timestamp() AS at
-), probed AS (
-    SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
-    UNION ALL
-    SELECT tenant FROM toolkit_tenants
-    WHERE NOT ready AND NOT paused AND next_due <= (SELECT at FROM now_at)
-)
-SELECT EXISTS (
+), work AS (
+    SELECT EXISTS (
            SELECT 1 FROM toolkit_tasks
            WHERE state IN ('queued', 'leased')
              AND definition_digest = ANY(%(digests)s::text[])
@@ -262,7 +257,12 @@ SELECT EXISTS (
        )
        OR EXISTS (
            SELECT 1
-           FROM probed tn
+           -- the probed tenants (a sub-select, not a CTE: Citus joins it to the tasks on
+           -- their shards)
+           FROM (SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
+                 UNION ALL
+                 SELECT tenant FROM toolkit_tenants
+                 WHERE NOT ready AND NOT paused AND next_due <= (SELECT at FROM now_at)) tn
            CROSS JOIN LATERAL (
                SELECT 1 FROM toolkit_tasks
                WHERE tenant = tn.tenant
@@ -290,18 +290,19 @@ SELECT EXISTS (
              AND p.definition_digest = ANY(%(digests)s::text[])
              AND p.tenant <> ALL (ARRAY(SELECT tenant FROM toolkit_tenants WHERE paused))
              AND NOT EXISTS (SELECT 1 FROM toolkit_tasks c
-                             WHERE c.parent_id = p.id AND c.map_index IS NOT NULL
+                             WHERE c.parent_id = p.id AND c.tenant = p.tenant
+                               AND c.map_index IS NOT NULL
                                AND c.state IN ('queued', 'leased', 'waiting'))
        )
        -- a concurrency key has room for a task waiting for it (its wake is not consumed
        -- yet): the next claim admits it
-       OR EXISTS (SELECT 1 FROM toolkit_key_wakes) AS pending,
-       (SELECT extract(epoch FROM least(min(first_claim.at_utc AT TIME ZONE 'UTC'),
-                                         min(ahead.at),
-                                         (SELECT min(next_due) FROM toolkit_tenants
-                                          WHERE NOT ready AND NOT paused))
-                               - (SELECT at FROM now_at))::float8
-        FROM probed tn
+       OR EXISTS (SELECT 1 FROM toolkit_key_wakes) AS pending
+), ahead AS (
+        SELECT min(first_claim.at_utc) AS first_claim, min(ahead.at) AS first_ahead
+        FROM (SELECT tenant FROM toolkit_tenants WHERE ready AND NOT paused
+              UNION ALL
+              SELECT tenant FROM toolkit_tenants
+              WHERE NOT ready AND NOT paused AND next_due <= (SELECT at FROM now_at)) tn
         LEFT JOIN LATERAL (
             -- the first future claim time: a lower bound of the due times after it
             SELECT (CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
@@ -327,7 +328,15 @@ SELECT EXISTS (
               AND definition_digest = ANY(%(digests)s::text[])
             ORDER BY CASE WHEN state = 'leased' THEN lease_expires_at ELSE run_at END
             LIMIT 1
-        ) ahead ON true) AS next_due;
+        ) ahead ON true
+)
+-- (CTEs, not sub-selects in a target list, which Citus cannot push down)
+SELECT work.pending,
+       extract(epoch FROM least(ahead.first_claim AT TIME ZONE 'UTC', ahead.first_ahead,
+                                (SELECT min(next_due) FROM toolkit_tenants
+                                 WHERE NOT ready AND NOT paused))
+                          - (SELECT at FROM now_at))::float8 AS next_due
+FROM work, ahead;
 
 -- name: send_signal
 -- Stores a signal for a live task and wakes it when it already waits for that name. Whether

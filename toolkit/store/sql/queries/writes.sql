@@ -32,11 +32,65 @@
 -- holds are returned by budget_use. The rotation's marks (due_marks): a task whose write
 -- makes it due before its lease would have expired, a woken parent, a task woken by a
 -- released limit slot.
--- Returns (id, applied state) of every write applied, a missing id meaning LeaseLost, and
--- the notifications to send (notify_toolkit_wakeup, notify_toolkit_task_ended).
+-- Returns a row per write applied (id, applied state; fenced_write_rest says the rest), a
+-- missing id meaning LeaseLost, and the notifications to send (notify_toolkit_wakeup,
+-- notify_toolkit_task_ended).
+-- include: fenced_write
+-- include: task_ended
+,
+-- include: fenced_write_inserts
+,
+-- include: fenced_write_rest
+;
+
+-- name: commit_fenced_on_shard
+-- commit_fenced for one tenant's writes on a store distributed by tenant (docs/scaling.md):
+-- the same statement but a scheduled run's outcome (task_ended_on_shard), so that it is
+-- routed to the tenant's shard whole; the caller counts the outcomes of the scheduled runs
+-- it ended (count_schedule_outcomes, same transaction) and passes %(tenant)s and
+-- %(wake_within)s.
+-- include: fenced_write
+-- include: task_ended_on_shard
+,
+-- include: fenced_write_rest
+;
+
+-- name: record_fenced_writes
+-- What commit_fenced_on_shard leaves to the next statements of its transaction on a store
+-- distributed by tenant (Citus routes no statement that inserts in a CTE to one shard): the
+-- rows inserted for each write applied (fenced_write_inserts), the wake rows of the
+-- concurrency keys released (task_ended's key_released), and the outcomes of the
+-- scheduled runs that ended (count_schedule_outcomes, when any). The writes: %(writes)s
+-- (as commit_fenced's, those applied); applied: %(ids)s with %(tokens)s and %(cancelling)s;
+-- ended holders of a key: %(key_tenants)s, %(key_definitions)s, %(key_names)s.
 WITH w AS (
+    SELECT * FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
+        task_id bigint, evidence jsonb, events jsonb, branches jsonb)
+), guard AS (
+    SELECT g.*, %(tenant)s::text AS tenant
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(cancelling)s::boolean[])
+         AS g(id, token, cancelling)
+), ended AS (
+    SELECT *, true AS key_held
+    FROM unnest(%(key_tenants)s::text[], %(key_definitions)s::text[], %(key_names)s::text[])
+         AS e(tenant, definition_name, concurrency_key)
+),
+-- include: key_released
+,
+-- include: fenced_write_inserts
+SELECT cardinality(%(ids)s::bigint[]) AS recorded;
+
+-- fragment: fenced_write
+-- commit_fenced up to its tasks' ends (CTE ended), which the including statement follows
+-- with task_ended (or task_ended_on_shard), then fenced_write_rest.
+WITH w AS (
+    -- (values that read the clock or build JSON are made here and in locked, not in the
+    -- UPDATE's CASE: Citus refuses a function that is not immutable there, issue 25)
     SELECT *,
-           state IN ('queued', 'waiting') AS may_cancel
+           state IN ('queued', 'waiting') AS may_cancel,
+           statement_timestamp() AS now_at,
+           statement_timestamp() + delay_seconds * interval '1 second' AS delayed_at,
+           jsonb_strip_nulls(jsonb_build_object('write', write_id)) AS write_mark
     FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
         task_id bigint, tenant text, token bigint, checkpoint jsonb, state text, wait_reason text,
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
@@ -52,12 +106,18 @@ WITH w AS (
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id AND t.lease_token = w.token
     WHERE w.write_id IS NOT NULL AND t.checkpoint ->> 'write' = w.write_id
+      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
 ), locked AS (
     SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling,
-           t.lease_expires_at AS lease_due
+           t.lease_expires_at AS lease_due,
+           jsonb_build_object(
+               'name', 'Cancelled',
+               'message', coalesce(t.cancel_requested ->> 'reason', 'cancelled by request'),
+               'step', w.checkpoint ->> 'cursor') AS cancel_error
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id
     WHERE toolkit_lease_held(t, %(worker_id)s, w.tenant, w.token)
+      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.id NOT IN (SELECT id FROM replayed)
     ORDER BY t.id
     FOR NO KEY UPDATE OF t
@@ -67,11 +127,10 @@ WITH w AS (
     JOIN w ON c.id = w.task_id
     WHERE c.parent_id IS NOT NULL AND c.map_index IS NULL
       AND w.state IN ('succeeded', 'failed', 'cancelled')
+      AND (%(tenant)s::text IS NULL OR c.tenant = %(tenant)s)
 ), guard AS (
     UPDATE toolkit_tasks t
-    SET checkpoint = coalesce(w.checkpoint, t.checkpoint || '{"cursor": null}')
-                     || CASE WHEN w.write_id IS NULL THEN '{}'
-                             ELSE jsonb_build_object('write', w.write_id) END,
+    SET checkpoint = coalesce(w.checkpoint, t.checkpoint || '{"cursor": null}') || w.write_mark,
         state = CASE WHEN l.cancelling THEN 'cancelled' ELSE w.state END,
         wait_reason = CASE WHEN l.cancelling THEN NULL ELSE w.wait_reason END,
         deadline_at = CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END,
@@ -79,30 +138,25 @@ WITH w AS (
         run_at = LEAST(CASE
             WHEN NOT l.cancelling AND w.state = 'waiting' AND w.wait_reason IN ('child', 'branches')
                  AND (t.child_wake OR t.id IN (SELECT parent_id FROM ending_children))
-                THEN statement_timestamp()
+                THEN w.now_at
             WHEN w.run_at IS NOT NULL THEN w.run_at
-            WHEN w.delay_seconds IS NOT NULL
-                THEN statement_timestamp() + w.delay_seconds * interval '1 second'
+            WHEN w.delay_seconds IS NOT NULL THEN w.delayed_at
             ELSE t.run_at END,
             -- a task waits no longer than its workflow deadline
             CASE WHEN w.clear_deadline THEN NULL ELSE t.deadline_at END),
         lease_owner = CASE WHEN w.state = 'leased' THEN t.lease_owner END,
         lease_expires_at = CASE WHEN w.state = 'leased' THEN t.lease_expires_at END,
         result = w.result,
-        error = CASE WHEN l.cancelling
-                     THEN jsonb_build_object(
-                         'name', 'Cancelled',
-                         'message', coalesce(t.cancel_requested ->> 'reason', 'cancelled by request'),
-                         'step', w.checkpoint ->> 'cursor')
-                     ELSE w.error END,
+        error = CASE WHEN l.cancelling THEN l.cancel_error ELSE w.error END,
         finished_at = CASE WHEN l.cancelling OR w.state IN ('succeeded', 'failed', 'cancelled')
-                           THEN statement_timestamp() END,
+                           THEN w.now_at END,
         child_wake = false,
         -- tags a handler set (ctx.tag); unchanged otherwise, so the update stays HOT
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = statement_timestamp()
     FROM w, locked l, ends_in_statement, due_in_statement
     WHERE t.id = w.task_id AND l.id = w.task_id
+      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index,
               t.run_at, l.lease_due,
               t.definition_name, t.concurrency_key, t.key_held, t.schedule_name, t.awaited,
@@ -111,8 +165,12 @@ WITH w AS (
 ), ended AS (
     SELECT * FROM guard WHERE state IN ('succeeded', 'failed', 'cancelled')
 ),
--- include: task_ended
-, evidence AS (
+
+-- fragment: fenced_write_inserts
+-- commit_fenced's rows inserted for each write applied (CTE guard: id, tenant, token,
+-- cancelling; CTE w: the writes): its effect evidence, its branches' rows (replacing the
+-- stored ones), its events (and a cancelled event for a cancel request found).
+evidence AS (
     INSERT INTO toolkit_effect_evidence
         (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
          attempt, fencing_token, worker_id, result, error, spend)
@@ -124,7 +182,38 @@ WITH w AS (
         occurrence text, step text, handler text, idempotent boolean,
         idempotency_key text, record text, attempt integer, result jsonb, error jsonb,
         spend jsonb)
-), budget_use AS (
+), branch_rows AS (
+    INSERT INTO toolkit_branches AS b
+        (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
+    SELECT g.id, g.tenant, r.fanout, r.name, r.position, r.status, r.frame, r.run_at,
+           ARRAY(SELECT jsonb_array_elements_text(r.waits_for)), r.seen
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.branches) AS r(
+        fanout text, name text, position integer, status text, frame jsonb,
+        run_at timestamptz, waits_for jsonb, seen integer)
+    ON CONFLICT (task_id, fanout, name, tenant) DO UPDATE
+    SET position = excluded.position, status = excluded.status, frame = excluded.frame,
+        run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
+), events AS (
+    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+    SELECT g.id, g.tenant, e.kind, %(worker_id)s, g.token, e.detail
+    FROM guard g
+    JOIN w ON w.task_id = g.id
+    CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
+    UNION ALL
+    SELECT g.id, g.tenant, 'cancelled', %(worker_id)s, g.token,
+           jsonb_build_object('reason', 'cancel request found at the end of a cycle')
+    FROM guard g
+    WHERE g.cancelling
+)
+
+-- fragment: fenced_write_rest
+-- commit_fenced after its tasks' ends and inserts: budgets, parents, branches ended,
+-- signals, limit slots, the rotation's marks and the returned rows: each write applied (id,
+-- state) with what a statement that does not insert needs to do the rest (cancelling;
+-- schedule_name of a run that ended; the definition and key a holder released).
+budget_use AS (
     UPDATE toolkit_tenant_budgets b
     -- A released reservation leaves used by what the row really held of it (none when the
     -- budget was set after the reservation was taken): its spend counts either way. Then a
@@ -155,48 +244,28 @@ WITH w AS (
         ORDER BY g.tenant, k.resource
     ) d
     WHERE b.tenant = d.tenant AND b.resource = d.resource
+      AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s)
 ), woken_parents AS (
     UPDATE toolkit_tasks p
     SET child_wake = true,
         run_at = CASE WHEN p.state = 'waiting' AND p.wait_reason IN ('child', 'branches')
-                      THEN statement_timestamp() ELSE p.run_at END
+                      THEN w.now_at ELSE p.run_at END
     FROM guard g
+    JOIN w ON w.task_id = g.id
     WHERE p.id = g.parent_id AND g.map_index IS NULL
       AND g.state IN ('succeeded', 'failed', 'cancelled')
       AND p.state IN ('leased', 'waiting')
       AND p.id NOT IN (SELECT task_id FROM w)
+      AND p.tenant = g.tenant AND (%(tenant)s::text IS NULL OR p.tenant = %(tenant)s)
     RETURNING p.id, p.tenant, p.state, p.run_at
-), branch_rows AS (
-    INSERT INTO toolkit_branches AS b
-        (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
-    SELECT g.id, g.tenant, r.fanout, r.name, r.position, r.status, r.frame, r.run_at,
-           ARRAY(SELECT jsonb_array_elements_text(r.waits_for)), r.seen
-    FROM guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.branches) AS r(
-        fanout text, name text, position integer, status text, frame jsonb,
-        run_at timestamptz, waits_for jsonb, seen integer)
-    ON CONFLICT (task_id, fanout, name, tenant) DO UPDATE
-    SET position = excluded.position, status = excluded.status, frame = excluded.frame,
-        run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
 ), branches_dropped AS (
     DELETE FROM toolkit_branches b
     USING guard g
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_array_elements_text(w.branches_ended) AS e(fanout)
-    WHERE b.task_id = g.id
+    WHERE b.task_id = g.id AND b.tenant = g.tenant
+      AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s)
       AND (b.fanout = e.fanout OR starts_with(b.fanout, e.fanout || '/'))
-), events AS (
-    INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
-    SELECT g.id, g.tenant, e.kind, %(worker_id)s, g.token, e.detail
-    FROM guard g
-    JOIN w ON w.task_id = g.id
-    CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
-    UNION ALL
-    SELECT g.id, g.tenant, 'cancelled', %(worker_id)s, g.token,
-           jsonb_build_object('reason', 'cancel request found at the end of a cycle')
-    FROM guard g
-    WHERE g.cancelling
 ), consumed AS (
     UPDATE toolkit_signals s
     SET consumed_at = statement_timestamp(), consumed_by = c.occurrence, consumed_token = g.token
@@ -204,6 +273,7 @@ WITH w AS (
     JOIN w ON w.task_id = g.id
     CROSS JOIN LATERAL jsonb_to_recordset(w.signals) AS c(id bigint, occurrence text)
     WHERE s.id = c.id AND s.task_id = g.id AND s.consumed_at IS NULL
+      AND s.tenant = g.tenant AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)
 ), released_slots AS (
     -- Downstream limits (docs/limits.md): the completed or failed evidence of an occurrence
     -- releases the slots it took, atomically with the evidence (one primary-key probe per
@@ -214,9 +284,12 @@ WITH w AS (
     CROSS JOIN LATERAL jsonb_to_recordset(w.evidence) AS r(occurrence text, record text)
     WHERE r.record IN ('completed', 'failed')
       AND s.task_id = g.id AND s.occurrence = r.occurrence
+      AND s.tenant = g.tenant AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)
     RETURNING s.name, s.scope
 ), limit_woken AS (
-    -- Each released slot makes the first task waiting for its limit and scope due now.
+    -- Each released slot makes the first task waiting for its limit and scope due now: of
+    -- any tenant, or of %(wake_within)s alone (a store distributed by tenant routes the
+    -- statement to one shard: other tenants' waiters look again at their run_at).
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp()
     FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
@@ -227,11 +300,12 @@ WITH w AS (
           AND x.checkpoint -> 'wait' ->> 'limit' = r.name
           AND x.checkpoint -> 'wait' ->> 'scope' = r.scope
           AND x.run_at > statement_timestamp()
+          AND (%(wake_within)s::text IS NULL OR x.tenant = %(wake_within)s)
         ORDER BY x.run_at
         LIMIT r.n
         FOR NO KEY UPDATE SKIP LOCKED
     ) x
-    WHERE t.id = x.id
+    WHERE t.id = x.id AND (%(wake_within)s::text IS NULL OR t.tenant = %(wake_within)s)
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
     SELECT tenant, run_at AS at FROM guard
@@ -251,11 +325,17 @@ WITH w AS (
                 THEN '' END AS wakeup,
            (SELECT ids FROM ended_awaited) AS ended
 )
-SELECT id, state, (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
+SELECT id, state, cancelling,
+       CASE WHEN state IN ('succeeded', 'failed') THEN schedule_name END AS schedule_name,
+       CASE WHEN key_held AND state IN ('succeeded', 'failed', 'cancelled')
+            THEN definition_name END AS released_definition,
+       CASE WHEN key_held AND state IN ('succeeded', 'failed', 'cancelled')
+            THEN concurrency_key END AS released_key,
+       (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
        (SELECT ended FROM notices) AS notify_toolkit_task_ended
 FROM guard
 UNION ALL
-SELECT id, state, NULL, NULL FROM replayed;
+SELECT id, state, NULL, NULL, NULL, NULL, NULL, NULL FROM replayed
 
 -- name: next_signal
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:

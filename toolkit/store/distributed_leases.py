@@ -1,0 +1,252 @@
+"""Claims and heartbeats on a store distributed by tenant (Citus; docs/scaling.md, issue 25).
+
+Citus locks rows of one shard per statement: a claim or a heartbeat that locks the rows of
+several tenants at once, as one PostgreSQL does them, is refused there. On a distributed
+store, :class:`~toolkit.store.leases.Leases` therefore makes them tenant by tenant, each
+statement routed to the node that holds the tenant:
+
+- a claim reads its window of tenants without a lock (``claim_window``: the ready,
+  unpaused tenants of lowest vtime, and those whose next due time has come, each promoted
+  by ``promote_tenant``), shares its batch among them by weight (:func:`batch_shares`),
+  then claims each tenant's share (``claim_tenant_tasks``; a tenant with a ``max_active``
+  in a transaction that locks its row first, ``lock_limited_tenant``); what a tenant
+  cannot fill goes to the tenants after it;
+- a heartbeat renews the worker's registration (``renew_registration``: the workers' table
+  is a reference table), then each tenant's leases (``renew_tenant_leases``);
+- a group commit writes each tenant's writes in a transaction of their own
+  (:func:`record_on_shard`): Citus routes no statement that inserts in a CTE, nor one that
+  changes a reference table, to one shard, so the fenced write's inserts (evidence, events,
+  branch rows, key wakes) and the scheduled runs' outcomes follow it as statements of
+  their own.
+
+Fairness across tenants holds by the rotation's vtime (the tenants served move on by the
+tasks they got per unit of weight) and the batch's split by weight; unlike one
+PostgreSQL's claim, the split does not count the leases a tenant already holds (that count
+would read every shard on every claim).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncCursor
+from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import Jsonb
+
+from toolkit.lifecycle import TaskState
+from toolkit.store.database import Database
+from toolkit.store.fence import Fence
+from toolkit.store.queries import query
+from toolkit.store.writes import FencedWrite, write_json
+
+
+def batch_shares(limit: int, weights: Sequence[float]) -> list[int]:
+    """Split a batch of ``limit`` tasks among tenants in rotation order, by weight.
+
+    Args:
+        limit: tasks in the batch (≥ 0).
+        weights: each tenant's weight (> 0), lowest vtime first.
+
+    Returns:
+        Each tenant's share, in the same order, summing to ``limit`` when there are tenants:
+        proportional to its weight, at least one while the batch lasts (so with more tenants
+        than tasks, the first ``limit`` tenants get one each), any rounding remainder to the
+        first tenants.
+    """
+    shares = [0] * len(weights)
+    if not weights or limit <= 0:
+        return shares
+    total = sum(weights)
+    left = limit
+    for index, weight in enumerate(weights):
+        share = min(left, max(1, int(limit * weight / total)))
+        shares[index] = share
+        left -= share
+        if left == 0:
+            return shares
+    for index in itertools.cycle(range(len(weights))):
+        shares[index] += 1
+        left -= 1
+        if left == 0:
+            return shares
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def claim_per_tenant(
+    db: Database, params: dict[str, Any]
+) -> tuple[list[DictRow], dict[str, Any]]:
+    """The claim on a distributed store: tenant by tenant, each statement on one shard.
+
+    Args:
+        db: the store's database.
+        params: the claim's parameters (``worker_id``, ``digests``, ``limit``,
+            ``lease_seconds``, ``deferring``, ``window``; see ``Leases.claim``).
+
+    Returns:
+        ``(rows, summary)``: the claimed tasks' rows (``claimed_columns``), and what the
+        claim leaves to do: ``dry`` (the tenants asked that had nothing due for this worker),
+        ``window_full`` and ``key_wakes`` (as ``claim_tasks``' summary says them).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached (what was claimed before is
+            claimed: its leases expire and are taken over).
+    """
+    window = await db.fetch_all("claim_window", {"window": params["window"]})
+    flags = window[0]
+    tenants = [row for row in window if row["tenant"] is not None]
+    floor = min((row["vtime"] for row in tenants if not row["promoted"]), default=None)
+    served: list[DictRow] = []
+    for row in tenants:
+        if row["promoted"]:
+            promoted = await db.fetch_one(
+                "promote_tenant", {"tenant": row["tenant"], "floor": floor}
+            )
+            if promoted is None or not promoted["serve"]:
+                continue
+        served.append(row)
+    claimed: list[DictRow] = []
+    dry: list[str] = []
+    full: list[DictRow] = []  # tenants that filled their share: they may take more
+    limit = int(params["limit"])
+    shares = batch_shares(limit, [float(row["weight"]) for row in served])
+    for row, share in zip(served, shares, strict=True):
+        if share == 0:
+            break
+        rows = await _claim_tenant(db, params, row, share)
+        if rows is None:
+            continue  # a limited tenant another claimer holds: skipped this round
+        claimed += rows
+        if not rows:
+            dry.append(row["tenant"])
+        elif len(rows) == share:
+            full.append(row)
+    for row in full:  # what the dry and the limited left of the batch
+        left = limit - len(claimed)
+        if left <= 0:
+            break
+        claimed += await _claim_tenant(db, params, row, left) or []
+    claimed.sort(key=lambda claim: claim["id"])
+    summary = {"dry": dry, "window_full": flags["window_full"], "key_wakes": flags["key_wakes"]}
+    return claimed, summary
+
+
+async def _claim_tenant(
+    db: Database, params: dict[str, Any], tenant: DictRow, limit: int
+) -> list[DictRow] | None:
+    """Up to ``limit`` tasks of one tenant claimed, with their events, in one transaction.
+
+    None: the tenant has a ``max_active`` and another claimer holds its row.
+    """
+    claim = {**params, "tenant": tenant["tenant"], "limit": limit, "locked": False}
+    async with db.transaction() as conn:
+        cursor = conn.cursor(row_factory=dict_row)
+        if tenant["max_active"] is not None:
+            await cursor.execute(query("lock_limited_tenant"), claim)
+            if await cursor.fetchone() is None:
+                return None
+            claim["locked"] = True
+        await cursor.execute(query("claim_tenant_tasks"), claim)
+        rows = await cursor.fetchall()
+        if rows:
+            await cursor.execute(
+                query("record_claims"),
+                {
+                    "tenant": tenant["tenant"],
+                    "worker_id": params["worker_id"],
+                    "ids": [row["id"] for row in rows],
+                    "tokens": [row["lease_token"] for row in rows],
+                    "previous_states": ["leased" if row["recovered"] else "queued" for row in rows],
+                    "previous_owners": [row["previous_owner"] for row in rows],
+                    "queue_delays": [row["queue_delay"] for row in rows],
+                },
+            )
+        return rows
+
+
+async def renew_per_tenant(
+    db: Database, params: dict[str, Any], fences: Sequence[Fence]
+) -> tuple[bool, list[DictRow]]:
+    """The heartbeat on a distributed store: the registration, then each tenant's leases.
+
+    Args:
+        db: the store's database.
+        params: ``worker_id``, ``incarnation``, ``lease_seconds`` (see ``Leases.renew``).
+        fences: every lease the process holds.
+
+    Returns:
+        ``(registered, rows)``: whether the registration is still this process's, and the
+        rows of ``renew_tenant_leases`` for every tenant (one per lease renewed or ended).
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached.
+    """
+    registered = await db.fetch_all("renew_registration", params, reserved=True)
+    rows: list[DictRow] = []
+    by_tenant = sorted(fences, key=lambda fence: (fence.tenant, fence.task_id))
+    for tenant, group in itertools.groupby(by_tenant, key=lambda fence: fence.tenant):
+        held = list(group)
+        rows += await db.fetch_all(
+            "renew_tenant_leases",
+            {
+                **params,
+                "tenant": tenant,
+                "task_ids": [fence.task_id for fence in held],
+                "tenants": [tenant] * len(held),
+                "tokens": [fence.token for fence in held],
+            },
+            reserved=True,
+        )
+    return bool(registered and registered[0]["registered"]), rows
+
+
+async def record_on_shard(
+    cursor: AsyncCursor[DictRow], writes: Sequence[FencedWrite], params: dict[str, Any]
+) -> dict[int, TaskState]:
+    """One tenant's fenced writes on a distributed store, in the transaction of ``cursor``.
+
+    ``commit_fenced_on_shard`` (routed to the tenant's shard), then what it leaves to
+    statements of their own: the rows the writes applied insert and the keys they released
+    (``record_fenced_writes``), the outcomes of the scheduled runs they ended
+    (``count_schedule_outcomes``).
+
+    Args:
+        cursor: a cursor (dict rows) inside the group commit's transaction.
+        writes: the writes, all of ``params["tenant"]``.
+        params: ``commit_fenced``'s parameters.
+
+    Returns:
+        Task id to applied state, as ``commit_fenced`` returns them.
+    """
+    await cursor.execute(query("commit_fenced_on_shard"), params)
+    rows = await cursor.fetchall()
+    fresh = [row for row in rows if row["cancelling"] is not None]  # not replayed
+    if fresh:
+        by_task = {write.fence.task_id: write for write in writes}
+        keys = [row for row in fresh if row["released_key"] is not None]
+        await cursor.execute(
+            query("record_fenced_writes"),
+            {
+                "worker_id": params["worker_id"],
+                "tenant": params["tenant"],
+                "writes": Jsonb([write_json(by_task[row["id"]]) for row in fresh]),
+                "ids": [row["id"] for row in fresh],
+                "tokens": [by_task[row["id"]].fence.token for row in fresh],
+                "cancelling": [row["cancelling"] for row in fresh],
+                "key_tenants": [params["tenant"]] * len(keys),
+                "key_definitions": [row["released_definition"] for row in keys],
+                "key_names": [row["released_key"] for row in keys],
+            },
+        )
+        runs = sorted((row for row in fresh if row["schedule_name"]), key=lambda r: r["id"])
+        if runs:
+            await cursor.execute(
+                query("count_schedule_outcomes"),
+                {
+                    "ids": [row["id"] for row in runs],
+                    "schedules": [row["schedule_name"] for row in runs],
+                    "states": [row["state"] for row in runs],
+                },
+            )
+    return {row["id"]: TaskState(row["state"]) for row in rows}
