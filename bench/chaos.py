@@ -108,10 +108,10 @@ SELECT t.id, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.attempts,
        t.checkpoint -> 'wait' AS wait,
        (SELECT array_agg(s.name || CASE WHEN s.consumed_at IS NULL THEN '' ELSE '(consumed)' END
                          ORDER BY s.id)
-        FROM toolkit_signals s WHERE s.task_id = t.id) AS signals,
+        FROM toolkit_signals s WHERE s.task_id = t.id AND s.tenant = t.tenant) AS signals,
        (SELECT array_agg(e.kind || ':' || coalesce(e.worker_id, '-') || ':'
                          || coalesce(e.fencing_token::text, '-') ORDER BY e.id)
-        FROM (SELECT * FROM toolkit_task_events x WHERE x.task_id = t.id
+        FROM (SELECT * FROM toolkit_task_events x WHERE x.task_id = t.id AND x.tenant = t.tenant
               ORDER BY x.id DESC LIMIT 12) e) AS last_events
 FROM toolkit_tasks t
 WHERE t.state NOT IN ('succeeded', 'failed', 'cancelled')

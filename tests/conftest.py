@@ -25,7 +25,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.apps.counting import CREATE_CALLS
-from tests.helpers.citus import CITUS_DSN, distributed_database
+from tests.helpers.citus import CITUS_DSN, distributed_database, on_citus, skip_kept_triggers
 from tests.helpers.tenants import (
     keys_over_max_active,
     rows_under_another_tenant,
@@ -63,15 +63,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the tests that use a store on the Citus cluster of TOOLKIT_TEST_CITUS_DSN,"
         " distributed by tenant (slow: the database is laid out again for each test)",
     )
-
-
-def on_citus(config: pytest.Config) -> bool:
-    """Whether this session runs its stores on the Citus cluster (``--citus``)."""
-    if not config.getoption("citus"):
-        return False
-    if CITUS_DSN is None:
-        raise pytest.UsageError("--citus needs TOOLKIT_TEST_CITUS_DSN (tests/helpers/citus.py)")
-    return True
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -206,8 +197,7 @@ async def store(dsn: str) -> AsyncIterator[Store]:
 async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the four end triggers, as a distributed store will
     be (tests/helpers/triggers.py)."""
-    if request.param == "triggers kept" and on_citus(request.config):
-        pytest.skip("the distribution drops the triggers (--citus)")
+    skip_kept_triggers(request.config, request.param == "triggers kept")
     if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, ENDING_TRIGGERS)
     return store
@@ -216,8 +206,7 @@ async def ending(request: pytest.FixtureRequest, store: Store) -> Store:
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the tenant rotation's four triggers."""
-    if request.param == "triggers kept" and on_citus(request.config):
-        pytest.skip("the distribution drops the triggers (--citus)")
+    skip_kept_triggers(request.config, request.param == "triggers kept")
     if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, ROTATION_TRIGGERS)
     return store
@@ -226,8 +215,7 @@ async def marking(request: pytest.FixtureRequest, store: Store) -> Store:
 @pytest.fixture(params=["triggers kept", "triggers dropped"])
 async def keying(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the two triggers that admitted keyed tasks."""
-    if request.param == "triggers kept" and on_citus(request.config):
-        pytest.skip("the distribution drops the triggers (--citus)")
+    skip_kept_triggers(request.config, request.param == "triggers kept")
     if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, KEY_TRIGGERS)
     return store

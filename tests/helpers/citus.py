@@ -28,6 +28,22 @@ needs_citus = pytest.mark.skipif(
     " with the citus extension and its workers (docs/scaling.md)",
 )
 
+def on_citus(config: pytest.Config) -> bool:
+    """Whether this session runs its stores on the Citus cluster (``--citus``)."""
+    if not config.getoption("citus"):
+        return False
+    if CITUS_DSN is None:
+        raise pytest.UsageError("--citus needs TOOLKIT_TEST_CITUS_DSN (tests/helpers/citus.py)")
+    return True
+
+
+def skip_kept_triggers(config: pytest.Config, kept: bool) -> None:
+    """Skip a test of the previous release's triggers (``kept``) on the cluster, whose
+    distribution dropped them."""
+    if kept and on_citus(config):
+        pytest.skip("the distribution drops the triggers (--citus)")
+
+
 #: The cluster databases this process laid out (a test then only empties their rows).
 _LAID_OUT: list[str] = []
 

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.helpers.citus import on_citus, skip_kept_triggers
 from tests.helpers.inprocess import sql
 from tests.helpers.triggers import KEY_TRIGGERS, drop_triggers
 from tests.helpers.workflows import definition
@@ -31,7 +32,8 @@ LEASE = 30.0
 async def store(request: pytest.FixtureRequest, store: Store) -> Store:
     """The store as migrated, and without the key triggers (as the ``keying`` fixture, for
     every test of this module)."""
-    if request.param == "triggers dropped":
+    skip_kept_triggers(request.config, request.param == "triggers kept")
+    if request.param == "triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, KEY_TRIGGERS)
     return store
 

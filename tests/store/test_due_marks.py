@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.helpers.citus import on_citus, skip_kept_triggers
 from tests.helpers.processes import eventually
 from tests.helpers.tenants import tasks_missed_by_the_rotation
 from tests.helpers.triggers import ROTATION_TRIGGERS, drop_triggers
@@ -162,7 +163,8 @@ _PREVIOUS_RELEASE_INSERT = (
 async def racing(request: pytest.FixtureRequest, store: Store) -> str:
     """How the racing task is inserted: as the previous release did, relying on the trigger,
     or by this release's statement, with the triggers kept or dropped."""
-    if request.param == "statement, triggers dropped":
+    skip_kept_triggers(request.config, request.param != "statement, triggers dropped")
+    if request.param == "statement, triggers dropped" and not on_citus(request.config):
         await drop_triggers(store, ROTATION_TRIGGERS)
     return str(request.param)
 
