@@ -50,9 +50,17 @@ async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...
         return await cursor.fetchall() if cursor.description else []
 
 
-async def make_due(store: Store, task_id: int) -> None:
-    """Row surgery: the task's timer or deadline is reached now (no sleeping)."""
-    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = %s", task_id)
+async def make_due(store: Store, *task_ids: int) -> None:
+    """Row surgery: the tasks' timers or deadlines are reached now (no sleeping), and their
+    tenants' rotation is told, as a statement that makes tasks due does (due_marks; a store
+    distributed by tenant has no trigger to do it)."""
+    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = ANY(%s)", list(task_ids))
+    await sql(
+        store,
+        "UPDATE toolkit_tenants SET next_due = least(next_due, now()) WHERE NOT ready"
+        " AND tenant IN (SELECT tenant FROM toolkit_tasks WHERE id = ANY(%s))",
+        list(task_ids),
+    )
 
 
 async def branch_due(store: Store, task_id: int, name: str) -> None:

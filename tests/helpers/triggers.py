@@ -42,3 +42,13 @@ async def drop_triggers(store: Store, triggers: Iterable[tuple[str, str]]) -> St
         for table, trigger in triggers:
             await conn.execute(f"DROP TRIGGER {trigger} ON {table}")
     return store
+
+
+async def as_distributed(store: Store) -> Store:
+    """``store`` (one PostgreSQL) running the statements a store distributed by tenant runs:
+    without the triggers, and its claims, heartbeats, group commits and key admissions
+    made tenant by tenant (``toolkit.store.distributed_leases``). Those statements are plain
+    SQL; this runs them where CI runs, which has no Citus (docs/scaling.md)."""
+    await drop_triggers(store, ENDING_TRIGGERS + ROTATION_TRIGGERS + KEY_TRIGGERS)
+    store.db.distributed = True
+    return store

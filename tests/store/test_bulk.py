@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.inprocess import deploy_submit, drain, leave_uncertain, sql
+from tests.helpers.citus import skip_kept_triggers
+from tests.helpers.inprocess import deploy_submit, drain, leave_uncertain, make_due, sql
 from tests.helpers.workflows import UNCERTAIN, definition
 from toolkit.errors import InputError, PlanRefused, UnknownSignal
 from toolkit.store import Store
@@ -63,7 +64,7 @@ async def test_cancel_acts_only_on_tasks_unchanged_since_the_plan(store: Store) 
     await drain(store, HOLD)  # also runs the queued ones to their wait: they move too
     claimed = [t.id for t in await store.leases.claim("w2", [definition(HOLD).digest], 2, 30.0)]
     assert len(claimed) == 0  # none due: all waiting now; claim two by making them due
-    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = ANY(%s)", waiting[3:5])
+    await make_due(store, *waiting[3:5])
     claimed = [t.id for t in await store.leases.claim("w2", [definition(HOLD).digest], 2, 30.0)]
     assert sorted(claimed) == waiting[3:5]
 
@@ -170,3 +171,31 @@ async def test_reconcile_in_bulk_resolves_each_waiting_task(store: Store) -> Non
 async def test_an_unknown_plan_is_refused(store: Store) -> None:
     with pytest.raises(PlanRefused, match="there is no bulk plan 41"):
         await store.bulk.apply(41)
+
+
+async def test_a_plan_item_the_previous_release_inserts_gets_its_tasks_tenant(
+    request: pytest.FixtureRequest, store: Store
+) -> None:
+    """Migration 0035: the items carry their task's tenant (a plan's batch goes tenant by
+    tenant); the previous release's insert does not name it, and a trigger gives it."""
+    skip_kept_triggers(request.config, True)
+    [task] = await deploy_submit(store, HOLD, [{}], tenant="acme")
+    [(plan_id,)] = await sql(
+        store,
+        "INSERT INTO toolkit_bulk_plans (action, arguments, filter, operator)"
+        " VALUES ('cancel', '{\"reason\": \"r\"}', '{}', 'ana') RETURNING id",
+    )
+    await sql(
+        store,
+        "INSERT INTO toolkit_bulk_plan_tasks (plan_id, task_id, lease_token, state)"
+        " VALUES (%s, %s, 0, 'queued'), (%s, 999999, 0, 'queued') RETURNING task_id",
+        plan_id, task, plan_id,
+    )  # fmt: skip
+    rows = await sql(
+        store,
+        "SELECT task_id, tenant FROM toolkit_bulk_plan_tasks WHERE plan_id = %s ORDER BY 1",
+        plan_id,
+    )
+    assert rows == [(task, "acme"), (999999, "")]  # a task gone: the empty tenant, none's
+    applied = await store.bulk.apply(plan_id)
+    assert (applied.applied, applied.gone) == (1, 1), applied

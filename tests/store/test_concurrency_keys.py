@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.citus import on_citus, skip_kept_triggers
 from tests.helpers.inprocess import sql
-from tests.helpers.triggers import KEY_TRIGGERS, drop_triggers
+from tests.helpers.triggers import KEY_TRIGGERS, as_distributed, drop_triggers
 from tests.helpers.workflows import definition
 from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConcurrencyKeyBusy, DefinitionError, InputError
@@ -28,13 +28,20 @@ pytestmark = pytest.mark.anyio
 LEASE = 30.0
 
 
-@pytest.fixture(params=["triggers kept", "triggers dropped"])
+@pytest.fixture(params=["triggers kept", "triggers dropped", "tenant by tenant"])
 async def store(request: pytest.FixtureRequest, store: Store) -> Store:
-    """The store as migrated, and without the key triggers (as the ``keying`` fixture, for
-    every test of this module)."""
+    """The store as migrated, without the key triggers (as the ``keying`` fixture), and
+    running the statements of a store distributed by tenant (key by key admissions), for
+    every test of this module; on the cluster, as it is there."""
     skip_kept_triggers(request.config, request.param == "triggers kept")
-    if request.param == "triggers dropped" and not on_citus(request.config):
+    if on_citus(request.config):
+        if request.param == "tenant by tenant":
+            pytest.skip("the cluster's store runs tenant by tenant in every test (--citus)")
+        return store
+    if request.param == "triggers dropped":
         await drop_triggers(store, KEY_TRIGGERS)
+    elif request.param == "tenant by tenant":
+        await as_distributed(store)
     return store
 
 

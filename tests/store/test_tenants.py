@@ -292,7 +292,7 @@ async def test_the_max_active_check_of_the_race_test_can_fail(store: Store) -> N
         psycopg.connect(store.db.dsn, autocommit=True) as conn,
     ):
         conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = lease_expires_at + interval '1 second'"
+            "UPDATE toolkit_tasks SET lease_expires_at = toolkit_seconds_after(lease_expires_at, 1)"
             " WHERE tenant = 'capped'"
         )
 

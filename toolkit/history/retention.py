@@ -17,6 +17,7 @@ import datetime
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from toolkit.durations import format_duration
 from toolkit.errors import ConfigError, NotExported
@@ -139,37 +140,53 @@ async def prune(
         if not rows:
             break
         after = rows[-1]["id"]
-        ids = [row["id"] for row in rows if force or row["exported"]]
-        if not ids:
-            continue
-        deleted = await db.fetch_one("prune_tasks", {"ids": ids})
-        assert deleted is not None
-        batches += 1
-        for key in totals:
-            totals[key] += int(deleted[key])
-        logger.debug(
-            "pruned a batch of terminal tasks",
-            extra={"action": "prune_batch", "tasks": int(deleted["tasks"]), "last_id": after},
-        )
+        by_tenant: dict[str, list[int]] = {}
+        for row in rows:
+            if force or row["exported"]:
+                by_tenant.setdefault(row["tenant"], []).append(row["id"])
+        for tenant, ids in sorted(by_tenant.items()):  # one shard each when distributed
+            deleted = await db.fetch_one("prune_tasks", {"tenant": tenant, "ids": ids})
+            assert deleted is not None
+            batches += 1
+            for key in totals:
+                totals[key] += int(deleted[key])
+            logger.debug(
+                "pruned a batch of terminal tasks",
+                extra={"action": "prune_batch", "tasks": int(deleted["tasks"]), "last_id": after},
+            )
     emitted = 0
     if force or exported_until is not None:
         window = {"retention": event_retention, "batch": batch_size,
                   "exported_until": None if force else exported_until}  # fmt: skip
+        count, runs = await _per_tenant(
+            db, "prune_emitted_tenants", "prune_emitted", "emitted", window
+        )
+        emitted += count
+        batches += runs
+    throttle_keys, runs = await _per_tenant(
+        db, "prune_throttle_tenants", "prune_throttle_keys", "throttle_keys", {"batch": batch_size}
+    )
+    batches += runs
+    return PruneReport(batches=batches, emitted=emitted, throttle_keys=throttle_keys, **totals)
+
+
+async def _per_tenant(
+    db: Database, tenants: str, delete: str, column: str, params: dict[str, Any]
+) -> tuple[int, int]:
+    """Run the batch delete ``delete`` for each tenant ``tenants`` names, until it deletes none.
+
+    A store distributed by tenant locks one shard's rows per statement.
+
+    Returns:
+        ``(rows deleted, statements that deleted some)``.
+    """
+    deleted, runs = 0, 0
+    for row in await db.fetch_all(tenants, params):
         while True:
-            pruned = await db.fetch_one("prune_emitted", window)
-            count = int(pruned["emitted"]) if pruned is not None else 0
+            done = await db.fetch_one(delete, {**params, "tenant": row["tenant"]})
+            count = int(done[column]) if done is not None else 0
             if not count:
                 break
-            emitted += count
-            batches += 1
-    throttle_keys = 0
-    while True:
-        pruned = await db.fetch_one("prune_throttle_keys", {"batch": batch_size})
-        count = int(pruned["throttle_keys"]) if pruned is not None else 0
-        if not count:
-            break
-        throttle_keys += count
-        batches += 1
-    return PruneReport(
-        batches=batches, emitted=emitted, throttle_keys=throttle_keys, **totals
-    )
+            deleted += count
+            runs += 1
+    return deleted, runs

@@ -353,10 +353,11 @@ class Bulk:
     ) -> Plan:
         """Carry a plan out, or finish an apply that stopped half-way.
 
-        Each batch is one statement: it locks the batch's plan items and those of its tasks
-        whose fencing token and state are still what the plan recorded, acts on those, and
-        records every item's outcome. Cancelled tasks' live children are then cancelled too
-        (as ``toolkit cancel`` does).
+        Each batch is one statement per tenant of its tasks (on a store distributed by
+        tenant, each on the tenant's shard): it locks the batch's plan items and those of
+        its tasks whose fencing token and state are still what the plan recorded, acts on
+        those, and records every item's outcome. Cancelled tasks' live children are then
+        cancelled too (as ``toolkit cancel`` does).
 
         Args:
             plan_id: the plan.
@@ -382,33 +383,48 @@ class Bulk:
             if plan.action == "redrive":  # a task at a time: each reads its own history
                 for item in items:
                     await apply_item(
-                        self._db, plan_id, item["task_id"], plan.arguments, plan.operator
-                    )
-                if progress is not None:
-                    progress(len(items))
-                continue
-            params = {
-                "plan_id": plan_id,
-                "task_ids": [item["task_id"] for item in items],
-                "operator": plan.operator,
-                "tenant": None,  # the tasks of any tenants
-                **_action_params(plan, items),
-            }
-            rows = await self._db.fetch_all_then(
-                f"bulk_{plan.action}", params, functools.partial(_wakes, plan)
-            )
-            if plan.action == "cancel":
-                applied = [r["task_id"] for r in rows if r["outcome"] == "applied"]
-                if applied:
-                    await self._tasks.cancel_descendants(applied)
+                        self._db, plan_id, item["task_id"], item["tenant"], plan.arguments,
+                        plan.operator,
+                    )  # fmt: skip
+            else:
+                by_tenant: dict[str, list[Mapping[str, Any]]] = {}
+                for item in items:
+                    by_tenant.setdefault(item["tenant"], []).append(item)
+                for tenant, group in sorted(by_tenant.items()):
+                    await self._apply_batch(plan, tenant, group)
             if progress is not None:
                 progress(len(items))
         await self._db.execute("finish_bulk_plan", {"plan_id": plan_id})
         return await self.get(plan_id)
 
 
-def _wakes(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]] | None:
-    """What a batch of the plan wakes in the same transaction.
+    async def _apply_batch(
+        self, plan: Plan, tenant: str, items: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """Act on a batch's items of one tenant, then cancel the cancelled tasks' children.
+
+        One statement, on the tenant's shard when the store is distributed by tenant.
+        """
+        params = {
+            "plan_id": plan.id,
+            "task_ids": [item["task_id"] for item in items],
+            "operator": plan.operator,
+            "tenant": tenant,
+            **_action_params(plan, items),
+        }
+        rows = await self._db.fetch_all_then(
+            f"bulk_{plan.action}", params, functools.partial(_wakes, plan, tenant)
+        )
+        if plan.action == "cancel":
+            applied = [r["task_id"] for r in rows if r["outcome"] == "applied"]
+            if applied:
+                await self._tasks.cancel_descendants(applied, tenant)
+
+
+def _wakes(
+    plan: Plan, tenant: str, rows: Sequence[Mapping[str, Any]]
+) -> tuple[str, dict[str, Any]] | None:
+    """What a batch of the plan (tasks of ``tenant``) wakes in the same transaction.
 
     The waiting branches its signals are for, or the branches waiting for the children it
     cancelled.
@@ -416,9 +432,9 @@ def _wakes(plan: Plan, rows: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str
     applied = [row["task_id"] for row in rows if row["outcome"] == "applied"]
     if plan.action == "signal":
         key = f"signal:{plan.arguments['name']}"
-        return wake_branches_of([(task_id, key, None) for task_id in applied], None)
+        return wake_branches_of([(task_id, key, None) for task_id in applied], tenant)
     if plan.action == "cancel":
-        return ended_children(applied, None)
+        return ended_children(applied, tenant)
     return None
 
 

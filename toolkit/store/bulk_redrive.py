@@ -29,7 +29,6 @@ from toolkit.store.queries import query
 from toolkit.store.redrive import apply_plan
 from toolkit.store.redrive import plan as plan_one
 from toolkit.store.redrive_plan import EffectFate, RedriveOptions, RedrivePlan
-from toolkit.store.task_tenants import task_tenant
 
 #: Kinds of step, or of reason, a preview lists by name before it sums the rest.
 PREVIEW_KINDS = 8
@@ -169,7 +168,7 @@ async def preview(db: Database, plan_id: int, options: RedriveOptions) -> Redriv
     found = RedrivePreview()
     for row in await db.fetch_all("bulk_plan_task_ids", {"plan_id": plan_id}):
         try:
-            found.add(await plan_one(db, row["task_id"], options))
+            found.add(await plan_one(db, row["task_id"], options, tenant=row["tenant"]))
         except UnknownTask:
             found.add_refusal("deleted since it matched")
         except (NotRedrivable, UnknownDefinition) as exc:
@@ -178,9 +177,14 @@ async def preview(db: Database, plan_id: int, options: RedriveOptions) -> Redriv
 
 
 async def apply_item(
-    db: Database, plan_id: int, task_id: int, arguments: Mapping[str, Any], operator: str
+    db: Database,
+    plan_id: int,
+    task_id: int,
+    tenant: str,
+    arguments: Mapping[str, Any],
+    operator: str,
 ) -> str | None:
-    """Redrive one task of plan ``plan_id`` and record its outcome, in one transaction.
+    """Redrive one task (of ``tenant``) of plan ``plan_id``; record its outcome; one transaction.
 
     Returns:
         The item's outcome (``applied``, ``moved``, ``gone`` or ``refused``), or None when
@@ -190,19 +194,18 @@ async def apply_item(
     found: RedrivePlan | None = None
     problem: str | None = None
     try:
-        found = await plan_one(db, task_id, options)
+        found = await plan_one(db, task_id, options, tenant=tenant)
         if found.refused:
             problem = "; ".join(_refusals(found))
     except UnknownTask:
         pass
     except (NotRedrivable, UnknownDefinition) as exc:
         problem = _TASK_PREFIX.sub("", str(exc))
-    tenant = found.tenant if found is not None else await task_tenant(db, task_id)
     try:
         async with db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(query("bulk_lock_item"), {"plan_id": plan_id,
-                                                           "task_id": task_id})  # fmt: skip
+            item_of = {"plan_id": plan_id, "task_id": task_id, "tenant": tenant}
+            await cursor.execute(query("bulk_lock_item"), item_of)
             item = await cursor.fetchone()
             if item is None:
                 return None
@@ -223,14 +226,14 @@ async def apply_item(
                 outcome, detail = "applied", found.summary()
             await cursor.execute(
                 query("bulk_mark_item"),
-                {"plan_id": plan_id, "task_id": task_id, "outcome": outcome,
+                {**item_of, "outcome": outcome,
                  "detail": Jsonb(detail) if detail is not None else None},
             )  # fmt: skip
             return outcome
     except NotRedrivable as exc:  # a child it redrives changed since its plan
         await db.execute(
             "bulk_mark_item",
-            {"plan_id": plan_id, "task_id": task_id, "outcome": "refused",
+            {"plan_id": plan_id, "task_id": task_id, "tenant": tenant, "outcome": "refused",
              "detail": Jsonb({"reason": _TASK_PREFIX.sub("", str(exc))})},
         )  # fmt: skip
         return "refused"

@@ -11,6 +11,9 @@ statement routed to the node that holds the tenant:
   then claims each tenant's share (``claim_tenant_tasks``; a tenant with a ``max_active``
   in a transaction that locks its row first, ``lock_limited_tenant``); what a tenant
   cannot fill goes to the tenants after it;
+- tasks waiting for a concurrency key are admitted key by key
+  (:func:`admit_keys_per_tenant`), each key's lock on the coordinator and its tasks on its
+  tenant's shard;
 - a heartbeat renews the worker's registration (``renew_registration``: the workers' table
   is a reference table), then each tenant's leases (``renew_tenant_leases``);
 - a group commit writes each tenant's writes in a transaction of their own
@@ -163,6 +166,59 @@ async def _claim_tenant(
                 },
             )
         return rows
+
+
+async def admit_keys_per_tenant(db: Database, max_keys: int) -> tuple[int, bool]:
+    """The key admission on a distributed store: key by key, each on its tenant's shard.
+
+    One PostgreSQL admits in one call (``toolkit_admit_keys``), which locks the parked tasks
+    of several tenants; Citus refuses that. Here the keys with wake rows are read without
+    a lock (``key_wake_window``), then each key is admitted in a transaction of its own:
+    its advisory lock, tried without waiting (``try_key_lock``: a key another admission
+    holds is left to it), then ``admit_tenant_key`` and the admitted tasks' events
+    (``record_key_admissions``).
+
+    Args:
+        db: the store's database.
+        max_keys: most keys to admit in this call.
+
+    Returns:
+        ``(admitted, remaining)``: how many tasks were admitted, and whether keys still have
+        wake rows.
+
+    Raises:
+        DatabaseUnavailable: the database cannot be reached (what was admitted before is
+            admitted; a key not yet decided keeps its wake rows).
+    """
+    admitted = 0
+    for key in await db.fetch_all("key_wake_window", {"max_keys": max_keys}):
+        params = {
+            "tenant": key["tenant"],
+            "name": key["definition_name"],
+            "key": key["concurrency_key"],
+        }
+        async with db.transaction() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(query("try_key_lock"), params)
+            lock = await cursor.fetchone()
+            if lock is None or not lock["held"]:
+                continue
+            await cursor.execute(query("admit_tenant_key"), params)
+            rows = await cursor.fetchall()
+            if rows:
+                await cursor.execute(
+                    query("record_key_admissions"),
+                    {
+                        "tenant": key["tenant"],
+                        "ids": [row["id"] for row in rows],
+                        "keys": [row["concurrency_key"] for row in rows],
+                        "limits": [row["concurrency_limit"] for row in rows],
+                        "holders": [row["holders"] for row in rows],
+                    },
+                )
+        admitted += len(rows)
+    left = await db.fetch_one("key_wakes_left", {})
+    return admitted, bool(left and left["remaining"])
 
 
 async def renew_per_tenant(

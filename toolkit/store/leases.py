@@ -22,7 +22,12 @@ from toolkit.payload import PayloadLimits
 from toolkit.store import rotation
 from toolkit.store.database import Database
 from toolkit.store.descendants import ended_children
-from toolkit.store.distributed_leases import claim_per_tenant, record_on_shard, renew_per_tenant
+from toolkit.store.distributed_leases import (
+    admit_keys_per_tenant,
+    claim_per_tenant,
+    record_on_shard,
+    renew_per_tenant,
+)
 from toolkit.store.distribution import is_distributed
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
@@ -217,6 +222,9 @@ class Leases:
         Raises:
             DatabaseUnavailable: the database cannot be reached.
         """
+        if await is_distributed(self._db):
+            admitted, self._key_wakes = await admit_keys_per_tenant(self._db, 256)
+            return admitted
         row = await self._db.fetch_one("admit_keys", {"max_keys": 256})
         assert row is not None
         self._key_wakes = bool(row["remaining"])

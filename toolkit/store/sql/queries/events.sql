@@ -105,12 +105,13 @@ WHERE id = %(event_id)s AND tenant = %(tenant)s
   AND NOT %(task_id)s::bigint = ANY(delivered || cancelled);
 
 -- name: deliver_event
--- Event %(event_id)s delivered to the live tasks %(task_ids)s as signal %(name)s with payload
--- %(payload)s, once per task, waking those waiting for it (as send_signal does one signal).
+-- Event %(event_id)s delivered to the live tasks %(task_ids)s (of the event's tenant
+-- %(tenant)s) as signal %(name)s with payload %(payload)s, once per task, waking those
+-- waiting for it (as send_signal does one signal).
 WITH target AS (
     SELECT id, tenant, state, wait_reason, checkpoint
     FROM toolkit_tasks
-    WHERE id = ANY(%(task_ids)s::bigint[])
+    WHERE id = ANY(%(task_ids)s::bigint[]) AND tenant = %(tenant)s
     ORDER BY id
     FOR NO KEY UPDATE
 ), r AS (

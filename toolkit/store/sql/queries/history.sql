@@ -101,50 +101,76 @@ COPY (
 
 -- name: prune_candidates
 -- One batch of terminal tasks that finished before now - older_than (database time), in id
--- order after %(after_id)s; a task that is the parent of a live task is kept. `exported`
--- tells whether the task's whole history lies inside the exported window [%(exported_from)s,
--- %(exported_until)s): created in it, last updated before its end, and no event or evidence
--- record stamped at or after its end. NULL bounds: nothing was exported.
-SELECT t.id,
+-- order after %(after_id)s, with their tenants; a task that is the parent of a live task is
+-- kept. `exported` tells whether the task's whole history lies inside the exported window
+-- [%(exported_from)s, %(exported_until)s): created in it, last updated before its end, and
+-- no event or evidence record stamped at or after its end. NULL bounds: nothing was
+-- exported. Every sub-select names the task's tenant (a child has its parent's), so a
+-- store distributed by tenant runs it on each shard.
+SELECT t.id, t.tenant,
        (%(exported_until)s::timestamptz IS NOT NULL
         AND t.created_at >= %(exported_from)s::timestamptz
         AND t.updated_at < %(exported_until)s::timestamptz
         AND NOT EXISTS (SELECT 1 FROM toolkit_task_events e
-                        WHERE e.task_id = t.id AND e.at >= %(exported_until)s::timestamptz)
+                        WHERE e.task_id = t.id AND e.tenant = t.tenant
+                          AND e.at >= %(exported_until)s::timestamptz)
         AND NOT EXISTS (SELECT 1 FROM toolkit_effect_evidence v
-                        WHERE v.task_id = t.id
+                        WHERE v.task_id = t.id AND v.tenant = t.tenant
                           AND v.recorded_at >= %(exported_until)s::timestamptz)) AS exported
 FROM toolkit_tasks t
 WHERE t.state IN ('succeeded', 'failed', 'cancelled')
   AND t.finished_at < statement_timestamp() - %(older_than)s * interval '1 second'
   AND t.id > %(after_id)s
   AND NOT EXISTS (SELECT 1 FROM toolkit_tasks c
-                  WHERE c.parent_id = t.id AND c.state IN ('queued', 'leased', 'waiting'))
+                  WHERE c.parent_id = t.id AND c.tenant = t.tenant
+                    AND c.state IN ('queued', 'leased', 'waiting'))
 ORDER BY t.id
 LIMIT %(batch)s;
 
 -- name: prune_tasks
--- Deletes one batch of terminal tasks and, by ON DELETE CASCADE, their events, effect
--- evidence and signals. Rows another transaction holds are skipped (SKIP LOCKED): a worker
--- is never made to wait, and a task that changed since it was chosen (not terminal any
--- more) is not deleted.
+-- Deletes one batch of terminal tasks of tenant %(tenant)s (%(ids)s) and every row of
+-- theirs: events, effect evidence, signals, callbacks, branch rows, limit slots, event
+-- subscriptions and stream items. One PostgreSQL's foreign keys would cascade to them; a
+-- store distributed by tenant has none, and routes this statement to the tenant's shard.
+-- Rows another transaction holds are skipped (SKIP LOCKED): a worker is never made to
+-- wait, and a task that changed since it was chosen (not terminal any more) is not
+-- deleted.
 WITH doomed AS (
     SELECT id FROM toolkit_tasks
-    WHERE id = ANY(%(ids)s::bigint[])
+    WHERE id = ANY(%(ids)s::bigint[]) AND tenant = %(tenant)s
       AND state IN ('succeeded', 'failed', 'cancelled')
     ORDER BY id
     FOR UPDATE SKIP LOCKED
 ), events AS (
-    DELETE FROM toolkit_task_events WHERE task_id IN (SELECT id FROM doomed)
+    DELETE FROM toolkit_task_events
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
     RETURNING 1
 ), evidence AS (
-    DELETE FROM toolkit_effect_evidence WHERE task_id IN (SELECT id FROM doomed)
+    DELETE FROM toolkit_effect_evidence
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
     RETURNING 1
 ), signals AS (
-    DELETE FROM toolkit_signals WHERE task_id IN (SELECT id FROM doomed)
+    DELETE FROM toolkit_signals
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
     RETURNING 1
+), callbacks AS (
+    DELETE FROM toolkit_callbacks
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
+), branches AS (
+    DELETE FROM toolkit_branches
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
+), slots AS (
+    DELETE FROM toolkit_limit_slots
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
+), subscriptions AS (
+    DELETE FROM toolkit_event_subscriptions
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
+), stream AS (
+    DELETE FROM toolkit_task_stream
+    WHERE task_id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
 ), tasks AS (
-    DELETE FROM toolkit_tasks WHERE id IN (SELECT id FROM doomed)
+    DELETE FROM toolkit_tasks
+    WHERE id IN (SELECT id FROM doomed) AND tenant = %(tenant)s
     RETURNING id
 )
 SELECT (SELECT count(*) FROM tasks) AS tasks,
@@ -152,35 +178,56 @@ SELECT (SELECT count(*) FROM tasks) AS tasks,
        (SELECT count(*) FROM evidence) AS evidence,
        (SELECT count(*) FROM signals) AS signals;
 
+-- name: prune_emitted_tenants
+-- The tenants with events emitted more than %(retention)s seconds ago (and, when
+-- %(exported_until)s is given, before it), read without a lock: prune_emitted deletes them
+-- tenant by tenant.
+SELECT DISTINCT tenant
+FROM toolkit_events
+WHERE emitted_at < statement_timestamp() - %(retention)s::float8 * interval '1 second'
+  AND (%(exported_until)s::timestamptz IS NULL OR emitted_at < %(exported_until)s)
+ORDER BY tenant;
+
 -- name: prune_emitted
--- Deletes one batch of the events emitted more than %(retention)s seconds ago (and, when
--- %(exported_until)s is given, before it: exported), skipping rows another transaction
--- holds. An event key de-duplicates emits for as long as its event is kept.
+-- Deletes one batch of tenant %(tenant)s's events emitted more than %(retention)s seconds ago
+-- (and, when %(exported_until)s is given, before it: exported), skipping rows another
+-- transaction holds; routed to the tenant's shard on a store distributed by tenant. An event
+-- key de-duplicates emits for as long as its event is kept.
 WITH doomed AS (
     SELECT id FROM toolkit_events
-    WHERE emitted_at < statement_timestamp() - %(retention)s::float8 * interval '1 second'
+    WHERE tenant = %(tenant)s
+      AND emitted_at < statement_timestamp() - %(retention)s::float8 * interval '1 second'
       AND (%(exported_until)s::timestamptz IS NULL OR emitted_at < %(exported_until)s)
     ORDER BY id
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (
-    DELETE FROM toolkit_events e USING doomed WHERE e.id = doomed.id
+    DELETE FROM toolkit_events e USING doomed
+    WHERE e.id = doomed.id AND e.tenant = %(tenant)s
     RETURNING 1
 )
 SELECT count(*) AS emitted FROM gone;
 
+-- name: prune_throttle_tenants
+-- The tenants with throttle keys whose next start has passed, read without a lock:
+-- prune_throttle_keys deletes them tenant by tenant.
+SELECT DISTINCT tenant FROM toolkit_throttle_keys
+WHERE next_at < statement_timestamp()
+ORDER BY tenant;
+
 -- name: prune_throttle_keys
--- Deletes one batch of throttle keys whose next start has passed (docs/flow-control.md): such
--- a row holds no state, since a take on a missing key and on a key whose next start has come
--- both start now (take_throttle_start). Skips rows a submit holds.
+-- Deletes one batch of tenant %(tenant)s's throttle keys whose next start has passed
+-- (docs/flow-control.md): such a row holds no state, since a take on a missing key and on a
+-- key whose next start has come both start now (take_throttle_start). Skips rows a submit
+-- holds; routed to the tenant's shard on a store distributed by tenant.
 WITH doomed AS (
-    SELECT tenant, definition_name, throttle_key FROM toolkit_throttle_keys
-    WHERE next_at < statement_timestamp()
+    SELECT definition_name, throttle_key FROM toolkit_throttle_keys
+    WHERE tenant = %(tenant)s AND next_at < statement_timestamp()
     LIMIT %(batch)s
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM toolkit_throttle_keys k USING doomed d
-    WHERE k.tenant = d.tenant AND k.definition_name = d.definition_name
+    WHERE k.tenant = %(tenant)s AND k.definition_name = d.definition_name
       AND k.throttle_key = d.throttle_key
     RETURNING 1
 )

@@ -98,3 +98,96 @@ CASE WHEN d.parked THEN 'waiting' ELSE r.state END,
 CASE WHEN d.parked THEN 'concurrency' ELSE r.wait_reason END,
 CASE WHEN d.parked THEN least('9999-12-31T00:00:00+00:00'::timestamptz, r.deadline_at)
      ELSE r.run_at END
+
+-- name: key_wake_window
+-- The admission on a store distributed by tenant (docs/scaling.md), first of its statements:
+-- up to %(max_keys)s keys with wake rows, in key order, read without a lock across shards;
+-- each is then admitted by a transaction of its own (try_key_lock, admit_tenant_key).
+SELECT DISTINCT tenant, definition_name, concurrency_key
+FROM toolkit_key_wakes
+ORDER BY tenant, definition_name, concurrency_key
+LIMIT %(max_keys)s;
+
+-- name: key_wakes_left
+-- Whether any key still has wake rows (the next claim admits again when so).
+SELECT EXISTS (SELECT 1 FROM toolkit_key_wakes) AS remaining;
+
+-- name: try_key_lock
+-- The advisory lock of key %(key)s of definition %(name)s of tenant %(tenant)s, tried
+-- without waiting and held to commit, as lock_keys and toolkit_admit_keys take it: a
+-- statement that reads no table, so a Citus coordinator runs it itself, where every
+-- other taker of the lock runs too. Returns whether it is held.
+SELECT pg_try_advisory_xact_lock(hashtextextended(
+    %(tenant)s || chr(31) || %(name)s || chr(31) || %(key)s, 20)) AS held;
+
+-- name: admit_tenant_key
+-- toolkit_admit_keys (migration 0015) for one key, key %(key)s of definition %(name)s of
+-- tenant %(tenant)s, as one statement routed to the tenant's shard: a store distributed by
+-- tenant admits key by key (toolkit/store/distributed_leases.py), each in a transaction
+-- whose first statement took the key's lock (try_key_lock), so this statement's snapshot
+-- holds what every other holder of the lock committed. It deletes the key's wake rows (a
+-- holder that ends after the snapshot leaves one for the next admission), counts the
+-- key's live holders, and admits its oldest parked tasks up to the max_active the oldest
+-- was submitted with: queued now, or waiting for a delayed start; the tenant's next_due is
+-- lowered for them (due_marks). Values that read the clock are made in a CTE (Citus
+-- refuses them in the UPDATE's CASE). Returns one row per task admitted, with the key's
+-- holders before it; their events are the transaction's next statement
+-- (record_key_admissions).
+WITH clock AS (
+    SELECT statement_timestamp() AS now_at
+), woken AS (
+    DELETE FROM toolkit_key_wakes
+    WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+), held AS (
+    SELECT count(*) AS holders
+    FROM toolkit_tasks
+    WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+      AND key_held AND state IN ('queued', 'leased', 'waiting')
+), oldest AS (
+    SELECT concurrency_limit
+    FROM toolkit_tasks
+    WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+      AND state = 'waiting' AND wait_reason = 'concurrency'
+    ORDER BY id
+    LIMIT 1
+), next AS (
+    SELECT id
+    FROM toolkit_tasks
+    WHERE tenant = %(tenant)s AND definition_name = %(name)s AND concurrency_key = %(key)s
+      AND state = 'waiting' AND wait_reason = 'concurrency'
+    ORDER BY id
+    LIMIT greatest((SELECT concurrency_limit FROM oldest) - (SELECT holders FROM held), 0)
+    FOR UPDATE
+),
+-- include: due_in_statement
+, taken AS (
+    UPDATE toolkit_tasks t
+    SET state = CASE WHEN t.start_after > c.now_at THEN 'waiting' ELSE 'queued' END,
+        wait_reason = CASE WHEN t.start_after > c.now_at THEN 'start' END,
+        run_at = least(greatest(t.start_after, c.now_at), coalesce(t.deadline_at, 'infinity')),
+        start_after = NULL,
+        key_held = true,
+        updated_at = c.now_at
+    FROM next, clock c, due_in_statement
+    WHERE t.id = next.id AND t.tenant = %(tenant)s
+      AND t.state = 'waiting' AND t.wait_reason = 'concurrency'
+    RETURNING t.id, t.tenant, t.run_at AS at, t.concurrency_key, t.concurrency_limit
+), made_due AS (
+    SELECT tenant, at FROM taken
+),
+-- include: due_marks
+SELECT t.id, t.concurrency_key, t.concurrency_limit, h.holders,
+       ''::text AS notify_toolkit_wakeup
+FROM taken t, held h
+ORDER BY t.id;
+
+-- name: record_key_admissions
+-- The key_admitted events of the tasks admit_tenant_key admitted for tenant %(tenant)s, a
+-- statement of its own in the same transaction (Citus routes no statement that inserts in
+-- a CTE to one shard): tasks %(ids)s, each with its %(keys)s, %(limits)s and the key's
+-- %(holders)s before the admission.
+INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
+SELECT a.id, %(tenant)s, 'key_admitted',
+       jsonb_build_object('key', a.key, 'max_active', a.max_active, 'holders', a.holders)
+FROM unnest(%(ids)s::bigint[], %(keys)s::text[], %(limits)s::integer[], %(holders)s::bigint[])
+     AS a(id, key, max_active, holders);

@@ -233,22 +233,29 @@ SET scope = excluded.scope, token = excluded.token, acquired_at = excluded.acqui
 
 -- name: limit_health
 -- Per limit, for `toolkit doctor`: live slots in use, tasks waiting for it, and how long
--- the longest of them has waited (seconds since its first deferral, database time).
-SELECT l.name, l.max_concurrency, l.rate_per_second,
-       (SELECT count(*) FROM toolkit_limit_slots x
-        JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant
-         AND t.lease_token = x.token
-        WHERE x.name = l.name AND t.state = 'leased'
-          AND t.lease_expires_at > statement_timestamp()) AS in_use,
-       w.waiting, w.oldest_wait
-FROM toolkit_limits l
-CROSS JOIN LATERAL (
-    SELECT count(*) AS waiting,
+-- the longest of them has waited (seconds since its first deferral, database time). Each
+-- count is grouped by limit over the tasks once, then joined to the limits (a store
+-- distributed by tenant runs each on every shard: it takes no join of a limit to tasks).
+WITH in_use AS (
+    SELECT x.name, count(*) AS in_use
+    FROM toolkit_limit_slots x
+    JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant
+     AND t.lease_token = x.token
+    WHERE t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
+    GROUP BY x.name
+), waits AS (
+    SELECT t.checkpoint -> 'wait' ->> 'limit' AS name, count(*) AS waiting,
            extract(epoch FROM statement_timestamp() - min(coalesce(
                (t.checkpoint -> 'wait' ->> 'since')::timestamptz, t.updated_at)))::float8
                AS oldest_wait
     FROM toolkit_tasks t
     WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
-      AND t.checkpoint -> 'wait' ->> 'limit' = l.name
-) w
+    GROUP BY 1
+)
+SELECT l.name, l.max_concurrency, l.rate_per_second,
+       coalesce(u.in_use, 0)::bigint AS in_use, coalesce(w.waiting, 0)::bigint AS waiting,
+       w.oldest_wait
+FROM toolkit_limits l
+LEFT JOIN in_use u ON u.name = l.name
+LEFT JOIN waits w ON w.name = l.name
 ORDER BY l.name;

@@ -686,13 +686,15 @@ WITH
 , submitted AS (
     INSERT INTO toolkit_tasks AS t
         (tenant, definition_name, definition_version, definition_digest, input, checkpoint,
-         deadline_at, tags, priority, trace_parent, debounce_key, state, wait_reason, run_at)
+         deadline_at, tags, priority, trace_parent, debounce_key, state, wait_reason, run_at,
+         updated_at)
     SELECT %(tenant)s, %(name)s, %(version)s, %(digest)s, %(input)s, %(checkpoint)s,
            statement_timestamp() + %(timeout)s::float8 * interval '1 second', %(tags)s,
            %(priority)s, %(trace_parent)s,
            %(debounce_key)s, 'waiting', 'debounce',
            statement_timestamp() + least(%(quiet)s::float8, %(max_wait)s::float8,
-                                     %(timeout)s::float8) * interval '1 second'
+                                     %(timeout)s::float8) * interval '1 second',
+           statement_timestamp()
     FROM due_in_statement
     ON CONFLICT (tenant, definition_name, debounce_key)
         WHERE state = 'waiting' AND wait_reason = 'debounce'
@@ -701,11 +703,13 @@ WITH
         definition_version = EXCLUDED.definition_version,
         definition_digest = EXCLUDED.definition_digest,
         deadline_at = EXCLUDED.deadline_at, priority = EXCLUDED.priority,
-        run_at = least(statement_timestamp() + %(quiet)s::float8 * interval '1 second',
-                       coalesce(t.created_at + %(max_wait)s::float8 * interval '1 second',
-                                'infinity'),
-                       coalesce(EXCLUDED.deadline_at, 'infinity')),
-        updated_at = statement_timestamp()
+        -- from the inserted row's time (updated_at), with toolkit_seconds_after (Citus
+        -- refuses a function that is not immutable here: migration 0034); least() leaves
+        -- out a null (no max_wait, no deadline)
+        run_at = least(toolkit_seconds_after(EXCLUDED.updated_at, %(quiet)s::float8),
+                       toolkit_seconds_after(t.created_at, %(max_wait)s::float8),
+                       EXCLUDED.deadline_at),
+        updated_at = EXCLUDED.updated_at
     RETURNING id, xmax = 0 AS created, tenant, run_at
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, detail)
@@ -724,16 +728,21 @@ FROM submitted;
 -- name: take_throttle_start
 -- A throttled submit takes a start of its key (GCRA: %(interval)s seconds apart on average,
 -- a burst of %(calls)s at once): returns the seconds until the start it took (0: now). Past
--- the rate with %(delay)s false nothing is taken and nothing returned.
-INSERT INTO toolkit_throttle_keys AS k (tenant, definition_name, throttle_key, next_at)
+-- the rate with %(delay)s false nothing is taken and nothing returned. The times are made
+-- from the inserted row's (taken_at: the statement's time) with toolkit_seconds_after
+-- (migration 0034): Citus refuses a function that is not immutable in DO UPDATE, in the
+-- ON CONFLICT WHERE and in RETURNING.
+INSERT INTO toolkit_throttle_keys AS k (tenant, definition_name, throttle_key, next_at, taken_at)
 VALUES (%(tenant)s, %(name)s, %(key)s,
-        statement_timestamp() + %(interval)s::float8 * interval '1 second')
+        toolkit_seconds_after(statement_timestamp(), %(interval)s::float8),
+        statement_timestamp())
 ON CONFLICT (tenant, definition_name, throttle_key) DO UPDATE
-SET next_at = greatest(k.next_at, statement_timestamp()) + %(interval)s::float8 * interval '1 second'
+SET next_at = greatest(toolkit_seconds_after(k.next_at, %(interval)s::float8), EXCLUDED.next_at),
+    taken_at = EXCLUDED.taken_at
 WHERE %(delay)s::boolean
-   OR greatest(k.next_at, statement_timestamp()) + %(interval)s::float8 * interval '1 second'
-      <= statement_timestamp() + %(period)s::float8 * interval '1 second'
-RETURNING greatest(extract(epoch FROM k.next_at - statement_timestamp()) - %(period)s::float8,
+   OR greatest(toolkit_seconds_after(k.next_at, %(interval)s::float8), EXCLUDED.next_at)
+      <= toolkit_seconds_after(EXCLUDED.taken_at, %(period)s::float8)
+RETURNING greatest(extract(epoch FROM k.next_at - k.taken_at) - %(period)s::float8,
                    0)::float8 AS start_in;
 
 -- name: throttle_free_in
