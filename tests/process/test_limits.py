@@ -137,14 +137,18 @@ def test_max_concurrency_holds_over_four_workers_and_unlimited_tasks_are_not_slo
     # Deferred tasks waited without their lease, with reason limit.
     kinds = [e["kind"] for i in limited_ids for e in task_events(dsn, i)]
     assert kinds.count("limit_deferred") > 0
-    # The unlimited tasks were not held behind the limited backlog.
+    # The unlimited tasks were not held behind the limited backlog: half of them were
+    # claimed within a quarter of the time the backlog took to drain (at least 2.4 s: 24
+    # calls of 0.3 s, 3 at once), a ratio that holds however loaded the machine is.
     delays = [
         (e["at"] - task_row(dsn, i)["created_at"]).total_seconds()
         for i in free_ids
         for e in task_events(dsn, i)
         if e["kind"] == "claimed"
     ][:24]
-    assert statistics.median(delays) < 0.5, delays
+    submitted = min(task_row(dsn, i)["created_at"] for i in limited_ids)
+    drained = max(e for _, e in intervals) - submitted
+    assert statistics.median(delays) < drained.total_seconds() / 4, (delays, drained)
     assert limited_done - free_done > 0.5  # they finished while the limited ones went on
     assert query(
         dsn,

@@ -111,7 +111,7 @@ async def claim_per_tenant(
         served.append(row)
     claimed: list[DictRow] = []
     dry: list[str] = []
-    full: list[DictRow] = []  # tenants that filled their share: they may take more
+    more: list[DictRow] = []  # tenants that filled their share, then those given none
     limit = int(params["limit"])
     shares = batch_shares(limit, [float(row["weight"]) for row in served])
     for row, share in zip(served, shares, strict=True):
@@ -124,8 +124,9 @@ async def claim_per_tenant(
         if not rows:
             dry.append(row["tenant"])
         elif len(rows) == share:
-            full.append(row)
-    for row in full:  # what the dry and the limited left of the batch
+            more.append(row)
+    more += [row for row, share in zip(served, shares, strict=True) if share == 0]
+    for row in more:  # what the dry and the limited left of the batch
         left = limit - len(claimed)
         if left <= 0:
             break

@@ -22,6 +22,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
+from psycopg import AsyncCursor
 from psycopg.rows import DictRow, dict_row
 
 from toolkit.durations import rate_parts
@@ -228,7 +229,8 @@ class Limits:
         What is not given stays. The limit's source becomes ``operator``: a worker's start
         no longer rewrites it with the application's declaration. Workers apply the change
         at their next acquisition; calls already inside the limit finish (nothing is
-        revoked). Tasks waiting for the limit are made due at once. Idempotent.
+        revoked). Tasks waiting for the limit are then made due at once, tenant by tenant.
+        Idempotent.
 
         Args:
             name: the limit's name (non-empty).
@@ -292,9 +294,10 @@ class Limits:
                 "rate": per_second,
                 "burst": None if isinstance(burst, _Keep) else float(burst),
                 "per_tenant": per_tenant,
-                "tenant": None,  # its waiting tasks are any tenant's
             },
         )
+        for row in await self._db.fetch_all("limit_waiting_tenants", {"name": name}):
+            await self._db.fetch_one("wake_limit_waiters", {"name": name, "tenant": row["tenant"]})
         return await self.get(name)
 
     async def get(self, name: str) -> LimitRecord:
@@ -353,11 +356,10 @@ class Limits:
             async with self._db.transaction() as conn:
                 cursor = conn.cursor(row_factory=dict_row)
                 task_id, tenant = fence.task_id, fence.tenant
-                await cursor.execute(
-                    query("lock_task_for_limits"), {**fence_params(fence), "names": names}
-                )
+                await cursor.execute(query("lock_task_for_limits"), fence_params(fence))
                 if await cursor.fetchone() is None:
                     raise LeaseLost(f"task {task_id}: lease lost before its limits were taken")
+                await cursor.execute(query("add_limit_buckets"), {"tenant": tenant, "names": names})
                 await cursor.execute(query("lock_limit_scopes"), {"tenant": tenant, "names": names})
                 scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
                 if not scopes:
@@ -368,6 +370,7 @@ class Limits:
                         "names": list(scopes),
                         "scopes": list(scopes.values()),
                         "task_id": task_id,
+                        "tenant": tenant,
                         "token": fence.token,
                         "occurrence": occurrence,
                     },
@@ -383,22 +386,40 @@ class Limits:
                         rated.append(state)
                     if state["max_concurrency"] is not None and not state["held"]:
                         slotted.append(state)
-                await cursor.execute(
-                    query("take_limits"),
-                    {
-                        "rated": [s["name"] for s in rated],
-                        "rated_scopes": [s["scope"] for s in rated],
-                        "slotted": [s["name"] for s in slotted],
-                        "slotted_scopes": [s["scope"] for s in slotted],
-                        "task_id": task_id,
-                        "tenant": fence.tenant,
-                        "token": fence.token,
-                        "occurrence": occurrence,
-                    },
-                )
+                await _take(cursor, fence, occurrence, rated, slotted)
                 return LimitGrant(states[0]["now"])
         except _Full as full:  # rolled back: nothing of any limit was taken
             return full.deferral
+
+
+async def _take(
+    cursor: AsyncCursor[DictRow],
+    fence: Fence,
+    occurrence: str,
+    rated: Sequence[Mapping[str, Any]],
+    slotted: Sequence[Mapping[str, Any]],
+) -> None:
+    """Take what an acquisition found room for, in its transaction.
+
+    A token of each bucket of ``rated``; a slot of each limit of ``slotted``, their stale
+    slots deleted first.
+    """
+    if rated:
+        await cursor.execute(
+            query("take_limit_tokens"),
+            {"rated": [s["name"] for s in rated], "rated_scopes": [s["scope"] for s in rated]},
+        )
+    if slotted:
+        params = {
+            "slotted": [s["name"] for s in slotted],
+            "slotted_scopes": [s["scope"] for s in slotted],
+            "task_id": fence.task_id,
+            "tenant": fence.tenant,
+            "token": fence.token,
+            "occurrence": occurrence,
+        }
+        await cursor.execute(query("delete_stale_limit_slots"), params)
+        await cursor.execute(query("take_limit_slots"), params)
 
 
 def _deferral(state: Mapping[str, Any], deferrals: int) -> LimitDeferral | None:

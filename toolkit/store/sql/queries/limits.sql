@@ -34,45 +34,57 @@ SELECT name FROM synced;
 -- given; a setting given as NULL keeps its value (%(set_max)s / %(set_rate)s: whether
 -- max_concurrency / rate is given, NULL then meaning "none"). A limit with a rate and no
 -- burst gets one second's worth of tokens (at least 1); removing the rate removes the
--- burst. The source becomes 'operator'. Tasks waiting for the limit are made due at once
--- (a raised limit may have room) and idle workers are woken. The rotation's marks:
--- due_marks.
+-- burst. The source becomes 'operator'. The tasks waiting for it are woken next, tenant
+-- by tenant (limit_waiting_tenants, wake_limit_waiters).
+INSERT INTO toolkit_limits AS l
+    (name, max_concurrency, rate_per_second, burst, per_tenant, source)
+VALUES (%(name)s, %(max_concurrency)s::integer, %(rate)s::float8,
+        CASE WHEN %(rate)s::float8 IS NULL THEN NULL
+             ELSE coalesce(%(burst)s::float8, greatest(%(rate)s::float8, 1)) END,
+        coalesce(%(per_tenant)s::boolean, false), 'operator')
+ON CONFLICT (name) DO UPDATE
+SET max_concurrency = CASE WHEN %(set_max)s::boolean THEN excluded.max_concurrency
+                           ELSE l.max_concurrency END,
+    rate_per_second = CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
+                           ELSE l.rate_per_second END,
+    burst = CASE
+        WHEN (CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
+                   ELSE l.rate_per_second END) IS NULL THEN NULL
+        WHEN %(burst)s::float8 IS NOT NULL THEN %(burst)s::float8
+        ELSE coalesce(l.burst, greatest(excluded.rate_per_second, 1)) END,
+    per_tenant = coalesce(%(per_tenant)s::boolean, l.per_tenant),
+    source = 'operator',
+    updated_at = excluded.updated_at
+RETURNING l.name;
+
+-- name: limit_waiting_tenants
+-- The tenants with tasks waiting for limit %(name)s, read without a lock.
+SELECT DISTINCT tenant
+FROM toolkit_tasks
+WHERE state = 'waiting' AND wait_reason = 'limit' AND checkpoint -> 'wait' ->> 'limit' = %(name)s
+ORDER BY tenant;
+
+-- name: wake_limit_waiters
+-- After an operator's change of limit %(name)s: the tasks of tenant %(tenant)s waiting for
+-- it are made due at once (a raised limit may have room) and idle workers are woken. One
+-- statement per tenant (routed to its shard on a store distributed by tenant). The
+-- rotation's marks: due_marks.
 WITH
 -- include: due_in_statement
-, changed AS (
-    INSERT INTO toolkit_limits AS l
-        (name, max_concurrency, rate_per_second, burst, per_tenant, source)
-    VALUES (%(name)s, %(max_concurrency)s::integer, %(rate)s::float8,
-            CASE WHEN %(rate)s::float8 IS NULL THEN NULL
-                 ELSE coalesce(%(burst)s::float8, greatest(%(rate)s::float8, 1)) END,
-            coalesce(%(per_tenant)s::boolean, false), 'operator')
-    ON CONFLICT (name) DO UPDATE
-    SET max_concurrency = CASE WHEN %(set_max)s::boolean THEN excluded.max_concurrency
-                               ELSE l.max_concurrency END,
-        rate_per_second = CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
-                               ELSE l.rate_per_second END,
-        burst = CASE
-            WHEN (CASE WHEN %(set_rate)s::boolean THEN excluded.rate_per_second
-                       ELSE l.rate_per_second END) IS NULL THEN NULL
-            WHEN %(burst)s::float8 IS NOT NULL THEN %(burst)s::float8
-            ELSE coalesce(l.burst, greatest(excluded.rate_per_second, 1)) END,
-        per_tenant = coalesce(%(per_tenant)s::boolean, l.per_tenant),
-        source = 'operator',
-        updated_at = excluded.updated_at
-    RETURNING l.name
-), woken AS (
+, woken AS (
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp()
-    FROM changed, due_in_statement
-    WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
-      AND t.checkpoint -> 'wait' ->> 'limit' = changed.name
+    FROM due_in_statement
+    WHERE t.tenant = %(tenant)s AND t.state = 'waiting' AND t.wait_reason = 'limit'
+      AND t.checkpoint -> 'wait' ->> 'limit' = %(name)s
       AND t.run_at > statement_timestamp()
     RETURNING t.tenant, t.run_at
 ), made_due AS (
     SELECT tenant, run_at AS at FROM woken
 ),
 -- include: due_marks
-SELECT name, ''::text AS notify_toolkit_wakeup FROM changed;
+SELECT count(*) AS woken, CASE WHEN count(*) > 0 THEN '' END AS notify_toolkit_wakeup
+FROM woken;
 
 -- name: list_limits
 -- Every limit (or the one named by %(name)s) with its settings and its use by scope ('' for
@@ -133,24 +145,28 @@ ORDER BY lim.name;
 
 -- name: lock_task_for_limits
 -- The first statement of an acquisition: locks the task while its fence's lease holds (no
--- row otherwise: the lease is lost) and makes sure a bucket row exists for each limit's
--- scope ('' for a global limit, the task's tenant for a per-tenant one), inserted in name
--- order (a full bucket), so the next statement can lock it.
-WITH fenced AS (
-    SELECT t.id
-    FROM toolkit_tasks t
-    WHERE t.id = %(task_id)s
-      AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
-    FOR NO KEY UPDATE
-), buckets AS (
-    INSERT INTO toolkit_limit_buckets (name, scope, tokens)
-    SELECT l.name, CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END, coalesce(l.burst, 0)
-    FROM toolkit_limits l
-    WHERE l.name = ANY(%(names)s::text[]) AND EXISTS (SELECT 1 FROM fenced)
-    ORDER BY l.name
-    ON CONFLICT (name, scope) DO NOTHING
-)
-SELECT id FROM fenced;
+-- row otherwise: the lease is lost). Routed to the tenant's shard on a store distributed by
+-- tenant.
+SELECT t.id
+FROM toolkit_tasks t
+WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s
+  AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
+FOR NO KEY UPDATE;
+
+-- name: add_limit_buckets
+-- The second: a bucket row for each limit's scope ('' for a global limit, the task's tenant
+-- %(tenant)s for a per-tenant one) that has none yet, inserted in name order (a full
+-- bucket), so the next statement can lock it. A statement of its own: the buckets are a
+-- reference table on a store distributed by tenant, which Citus changes on every node.
+INSERT INTO toolkit_limit_buckets (name, scope, tokens)
+SELECT l.name, CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END, coalesce(l.burst, 0)
+FROM toolkit_limits l
+WHERE l.name = ANY(%(names)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM toolkit_limit_buckets b
+                  WHERE b.name = l.name
+                    AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END)
+ORDER BY l.name
+ON CONFLICT (name, scope) DO NOTHING;
 
 -- name: lock_limit_scopes
 -- Locks the bucket row of each limit's scope, in name order: acquisitions of one scope take
@@ -165,67 +181,92 @@ ORDER BY l.name
 FOR NO KEY UPDATE OF b;
 
 -- name: limit_scope_state
--- For each locked (limit, scope): the settings; in_use, the live slots of other step
--- occurrences (a slot counts while its task holds the lease it was taken under);
--- first_free_seconds, when the earliest of those leases expires (seconds from now);
--- held, whether this occurrence already holds a slot under this lease (a call sent again
--- after a lost connection); tokens, the bucket refilled to now; waiting, the other tasks
--- waiting for the limit in this scope; and the database's now.
-SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
-       live.in_use, live.first_free_seconds,
-       EXISTS (SELECT 1 FROM toolkit_limit_slots x
-               WHERE x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s
-                 AND x.name = s.name AND x.token = %(token)s) AS held,
-       CASE WHEN l.rate_per_second IS NOT NULL
-            THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
-                     extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) END AS tokens,
-       (SELECT count(*) FROM toolkit_tasks w
-        WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
-          AND w.checkpoint -> 'wait' ->> 'limit' = s.name
-          AND w.checkpoint -> 'wait' ->> 'scope' = s.scope
-          AND w.id <> %(task_id)s) AS waiting,
-       statement_timestamp() AS now
-FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
-JOIN toolkit_limits l ON l.name = s.name
-JOIN toolkit_limit_buckets b ON b.name = s.name AND b.scope = s.scope
-CROSS JOIN LATERAL (
-    SELECT count(*) AS in_use,
+-- For each locked (limit, scope) of %(names)s and %(scopes)s: the settings; in_use, the live
+-- slots of other step occurrences (a slot counts while its task holds the lease it was
+-- taken under); first_free_seconds, when the earliest of those leases expires (seconds from
+-- now); held, whether this occurrence (%(occurrence)s of task %(task_id)s of tenant
+-- %(tenant)s) already holds a slot under this lease (a call sent again after a lost
+-- connection); tokens, the bucket refilled to now; waiting, the other tasks waiting for the
+-- limit in this scope; and the database's now. The slots and the waiting tasks are counted
+-- grouped, then joined to the scopes (a store distributed by tenant counts them on every
+-- shard: a global limit's slots are any tenant's).
+WITH asked AS (
+    SELECT * FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
+), live AS (
+    SELECT x.name, x.scope, count(*) AS in_use,
            extract(epoch FROM min(t.lease_expires_at) - statement_timestamp())::float8
                AS first_free_seconds
     FROM toolkit_limit_slots x
     JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
-    WHERE x.name = s.name AND x.scope = s.scope
+    WHERE x.name = ANY(%(names)s::text[]) AND x.scope = ANY(%(scopes)s::text[])
       AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
       AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
-) live
+    GROUP BY x.name, x.scope
+), held AS (
+    SELECT DISTINCT x.name
+    FROM toolkit_limit_slots x
+    WHERE x.task_id = %(task_id)s AND x.tenant = %(tenant)s AND x.occurrence = %(occurrence)s
+      AND x.token = %(token)s AND x.name = ANY(%(names)s::text[])
+), waits AS (
+    SELECT w.checkpoint -> 'wait' ->> 'limit' AS name, w.checkpoint -> 'wait' ->> 'scope' AS scope,
+           count(*) AS waiting
+    FROM toolkit_tasks w
+    WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
+      AND w.checkpoint -> 'wait' ->> 'limit' = ANY(%(names)s::text[])
+      AND w.id <> %(task_id)s
+    GROUP BY 1, 2
+)
+SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
+       coalesce(live.in_use, 0) AS in_use, live.first_free_seconds,
+       held.name IS NOT NULL AS held,
+       CASE WHEN l.rate_per_second IS NOT NULL
+            THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
+                     extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) END AS tokens,
+       coalesce(waits.waiting, 0) AS waiting,
+       statement_timestamp() AS now
+FROM asked s
+JOIN toolkit_limits l ON l.name = s.name
+JOIN toolkit_limit_buckets b ON b.name = s.name AND b.scope = s.scope
+LEFT JOIN live ON live.name = s.name AND live.scope = s.scope
+LEFT JOIN held ON held.name = s.name
+LEFT JOIN waits ON waits.name = s.name AND waits.scope = s.scope
 ORDER BY s.name;
 
--- name: take_limits
--- Takes what an acquisition found room for (the scopes are locked by lock_limit_scopes):
--- one token of each bucket in %(rated)s (refilled to now first), and a slot of each limit
--- in %(slotted)s under the task's lease (a slot left by an earlier lease of the same
--- occurrence is taken over). Slots of other tasks whose lease is gone are deleted.
-WITH rated AS (
+-- name: take_limit_tokens
+-- Takes one token of each bucket in %(rated)s with scopes %(rated_scopes)s (refilled to now
+-- first), their scopes locked by lock_limit_scopes. (The time is read in a CTE: Citus takes
+-- no stable function of a column in an UPDATE.)
+WITH clock AS (
+    SELECT statement_timestamp() AS now_at
+), rated AS (
     SELECT * FROM unnest(%(rated)s::text[], %(rated_scopes)s::text[]) AS r(name, scope)
-), slotted AS (
-    SELECT * FROM unnest(%(slotted)s::text[], %(slotted_scopes)s::text[]) AS s(name, scope)
-), tokens AS (
-    UPDATE toolkit_limit_buckets b
-    SET tokens = least(l.burst, b.tokens + l.rate_per_second * greatest(
-                     extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) - 1,
-        refreshed_at = statement_timestamp()
-    FROM rated r, toolkit_limits l
-    WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name
-), stale AS (
-    DELETE FROM toolkit_limit_slots x
-    USING slotted s
-    WHERE x.name = s.name AND x.scope = s.scope AND x.task_id <> %(task_id)s
-      AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
-                      WHERE t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
-                        AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp())
 )
+UPDATE toolkit_limit_buckets b
+SET tokens = least(l.burst, b.tokens + l.rate_per_second * greatest(
+                 extract(epoch FROM c.now_at - b.refreshed_at), 0)) - 1,
+    refreshed_at = c.now_at
+FROM rated r, toolkit_limits l, clock c
+WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name;
+
+-- name: delete_stale_limit_slots
+-- Before slots of the limits %(slotted)s (scopes %(slotted_scopes)s) are taken: their slots
+-- whose task's lease is gone are deleted (the scopes are locked by lock_limit_scopes). A
+-- statement of its own: on a store distributed by tenant a global limit's slots are any
+-- tenant's, on every shard, while the slots taken go to the task's.
+DELETE FROM toolkit_limit_slots x
+WHERE x.name = ANY(%(slotted)s::text[]) AND x.scope = ANY(%(slotted_scopes)s::text[])
+  AND x.task_id <> %(task_id)s
+  AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
+                  WHERE t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
+                    AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp());
+
+-- name: take_limit_slots
+-- Takes a slot of each limit in %(slotted)s (scopes %(slotted_scopes)s) under the lease of
+-- task %(task_id)s of tenant %(tenant)s (a slot left by an earlier lease of the same
+-- occurrence is taken over), their scopes locked by lock_limit_scopes.
 INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
-SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s FROM slotted
+SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s
+FROM unnest(%(slotted)s::text[], %(slotted_scopes)s::text[]) AS s(name, scope)
 ON CONFLICT (task_id, occurrence, name, tenant) DO UPDATE
 -- excluded.acquired_at: the statement's time, its column default (Citus takes no function
 -- but an immutable one here)
