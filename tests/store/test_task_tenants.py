@@ -24,9 +24,7 @@ pytestmark = pytest.mark.anyio
 #: Statements that name one task but not its tenant, and why.
 WITHOUT_THE_TENANT = {
     "task_tenant": "the lookup of the tenant itself",
-    "limit_scope_state": "a limit's scope, whose slots are any tenant's (claims per tenant)",
-    "bulk_lock_item": "a bulk plan's item, in a reference table",
-    "bulk_mark_item": "a bulk plan's item, in a reference table",
+    "delete_stale_limit_slots": "a limit scope's stale slots, any tenant's (not the task's)",
 }
 
 

@@ -107,6 +107,9 @@ async def test_claims_interleave_a_big_backlog_with_a_small_tenant(store: Store)
     }
 
 
+# one server's claim counts the leases each tenant holds; a distributed one shares by
+# weight and vtime alone (docs/scaling.md)
+@pytest.mark.one_postgresql
 async def test_a_newcomer_goes_first_while_a_busy_tenant_holds_leases(store: Store) -> None:
     d = await _deployed(store)
     await store.tasks.submit(d, [{"n": i} for i in range(100)], tenant="busy")
@@ -157,6 +160,9 @@ async def test_every_cold_tenant_starts_before_the_hot_one_runs_a_thousand_more(
     assert hot_run <= 2 * 500, hot_run
 
 
+# one server's claim counts the leases each tenant holds; a distributed one shares by
+# weight and vtime alone (docs/scaling.md)
+@pytest.mark.one_postgresql
 async def test_weights_share_the_leased_slots(store: Store) -> None:
     d = await _deployed(store)
     await store.tasks.submit(d, [{"n": i} for i in range(100)], tenant="heavy")
@@ -279,6 +285,8 @@ CREATE CONSTRAINT TRIGGER test_max_active AFTER UPDATE ON toolkit_tasks
 """
 
 
+# its check is a trigger, which a distributed table cannot have
+@pytest.mark.one_postgresql
 async def test_the_max_active_check_of_the_race_test_can_fail(store: Store) -> None:
     """The deferred check the race test installs refuses a commit over the limit."""
     d = await _deployed(store)
@@ -297,6 +305,8 @@ async def test_the_max_active_check_of_the_race_test_can_fail(store: Store) -> N
         )
 
 
+# its check is a trigger, which a distributed table cannot have
+@pytest.mark.one_postgresql
 async def test_max_active_holds_with_four_claimers_racing(store: Store, dsn: str) -> None:
     """Four claimers (own connections) claim, hold their leases while they count, release.
 
@@ -450,6 +460,8 @@ def test_cli_refusals_are_one_line_and_write_nothing(
 # --- one tenant alone -------------------------------------------------------------------------
 
 
+# one server's fast path for a tenant alone (a distributed claim always goes per tenant)
+@pytest.mark.one_postgresql
 async def test_a_lone_tenant_is_claimed_from_its_range_until_another_appears(
     store: Store,
 ) -> None:
@@ -465,6 +477,8 @@ async def test_a_lone_tenant_is_claimed_from_its_range_until_another_appears(
     assert store.leases._one_tenant is None
 
 
+# one server's fast path for a tenant alone (a distributed claim always goes per tenant)
+@pytest.mark.one_postgresql
 async def test_a_lone_tenant_paused_is_not_claimed_from(store: Store) -> None:
     d = await _deployed(store)
     await store.tasks.submit(d, [{"n": i} for i in range(4)], tenant="solo")
