@@ -46,7 +46,9 @@ UNFENCED = {
     "cancel_tasks": "request_cancel for the live descendants of a cancelled task",
     "reconcile_effect": "an operator's record of an outcome, for a task nobody holds",
     "prune_tasks": "retention deletes ended tasks only",
-    "set_limit": "an operator's change of a limit: it wakes the tasks waiting for it",
+    "wake_limit_waiters": "an operator's change of a limit wakes the tasks waiting for it:"
+    " run_at of waiting tasks only",
+    "admit_tenant_key": "admits tasks waiting for their concurrency key (nobody holds them)",
     "await_task": "marks a task awaited (a column no fenced write reads)",
     "fire_schedule": "creates tasks (no lease yet), fenced by a compare-and-set on its schedule",
     "bulk_cancel": "an operator's cancel of tasks whose token and state the plan recorded",
