@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from tests.apps import golden as golden_app
-from tests.helpers.inprocess import FAST, make_due, sql
+from tests.helpers.inprocess import FAST, expire_leases, make_due, sql
 from tests.helpers.processes import eventually
 from tests.helpers.workflows import definition
 from toolkit.application import App
@@ -370,7 +370,7 @@ class Run:
         """A worker claims the task and dies before writing anything (its lease expires)."""
         (claimed,) = await self.store.leases.claim("ghost", list(self.definitions), 1, 30.0)
         assert claimed.id == task_id, claimed
-        await expire_lease(self.store, task_id)
+        await expire_leases(self.store, task_id)
 
     async def crash_mid_call(
         self,
@@ -399,7 +399,7 @@ class Run:
                 if also is not None:
                     await eventually(also, timeout=15, what="the condition before the crash")
                 shutdown.cancel()  # claims nothing more; the hung cycle keeps its grace
-                await expire_lease(self.store, task_id)
+                await expire_leases(self.store, task_id)
         assert supervisor.report.lease_lost == 1, supervisor.report
 
     async def state(self, task_id: int) -> str:
@@ -417,15 +417,6 @@ class Run:
 
 async def _hung_more_than(count: int) -> bool:
     return len(golden_app.HUNG) > count
-
-
-async def expire_lease(store: Store, task_id: int) -> None:
-    await sql(
-        store,
-        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 second'"
-        " WHERE id = %s AND state = 'leased'",
-        task_id,
-    )
 
 
 Scenario = Callable[[Run], Awaitable[None]]

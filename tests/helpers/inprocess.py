@@ -52,14 +52,34 @@ async def sql(store: Store, statement: str, *params: Any) -> list[tuple[Any, ...
 
 async def make_due(store: Store, *task_ids: int) -> None:
     """Row surgery: the tasks' timers or deadlines are reached now (no sleeping), and their
-    tenants' rotation is told, as a statement that makes tasks due does (due_marks; a store
-    distributed by tenant has no trigger to do it)."""
-    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = ANY(%s)", list(task_ids))
+    tenants' rotation is told (:func:`mark_due`)."""
+    await mark_due(store, await sql(
+        store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = ANY(%s) RETURNING tenant",
+        list(task_ids),
+    ))  # fmt: skip
+
+
+async def expire_leases(store: Store, *task_ids: int) -> None:
+    """Row surgery: the leases of the tasks (of every leased task when none is given) expired a
+    second ago (no sleeping), and their tenants' rotation is told (:func:`mark_due`)."""
+    await mark_due(store, await sql(
+        store,
+        "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
+        " WHERE state = 'leased' AND (cardinality(%s::bigint[]) = 0 OR id = ANY(%s))"
+        " RETURNING tenant",
+        list(task_ids), list(task_ids),
+    ))  # fmt: skip
+
+
+async def mark_due(store: Store, tenants: list[tuple[Any, ...]]) -> None:
+    """Tell the rotation that ``tenants`` (rows of one column) have tasks due now, as a
+    statement that makes tasks due does (due_marks): a store distributed by tenant has no
+    trigger to do it."""
     await sql(
         store,
-        "UPDATE toolkit_tenants SET next_due = least(next_due, now()) WHERE NOT ready"
-        " AND tenant IN (SELECT tenant FROM toolkit_tasks WHERE id = ANY(%s))",
-        list(task_ids),
+        "UPDATE toolkit_tenants SET next_due = least(next_due, now() - interval '1 second')"
+        " WHERE NOT ready AND tenant = ANY(%s)",
+        sorted({row[0] for row in tenants}),
     )
 
 

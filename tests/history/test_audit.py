@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.inprocess import deploy_submit, drain, sql
+from tests.helpers.inprocess import deploy_submit, drain, expire_leases, sql
 from tests.helpers.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit.application import App
 from toolkit.engine import Interpreter
@@ -50,15 +50,6 @@ steps:
   approve: {wait: {signal: go}, next: ship}
   ship: {effect: count.work, idempotent: false, args: {value: "${ steps.approve }"}}
 """
-
-
-async def expire_leases(store: Store) -> None:
-    """Row surgery: every lease held now has expired."""
-    await sql(
-        store,
-        "UPDATE toolkit_tasks SET lease_expires_at = statement_timestamp() - interval '1 second' "
-        "WHERE state = 'leased'",
-    )
 
 
 async def crash_at(store: Store, text: str, step: str) -> int:

@@ -55,7 +55,7 @@ async def scheduled(store: Store) -> None:
     await store.schedules.create("minutely", "hist-report", every="1m", overlap="allow_all")
     await sql(  # row surgery: no worker ran for ten minutes (no sleeping)
         store,
-        "UPDATE toolkit_schedules SET next_tick = next_tick - interval '10 minutes'"
+        "UPDATE toolkit_schedules SET next_tick = toolkit_seconds_after(next_tick, -600)"
         " WHERE name = 'minutely'",
     )
     await store.schedules.fire_due(["hist-report"])

@@ -147,7 +147,7 @@ async def test_the_buttons_pause_trigger_and_resume_through_the_store(store: Sto
     # its next tick, which goes stale while it is paused (row surgery: a week ago).
     await sql(
         store,
-        "UPDATE toolkit_schedules SET next_tick = next_tick - interval '7 days'"
+        "UPDATE toolkit_schedules SET next_tick = toolkit_seconds_after(next_tick, -7 * 86400)"
         " WHERE name = 'weekday'",
     )
     [_, row] = await board.refresh()

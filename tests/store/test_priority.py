@@ -61,7 +61,7 @@ async def test_ageing_a_low_task_due_long_enough_before_goes_first(store: Store)
     d = definition(ONE_STEP.replace("PRIORITY", "0"))
     await store.definitions.deploy(d)
     (old,) = await store.tasks.submit(d, [{}])
-    await sql(store, "UPDATE toolkit_tasks SET run_at = run_at - interval '10 minutes'"
+    await sql(store, "UPDATE toolkit_tasks SET run_at = toolkit_seconds_after(run_at, -600)"
                      " WHERE id = %s RETURNING id", old)  # fmt: skip
     (recent,) = await store.tasks.submit(d, [{}], priority=9)
     claimed = await store.leases.claim("w", [d.digest], 2, 30)

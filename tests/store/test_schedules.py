@@ -49,7 +49,7 @@ async def _back(store: Store, name: str, seconds: float) -> None:
     """Row surgery: the schedule's next tick moves ``seconds`` into the past (no sleeping)."""
     await sql(
         store,
-        "UPDATE toolkit_schedules SET next_tick = next_tick - %s * interval '1 second'"
+        "UPDATE toolkit_schedules SET next_tick = toolkit_seconds_after(next_tick, -%s::float8)"
         " WHERE name = %s",
         seconds,
         name,

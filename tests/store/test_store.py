@@ -7,6 +7,7 @@ import dataclasses
 import anyio
 import pytest
 
+from tests.helpers.inprocess import expire_leases
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
@@ -25,16 +26,6 @@ async def _deployed(store: Store, text: str = THREE_STEPS):
     d = definition(text)
     await store.definitions.deploy(d)
     return d
-
-
-async def _expire(store: Store, task_id: int) -> None:
-    """Row surgery: the lease expired a second ago (no sleeping)."""
-    async with store.db.connection() as conn:
-        await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
-            " WHERE id = %s",
-            (task_id,),
-        )
 
 
 async def test_migrations_are_idempotent(store: Store) -> None:
@@ -82,7 +73,7 @@ async def test_expired_lease_is_reclaimed_with_next_token_and_stale_write_is_ref
     assert first.token == 1
     assert await store.leases.claim("new", [d.digest], 1, LEASE) == []  # still held
 
-    await _expire(store, task_id)
+    await expire_leases(store, task_id)
     (second,) = await store.leases.claim("new", [d.digest], 1, LEASE)
     assert second.token == 2 and second.recovered
 
@@ -114,7 +105,7 @@ async def test_write_after_expiry_is_refused_even_without_a_new_claim(store: Sto
     d = await _deployed(store)
     (task_id,) = await store.tasks.submit(d, [{"n": 1}])
     (task,) = await store.leases.claim("w", [d.digest], 1, LEASE)
-    await _expire(store, task_id)
+    await expire_leases(store, task_id)
     with pytest.raises(LeaseLost):
         await store.leases.commit(FencedWrite(task.fence("w"), task.checkpoint))
 
@@ -126,7 +117,7 @@ async def test_heartbeat_renews_held_leases_by_task_and_token(store: Store) -> N
     held = [t.fence("w") for t in claimed]
     assert (await store.leases.renew("w", "i1", held, 60.0)).renewed == {i: None for i in ids}
     # A wrong token, another owner, or an expired lease is not renewed.
-    await _expire(store, ids[0])
+    await expire_leases(store, ids[0])
     wrong = dataclasses.replace(held[1], token=held[1].token + 1)
     renewed = await store.leases.renew("w", "i1", [held[0], wrong, held[2]], 60.0)
     assert renewed.renewed == {ids[2]: None}
@@ -146,7 +137,7 @@ async def test_a_heartbeat_racing_the_last_write_reports_that_lease_ended_not_lo
     await store.leases.commit(
         FencedWrite(first.fence("w"), first.checkpoint, state=TaskState.SUCCEEDED, result={})
     )
-    await _expire(store, second.id)
+    await expire_leases(store, second.id)
     (third,) = await store.leases.claim("other", [d.digest], 1, LEASE)  # taken over
     renewal = await store.leases.renew("w", "i1", [first.fence("w"), second.fence("w")], 60.0)
     assert (renewal.renewed, renewal.ended) == ({}, frozenset({ids[0]}))

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from psycopg.types.json import Jsonb
 
 from tests.conftest import at_schema_version
+from tests.helpers.inprocess import expire_leases
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.cli import cli
@@ -41,16 +42,6 @@ async def _finish(store: Store, worker: str, tasks: list[ClaimedTask]) -> None:
     for task in tasks:
         write = FencedWrite(task.fence(worker), {"cursor": None}, state="succeeded", result={})
         assert await store.leases.commit(write) == "succeeded"
-
-
-async def _expire(store: Store, task_ids: list[int]) -> None:
-    """Row surgery: these leases expired a second ago (no sleeping)."""
-    async with store.db.connection() as conn:
-        await conn.execute(
-            "UPDATE toolkit_tasks SET lease_expires_at = now() - interval '1 second'"
-            " WHERE id = ANY(%s)",
-            (task_ids,),
-        )
 
 
 def _checkpoint(d: WorkflowDefinition) -> dict[str, object]:
@@ -255,7 +246,7 @@ async def test_an_expired_lease_holds_no_slot_and_is_recovered_at_the_limit(
     await store.tenants.set("capped", max_active=1)
     (held,) = await store.leases.claim("crashed", [d.digest], 1, LEASE)
     assert await _active(store, "capped") == 1
-    await _expire(store, [task_id])  # the worker crashed: its lease lapsed
+    await expire_leases(store, task_id)  # the worker crashed: its lease lapsed
     assert await _active(store, "capped") == 0
     (recovered,) = await store.leases.claim("rescuer", [d.digest], 1, LEASE)
     assert (recovered.id, recovered.recovered, recovered.token) == (task_id, True, held.token + 1)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import anyio
 
 from tests.apps import golden as golden_app
-from tests.helpers.golden import DRAIN_DEADLINE, Run, expire_lease, scenario
-from tests.helpers.inprocess import FAST, sql
+from tests.helpers.golden import DRAIN_DEADLINE, Run, scenario
+from tests.helpers.inprocess import FAST, expire_leases, sql
 from toolkit.application import App
 from toolkit.runtime.supervisor import SupervisorConfig, WorkflowSupervisor
 from toolkit.runtime.worker import Worker
@@ -120,7 +120,7 @@ async def limit_deferral(run: Run) -> None:
     (waiting,) = await run.submit(d, {})
     await run.drain()  # it waits for the slot the ghost holds
     assert (await run.store.tasks.get(waiting)).wait_reason == "limit"
-    await expire_lease(run.store, task.id)  # the ghost dies: its slot is free
+    await expire_leases(run.store, task.id)  # the ghost dies: its slot is free
     await run.due(waiting)
     await run.drain()
 
@@ -173,7 +173,7 @@ async def cancellation(run: Run) -> None:
     (claimed,) = await run.store.leases.claim("ghost", [d.digest], 1, 30.0)
     assert claimed.id == requested
     await run.store.tasks.cancel(requested, "stop it")
-    await expire_lease(run.store, requested)
+    await expire_leases(run.store, requested)
     await run.drain()
 
 
