@@ -55,7 +55,7 @@ WITH
                                           - (SELECT count(*) FROM jsonb_object_keys(r.tags)))
                           ) p), '{}'::jsonb) || r.tags,
            r.error,
-           CASE WHEN r.error IS NOT NULL THEN statement_timestamp() END
+           CASE WHEN r.error IS NOT NULL THEN r.run_at END  -- (the clock read in item)
     FROM parent
     CROSS JOIN item r
     LEFT JOIN key_decided d ON d.n = r.map_index

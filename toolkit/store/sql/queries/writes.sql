@@ -396,7 +396,10 @@ SELECT id, ''::text AS notify_toolkit_wakeup FROM woken;
 -- statement locked the task's row, which every sender locks too, so this snapshot has
 -- what was sent. Each task waiting for its branches then has as run_at the earliest timer
 -- of its waiting branches, or now when one of them has a wake not handled yet. The
--- rotation's marks (due_marks) count each such task as made due sooner.
+-- rotation's marks (due_marks) count each such task as made due sooner. (The clock is read
+-- outside any CASE, picked by an array subscript: element 1 when the condition holds, none
+-- when not. Citus refuses a function that is not immutable inside a CASE of a modifying
+-- statement, and a correlated sub-select without FROM.)
 WITH parked AS (
     SELECT p.task_id, p.fanout, p.name
     FROM jsonb_to_recordset(%(parked)s::jsonb) AS p(task_id bigint, fanout text, name text)
@@ -433,11 +436,11 @@ WITH parked AS (
             t.run_at,
             (SELECT min(b.run_at) FROM toolkit_branches b
              WHERE b.task_id = t.id AND b.tenant = t.tenant AND b.status = 'waiting'),
-            CASE WHEN t.id IN (SELECT task_id FROM ready)
-                      OR EXISTS (SELECT 1 FROM toolkit_branches b
-                                 WHERE b.task_id = t.id AND b.tenant = t.tenant
-                                   AND b.status = 'waiting' AND b.wakes > b.seen)
-                 THEN statement_timestamp() END)
+            (ARRAY[statement_timestamp()])[(
+                t.id IN (SELECT task_id FROM ready)
+                OR EXISTS (SELECT 1 FROM toolkit_branches b
+                           WHERE b.task_id = t.id AND b.tenant = t.tenant
+                             AND b.status = 'waiting' AND b.wakes > b.seen))::int])
     FROM due_in_statement
     WHERE t.id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.state = 'waiting' AND t.wait_reason = 'branches'
@@ -446,7 +449,7 @@ WITH parked AS (
     SELECT tenant, run_at AS at FROM due
 ),
 -- include: due_marks
-SELECT id, CASE WHEN run_at <= statement_timestamp() THEN '' END AS notify_toolkit_wakeup
+SELECT id, (ARRAY[''::text])[(run_at <= statement_timestamp())::int] AS notify_toolkit_wakeup
 FROM due;
 
 -- name: database_now
