@@ -325,6 +325,8 @@ async def test_a_worker_terminal_event_without_a_token(forge: Forge) -> None:
     assert await found(forge) == [(ViolationKind.TERMINAL_WRITE, final)]
 
 
+# a row moved to another tenant by hand: a distributed table keeps its rows' tenant
+@pytest.mark.one_postgresql
 async def test_a_record_under_another_tenant(forge: Forge) -> None:
     """Migration 0026: every event and evidence row carries its task's tenant."""
     await forge.event("claimed", 1)

@@ -10,7 +10,7 @@ import dataclasses
 
 import pytest
 
-from tests.helpers.inprocess import deploy_submit, drain, sql
+from tests.helpers.inprocess import deploy_submit, drain, make_due, sql
 from tests.helpers.workflows import THREE_STEPS, TIMER, definition
 from toolkit.checkpoint import BranchFrame, Checkpoint, Compensable, Compensation
 from toolkit.history.notebook import TaskBrowser, TaskDetail
@@ -209,10 +209,9 @@ async def test_a_step_the_deadline_abandoned_is_failed_and_on_timeout_done(
 ) -> None:
     (task_id,) = await deploy_submit(store, DEADLINE, [{}])
     await drain(store, DEADLINE)
-    await sql(
-        store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(), run_at = "
-        "statement_timestamp() WHERE id = %s", task_id,
-    )  # fmt: skip
+    await sql(store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp() WHERE id = %s",
+              task_id)  # fmt: skip
+    await make_due(store, task_id)
     await drain(store, DEADLINE)
     assert (await store.tasks.get(task_id)).result == "late"
     path = await path_of(store, DEADLINE, task_id)

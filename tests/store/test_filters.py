@@ -303,6 +303,8 @@ async def _plan_text(store: Store, name: str, params: dict[str, Any]) -> str:
         return "\n".join(row[0] for row in await cursor.fetchall())
 
 
+# one PostgreSQL's plan (a coordinator's EXPLAIN shows the distributed one)
+@pytest.mark.one_postgresql
 @pytest.mark.parametrize("name", ["list_tasks", "count_tasks"])
 async def test_a_tag_filter_reads_the_tags_index(store: Store, name: str) -> None:
     await _big(store)
@@ -313,6 +315,8 @@ async def test_a_tag_filter_reads_the_tags_index(store: Store, name: str) -> Non
     assert "Seq Scan" not in plan, plan
 
 
+# one PostgreSQL's plan (a coordinator's EXPLAIN shows the distributed one)
+@pytest.mark.one_postgresql
 @pytest.mark.parametrize("name", ["list_tasks", "count_tasks"])
 async def test_a_state_and_definition_filter_reads_the_definition_index(
     store: Store, name: str

@@ -31,7 +31,8 @@ from toolkit.definition import WorkflowDefinition
 from toolkit.store import Store
 from toolkit.store.queries import query
 
-pytestmark = pytest.mark.anyio
+#: One PostgreSQL's plans: a coordinator's EXPLAIN shows the distributed plan instead.
+pytestmark = [pytest.mark.anyio, pytest.mark.one_postgresql]
 
 TERMINAL, QUEUED, LEASED, WAITING = 5_000, 200, 50, 100
 #: Tenants besides the four of the mix (issue 20: the claim reads only those it picks).

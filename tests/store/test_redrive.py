@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.apps.counting import app, record_call
-from tests.helpers.inprocess import deploy_submit, drain, sql
+from tests.helpers.inprocess import deploy_submit, drain, make_due, sql
 from tests.helpers.workflows import definition
 from toolkit.application import EffectContext
 from toolkit.errors import NotRedrivable, RedriveRefused
@@ -359,8 +359,9 @@ steps:
 """
     (task_id,) = await deploy_submit(store, text, [{}])
     await drain(store, text)
-    await sql(store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(),"
-                     " run_at = statement_timestamp() WHERE id = %s", task_id)  # fmt: skip
+    await sql(store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp() WHERE id = %s",
+              task_id)  # fmt: skip
+    await make_due(store, task_id)
     await drain(store, text)
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "Timeout", task

@@ -50,6 +50,8 @@ async def _finish(store: Store, tasks: list[ClaimedTask]) -> None:
         assert await store.leases.commit(write) == "succeeded"
 
 
+# a write by hand keeps the rotation's marks by a trigger of one PostgreSQL's
+@pytest.mark.one_postgresql
 async def test_a_dry_tenant_leaves_the_rotation_until_its_task_is_due(store: Store) -> None:
     d = await _deployed(store)
     await store.tasks.submit(d, [{}], tenant="now")

@@ -110,6 +110,8 @@ async def _key_wakes(store: Store) -> list[tuple[Any, ...]]:
     return await sql(store, "SELECT concurrency_key FROM toolkit_key_wakes ORDER BY id")
 
 
+# the previous release's triggers, which the distribution drops
+@pytest.mark.one_postgresql
 async def test_the_previous_releases_statements_still_get_the_triggers_work(
     store: Store,
 ) -> None:
