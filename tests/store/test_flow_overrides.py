@@ -46,7 +46,9 @@ async def test_a_submit_shortens_the_quiet_period_of_its_key(store: Store) -> No
 
 async def test_a_submit_changes_the_rate_and_the_excess_of_a_throttle(store: Store) -> None:
     d = await _deployed(store, throttled("1/h"))
-    fast = FlowOverrides(rate="100/s").applied(d)
+    # three starts an hour: all three at once, and the next start an hour away however
+    # long the submits take (a rate per second would free one in milliseconds)
+    fast = FlowOverrides(rate="3/h").applied(d)
     ids = await store.tasks.submit(fast, [{"customer": "c"}] * 3)
     assert [round(await _start_in(store, i)) for i in ids] == [0, 0, 0]
     with pytest.raises(Throttled):
