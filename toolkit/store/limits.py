@@ -359,9 +359,7 @@ class Limits:
                 await cursor.execute(query("lock_task_for_limits"), fence_params(fence))
                 if await cursor.fetchone() is None:
                     raise LeaseLost(f"task {task_id}: lease lost before its limits were taken")
-                await cursor.execute(query("add_limit_buckets"), {"tenant": tenant, "names": names})
-                await cursor.execute(query("lock_limit_scopes"), {"tenant": tenant, "names": names})
-                scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
+                scopes = await _lock_scopes(cursor, tenant, names)
                 if not scopes:
                     return LimitGrant(await _now(conn))
                 await cursor.execute(
@@ -392,6 +390,27 @@ class Limits:
             return full.deferral
 
 
+async def _lock_scopes(
+    cursor: AsyncCursor[DictRow], tenant: str, names: Sequence[str]
+) -> dict[str, str]:
+    """Lock the bucket of each limit's scope, in name order; add the missing ones first.
+
+    A limit's first acquisition in a scope finds no bucket: the buckets are added (in name
+    order, after every existing one is locked), then all are locked again.
+
+    Returns:
+        Each limit the store holds, by name, with its scope.
+    """
+    params = {"tenant": tenant, "names": list(names)}
+    await cursor.execute(query("lock_limit_scopes"), params)
+    scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
+    if len(scopes) < len(names):  # a bucket missing (or a limit the store does not hold)
+        await cursor.execute(query("add_limit_buckets"), params)
+        await cursor.execute(query("lock_limit_scopes"), params)
+        scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
+    return scopes
+
+
 async def _take(
     cursor: AsyncCursor[DictRow],
     fence: Fence,
@@ -402,7 +421,7 @@ async def _take(
     """Take what an acquisition found room for, in its transaction.
 
     A token of each bucket of ``rated``; a slot of each limit of ``slotted``, their stale
-    slots deleted first.
+    slots (counted by ``limit_scope_state``) deleted first.
     """
     if rated:
         await cursor.execute(
@@ -418,7 +437,8 @@ async def _take(
             "token": fence.token,
             "occurrence": occurrence,
         }
-        await cursor.execute(query("delete_stale_limit_slots"), params)
+        if any(s["stale"] for s in slotted):
+            await cursor.execute(query("delete_stale_limit_slots"), params)
         await cursor.execute(query("take_limit_slots"), params)
 
 

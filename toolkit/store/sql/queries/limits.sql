@@ -154,10 +154,12 @@ WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s
 FOR NO KEY UPDATE;
 
 -- name: add_limit_buckets
--- The second: a bucket row for each limit's scope ('' for a global limit, the task's tenant
+-- When lock_limit_scopes found a limit without a bucket for its scope (its first
+-- acquisition there): a bucket row for each limit's scope ('' for a global limit, the task's tenant
 -- %(tenant)s for a per-tenant one) that has none yet, inserted in name order (a full
--- bucket), so the next statement can lock it. A statement of its own: the buckets are a
--- reference table on a store distributed by tenant, which Citus changes on every node.
+-- bucket), so that lock_limit_scopes, run again, locks it. A statement of its own: the
+-- buckets are a reference table on a store distributed by tenant, which Citus changes on
+-- every node.
 INSERT INTO toolkit_limit_buckets (name, scope, tokens)
 SELECT l.name, CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END, coalesce(l.burst, 0)
 FROM toolkit_limits l
@@ -183,8 +185,8 @@ FOR NO KEY UPDATE OF b;
 -- name: limit_scope_state
 -- For each locked (limit, scope) of %(names)s and %(scopes)s: the settings; in_use, the live
 -- slots of other step occurrences (a slot counts while its task holds the lease it was
--- taken under); first_free_seconds, when the earliest of those leases expires (seconds from
--- now); held, whether this occurrence (%(occurrence)s of task %(task_id)s of tenant
+-- taken under); stale, the other slots, whose lease is gone; first_free_seconds, when the
+-- earliest live lease expires (seconds from now); held, whether this occurrence (%(occurrence)s of task %(task_id)s of tenant
 -- %(tenant)s) already holds a slot under this lease (a call sent again after a lost
 -- connection); tokens, the bucket refilled to now; waiting, the other tasks waiting for the
 -- limit in this scope; and the database's now. The slots and the waiting tasks are counted
@@ -193,13 +195,16 @@ FOR NO KEY UPDATE OF b;
 WITH asked AS (
     SELECT * FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
 ), live AS (
-    SELECT x.name, x.scope, count(*) AS in_use,
+    SELECT x.name, x.scope,
+           count(t.id) AS in_use,
+           count(*) FILTER (WHERE t.id IS NULL AND x.task_id <> %(task_id)s) AS stale,
            extract(epoch FROM min(t.lease_expires_at) - statement_timestamp())::float8
                AS first_free_seconds
     FROM toolkit_limit_slots x
-    JOIN toolkit_tasks t ON t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
+    LEFT JOIN toolkit_tasks t
+      ON t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
+     AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     WHERE x.name = ANY(%(names)s::text[]) AND x.scope = ANY(%(scopes)s::text[])
-      AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
       AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
     GROUP BY x.name, x.scope
 ), held AS (
@@ -217,7 +222,8 @@ WITH asked AS (
     GROUP BY 1, 2
 )
 SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
-       coalesce(live.in_use, 0) AS in_use, live.first_free_seconds,
+       coalesce(live.in_use, 0) AS in_use, coalesce(live.stale, 0) AS stale,
+       live.first_free_seconds,
        held.name IS NOT NULL AS held,
        CASE WHEN l.rate_per_second IS NOT NULL
             THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
@@ -249,9 +255,9 @@ FROM rated r, toolkit_limits l, clock c
 WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name;
 
 -- name: delete_stale_limit_slots
--- Before slots of the limits %(slotted)s (scopes %(slotted_scopes)s) are taken: their slots
--- whose task's lease is gone are deleted (the scopes are locked by lock_limit_scopes). A
--- statement of its own: on a store distributed by tenant a global limit's slots are any
+-- Before slots of the limits %(slotted)s (scopes %(slotted_scopes)s) are taken, when
+-- limit_scope_state counted stale ones: their slots whose task's lease is gone are deleted
+-- (the scopes are locked by lock_limit_scopes). A statement of its own: on a store distributed by tenant a global limit's slots are any
 -- tenant's, on every shard, while the slots taken go to the task's.
 DELETE FROM toolkit_limit_slots x
 WHERE x.name = ANY(%(slotted)s::text[]) AND x.scope = ANY(%(slotted_scopes)s::text[])
