@@ -186,12 +186,13 @@ FOR NO KEY UPDATE OF b;
 -- For each locked (limit, scope) of %(names)s and %(scopes)s: the settings; in_use, the live
 -- slots of other step occurrences (a slot counts while its task holds the lease it was
 -- taken under); stale, the other slots, whose lease is gone; first_free_seconds, when the
--- earliest live lease expires (seconds from now); held, whether this occurrence (%(occurrence)s of task %(task_id)s of tenant
--- %(tenant)s) already holds a slot under this lease (a call sent again after a lost
--- connection); tokens, the bucket refilled to now; waiting, the other tasks waiting for the
--- limit in this scope; and the database's now. The slots and the waiting tasks are counted
--- grouped, then joined to the scopes (a store distributed by tenant counts them on every
--- shard: a global limit's slots are any tenant's).
+-- earliest live lease expires (seconds from now); held, whether this occurrence
+-- (%(occurrence)s of task %(task_id)s of tenant %(tenant)s) already holds a slot under this
+-- lease (a call sent again after a lost connection); tokens, the bucket refilled to now;
+-- waiting, the other tasks waiting for the limit in this scope; and the database's now.
+-- The slots and the waiting tasks are counted grouped, then joined to the scopes (a store
+-- distributed by tenant counts them on every shard: a global limit's slots are any
+-- tenant's).
 WITH asked AS (
     SELECT * FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
 ), live AS (
@@ -257,8 +258,9 @@ WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name;
 -- name: delete_stale_limit_slots
 -- Before slots of the limits %(slotted)s (scopes %(slotted_scopes)s) are taken, when
 -- limit_scope_state counted stale ones: their slots whose task's lease is gone are deleted
--- (the scopes are locked by lock_limit_scopes). A statement of its own: on a store distributed by tenant a global limit's slots are any
--- tenant's, on every shard, while the slots taken go to the task's.
+-- (the scopes are locked by lock_limit_scopes). A statement of its own: on a store
+-- distributed by tenant a global limit's slots are any tenant's, on every shard, while the
+-- slots taken go to the task's.
 DELETE FROM toolkit_limit_slots x
 WHERE x.name = ANY(%(slotted)s::text[]) AND x.scope = ANY(%(slotted_scopes)s::text[])
   AND x.task_id <> %(task_id)s
