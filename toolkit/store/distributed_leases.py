@@ -10,7 +10,7 @@ statement routed to the node that holds the tenant:
   by ``promote_tenant``), shares its batch among them by weight (:func:`batch_shares`),
   then claims each tenant's share (``claim_tenant_tasks``; a tenant with a ``max_active``
   in a transaction that locks its row first, ``lock_limited_tenant``); what a tenant
-  cannot fill goes to the tenants after it;
+  cannot fill goes to the tenants that filled their share, then to those given none;
 - tasks waiting for a concurrency key are admitted key by key
   (:func:`admit_keys_per_tenant`), each key's lock on the coordinator and its tasks on its
   tenant's shard;
