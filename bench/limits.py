@@ -36,17 +36,10 @@ import anyio
 from bench.noop_app import NOOP_HANDLER
 from bench.processes import run_workers
 from bench.side_by_side import Drain, ratio_table
-from bench.workload import (
-    SUBMIT_CHUNK,
-    bench_server,
-    scratch_database,
-    task_states,
-    write_definitions,
-)
+from bench.workload import bench_server, scratch_database, seed, task_states, write_definitions
 from toolkit.definition import WorkflowDefinition, parse_definition
 from toolkit.store import Store
 from toolkit.store.database import Database
-from toolkit.store.migrations import migrate
 
 VARIANTS = ("plain", "limited")
 
@@ -75,18 +68,11 @@ class OneStep:
         return parse_definition(self.yaml(), source=f"<{self.name}>")
 
 
-async def _seed(dsn: str, workload: OneStep, tasks: int) -> None:
+async def _set_limit(dsn: str) -> None:
+    """The limit the limited variant names, never full (set in both variants alike)."""
     db = await Database.connect(dsn)
     try:
-        await migrate(db)
-        store = Store(db)
-        await store.limits.set(LIMIT, max_concurrency=1_000_000)
-        definition = workload.definition()
-        await store.definitions.deploy(definition)
-        for start in range(0, tasks, SUBMIT_CHUNK):
-            await store.tasks.submit(definition, [{}] * min(SUBMIT_CHUNK, tasks - start))
-        async with db.connection() as conn:
-            await conn.execute("ANALYZE")
+        await Store(db).limits.set(LIMIT, max_concurrency=1_000_000)
     finally:
         await db.close()
 
@@ -97,7 +83,8 @@ def drain(server: str, variant: str, tasks: int, concurrency: int) -> Drain:
     with scratch_database(server, f"bench_limits_{variant}") as dsn, tempfile.TemporaryDirectory(
         prefix="bench-limits-"
     ) as folder:
-        anyio.run(_seed, dsn, workload, tasks)
+        seed(dsn, workload, tasks)
+        anyio.run(_set_limit, dsn)
         run = run_workers(dsn, write_definitions(Path(folder), [workload]), concurrency)
         states = task_states(dsn)
         if states != {"succeeded": tasks}:
