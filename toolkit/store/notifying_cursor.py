@@ -23,8 +23,11 @@ import logging
 from typing import TYPE_CHECKING, Any, LiteralString, Self, overload
 
 import psycopg
-from psycopg import AsyncCursor, pq
+from psycopg import AsyncCursor, AsyncRawCursor, pq
 from psycopg.abc import Params, Query, QueryNoTemplate
+from psycopg.sql import Composable
+
+from toolkit.store.placeholders import bind
 
 if TYPE_CHECKING:
     from psycopg._compat import Template  # string.templatelib's, where Python has it
@@ -37,8 +40,12 @@ NOTIFY_PREFIX = b"notify_"
 _SEND: LiteralString = "SELECT pg_notify(%s, payload) FROM unnest(%s::text[]) AS payload"
 
 
-class NotifyingCursor(AsyncCursor[Any]):
+class NotifyingCursor(AsyncRawCursor[Any]):
     """A cursor that sends the notifications its statement's result asks for.
+
+    Statements are written with psycopg's placeholders (``%(name)s``, ``%s``) and sent with
+    PostgreSQL's, converted once per statement text (`toolkit.store.placeholders`): a raw
+    cursor, so that psycopg does not parse the store's long statements on every execution.
 
     After each ``execute``, every result column named ``notify_<channel>`` has its distinct
     non-null values (or those of its arrays) sent on ``<channel>`` (text payloads, at most
@@ -73,8 +80,16 @@ class NotifyingCursor(AsyncCursor[Any]):
 
         Raises:
             psycopg.Error: the statement or its notifications failed.
+            TypeError: ``params`` do not suit the statement's placeholders (see `bind`).
         """
-        await super().execute(query, params, prepare=prepare, binary=binary)  # type: ignore[arg-type, misc]
+        sent: Query = query  # without parameters: sent as it is, ``%`` included, as psycopg does
+        if params is not None:
+            if isinstance(query, Composable):
+                query = query.as_string(self)
+            if not isinstance(query, str):
+                raise TypeError(f"a statement with parameters must be text, got {query!r}")
+            sent, params = bind(query, params)
+        await super().execute(sent, params, prepare=prepare, binary=binary)  # type: ignore[arg-type]
         # most statements ask for none: their text says so, without reading the result
         if not isinstance(query, str) or "notify_" in query:
             await send_notifications(self)
