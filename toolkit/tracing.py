@@ -123,7 +123,11 @@ def current() -> Span:
     return Span(trace.get_current_span() if trace is not None else None)
 
 
-@contextlib.contextmanager
+#: What `span` gives when nothing would be recorded or carried: one shared stand-in, so that
+#: an untraced step makes no generator and no context manager of its own (issue 22).
+_UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(Span())
+
+
 def span(
     name: str,
     attributes: Callable[[], Attributes],
@@ -131,7 +135,7 @@ def span(
     parent: str | None = None,
     links: Sequence[tuple[str, Attributes]] = (),
     consumer: bool = False,
-) -> Iterator[Span]:
+) -> contextlib.AbstractContextManager[Span]:
     """Run the block inside a new span, current for the block (handlers nest under it).
 
     Args:
@@ -143,20 +147,33 @@ def span(
         links: (traceparent, attributes) of spans this one follows from (earlier attempts).
         consumer: the span processes queued work (a cycle): span kind CONSUMER.
 
-    Yields:
-        The span (a stand-in doing nothing when the extra is not installed). An exception
-        leaving the block is recorded on the span and marks it failed.
+    Returns:
+        A context manager giving the span: a stand-in doing nothing when the extra is not
+        installed, or when no provider is configured and there is no trace to carry. An
+        exception leaving the block is recorded on the span and marks it failed.
     """
     if trace is None or propagate is None:
-        yield Span()
-        return
+        return _UNTRACED
     # No provider configured: nothing is recorded. Inside a trace, a non-recording span
     # still carries its context (a child workflow started here stays in the trace); outside
     # one there is nothing to carry.
     unconfigured = not _provider_configured()
     if unconfigured and parent is None and not trace.get_current_span().get_span_context().is_valid:
-        yield Span()
-        return
+        return _UNTRACED
+    return _span(name, attributes, parent, links, consumer, unconfigured)
+
+
+@contextlib.contextmanager
+def _span(
+    name: str,
+    attributes: Callable[[], Attributes],
+    parent: str | None,
+    links: Sequence[tuple[str, Attributes]],
+    consumer: bool,
+    unconfigured: bool,
+) -> Iterator[Span]:
+    """The span of `span` when one is recorded or carries a trace's context."""
+    assert trace is not None and propagate is not None
     context = propagate.extract({"traceparent": parent}) if parent else None
     if unconfigured:
         with _TRACER.start_as_current_span(name, context=context) as otel_span:

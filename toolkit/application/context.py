@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
@@ -16,6 +15,28 @@ import psycopg
 from toolkit.application.spend import SpendMeter
 from toolkit.errors import EffectCancelled, InputError
 from toolkit.store.tags import MAX_TAGS, check_tag
+
+
+class StopFlag:
+    """Set once a handler call should stop (``EffectContext.cancelled``).
+
+    Set from the event loop, read from the handler's thread: a plain attribute, whose write
+    and read are each atomic, so a call needs no lock, condition or event of its own (one is
+    made per call: issue 22). Nothing waits on it; a handler polls it between units of work.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        """Tell the call to stop."""
+        self._set = True
+
+    def is_set(self) -> bool:
+        """Whether the call was told to stop."""
+        return self._set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +72,7 @@ class EffectContext:
     _connection: Callable[[], AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]] = (
         dataclasses.field(repr=False)
     )
-    _stop: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    _stop: StopFlag = dataclasses.field(default_factory=StopFlag, repr=False)
     _spend: SpendMeter | None = dataclasses.field(default=None, repr=False)
     callback_token: str | None = None
     task_tags: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -16,7 +16,6 @@ import functools
 import json
 import math
 import random
-import threading
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -25,6 +24,7 @@ import anyio.lowlevel
 
 from toolkit import faults
 from toolkit.application import App, SpendLedger, SpendLimits
+from toolkit.application.context import StopFlag
 from toolkit.checkpoint import BranchFrame, Checkpoint, Frame
 from toolkit.definition import WorkflowDefinition
 from toolkit.engine.failures import Error
@@ -94,7 +94,7 @@ class CycleControl:
     cancel_requested: dict[str, Any] | None = None
     lease_lost: bool = False
     deadline: float = math.inf
-    call_stop: threading.Event | None = None
+    call_stop: StopFlag | None = None
     lease_deadline: float = -math.inf
     call_grace: float = 5.0
     calls: dict[int, tuple[float, str]] = dataclasses.field(default_factory=dict)
@@ -103,9 +103,9 @@ class CycleControl:
     outage_seen: bool = False
     checkpoint_window: float = 0.0
 
-    def new_call(self) -> threading.Event:
+    def new_call(self) -> StopFlag:
         """A fresh stop flag for the next handler call."""
-        self.call_stop = threading.Event()
+        self.call_stop = StopFlag()
         return self.call_stop
 
 
