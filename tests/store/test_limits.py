@@ -5,6 +5,7 @@ tasks through :class:`toolkit.store.limits.Limits`, and `toolkit limits` (the de
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from tests.apps.limited import app as limited_app
 from tests.helpers.inprocess import invoke
 from tests.helpers.processes import backdate_leases, query
+from tests.helpers.triggers import as_distributed
 from tests.helpers.workflows import PER_TENANT, SOLO, definition
 from toolkit import App, ConfigError, MissingLimits
 from toolkit.ops.doctor import diagnose
@@ -25,6 +27,7 @@ from toolkit.store.writes import NEVER, EvidenceRecord, FencedWrite
 pytestmark = pytest.mark.anyio
 
 OCCURRENCE = "call#1"
+HOUR = datetime.timedelta(hours=1)
 
 
 # --- declaration ----------------------------------------------------------------------------
@@ -120,6 +123,38 @@ async def test_a_full_limit_defers_and_the_outcome_releases_the_slot(store: Stor
         (second.id,),
     ) == [(True,)]
     assert isinstance(await acquire(store, third), LimitGrant)
+
+
+@pytest.mark.parametrize("layout", ["one server", "distributed by tenant"])
+async def test_a_released_global_slot_wakes_a_waiter_of_another_tenant(
+    store: Store, layout: str
+) -> None:
+    # A store distributed by tenant routes the group commit to the releasing tenant's shard:
+    # the waiter of another tenant is woken by a statement of its own, after the commit.
+    if layout == "distributed by tenant":
+        store = await as_distributed(store)
+    await store.limits.sync(limited_app.limit_specs)
+    (holder,) = await claimed(store, SOLO, 1, tenant="acme")
+    (waiter,) = await claimed(store, SOLO, 1, tenant="globex")
+    (bystander,) = await claimed(store, SOLO, 1, tenant="initech")
+    assert isinstance(await acquire(store, holder), LimitGrant)
+    wait = {"occurrence": OCCURRENCE, "limit": "solo", "scope": ""}
+    now = datetime.datetime.now(datetime.UTC)
+    # the bystander has waited less long (a later run_at): one slot freed wakes the waiter
+    for task, run_at in ((waiter, now + HOUR), (bystander, now + 2 * HOUR)):
+        assert isinstance(await acquire(store, task), LimitDeferral)
+        await store.leases.commit(
+            FencedWrite(task.fence("w"), {**task.checkpoint, "wait": wait}, state="waiting",
+                        wait_reason="limit", run_at=run_at.isoformat())
+        )  # fmt: skip
+    record = EvidenceRecord(OCCURRENCE, "call", "lim.solo", True, "k", "completed", 1, result=1)
+    await store.leases.commit(FencedWrite(holder.fence("w"), holder.checkpoint, evidence=(record,)))
+    due = query(
+        store.db.dsn,
+        "SELECT id, run_at <= clock_timestamp() FROM toolkit_tasks WHERE id = ANY(%s) ORDER BY id",
+        ([waiter.id, bystander.id],),
+    )
+    assert due == [(waiter.id, True), (bystander.id, False)], due
 
 
 async def test_an_expired_lease_holds_no_slot(store: Store) -> None:

@@ -30,8 +30,9 @@ would read every shard on every claim).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from psycopg import AsyncCursor
@@ -258,9 +259,23 @@ async def renew_per_tenant(
     return bool(registered and registered[0]["registered"]), rows
 
 
+@dataclasses.dataclass
+class ShardWrites:
+    """What one tenant's fenced writes came to (`record_on_shard`).
+
+    ``applied``: task id to applied state, as ``commit_fenced`` returns them;
+    ``limits_unwoken``: global limits whose released slots woke no task of the tenant, with
+    how many more waiters each may wake, once the transaction commits
+    (`wake_other_tenants`).
+    """
+
+    applied: dict[int, TaskState]
+    limits_unwoken: dict[str, int]
+
+
 async def record_on_shard(
     cursor: AsyncCursor[DictRow], writes: Sequence[FencedWrite], params: dict[str, Any]
-) -> dict[int, TaskState]:
+) -> ShardWrites:
     """One tenant's fenced writes on a distributed store, in the transaction of ``cursor``.
 
     ``commit_fenced_on_shard`` (routed to the tenant's shard), then what it leaves to
@@ -274,10 +289,11 @@ async def record_on_shard(
         params: ``commit_fenced``'s parameters.
 
     Returns:
-        Task id to applied state, as ``commit_fenced`` returns them.
+        What they applied, and the global limits' waiters left to wake.
     """
     await cursor.execute(query("commit_fenced_on_shard"), params)
     rows = await cursor.fetchall()
+    unwoken = next((row["limits_unwoken"] for row in rows if row["limits_unwoken"]), None)
     fresh = [row for row in rows if row["cancelling"] is not None]  # not replayed
     if fresh:
         by_task = {write.fence.task_id: write for write in writes}
@@ -306,4 +322,28 @@ async def record_on_shard(
                     "states": [row["state"] for row in runs],
                 },
             )
-    return {row["id"]: TaskState(row["state"]) for row in rows}
+    applied = {row["id"]: TaskState(row["state"]) for row in rows}
+    return ShardWrites(applied, {name: int(n) for name, n in (unwoken or {}).items()})
+
+
+async def wake_other_tenants(db: Database, tenant: str, limits: Mapping[str, int]) -> None:
+    """Wake the longest waiters of other tenants for global limits whose slots were freed.
+
+    On a store distributed by tenant, a group commit of ``tenant``'s writes is routed to its
+    shard: a released slot of a global limit wakes a waiting task of that tenant in the same
+    statement, and this wakes those of the other tenants (docs/limits.md), after the commit
+    (so that a woken task finds the slot free). Each limit's ``n`` longest waiters are read
+    without a lock (``oldest_limit_waiters``), then made due tenant by tenant
+    (``wake_limit_waiters``); a task made due finds its slot, or waits again.
+
+    Args:
+        db: the store's database.
+        tenant: the tenant whose writes released the slots.
+        limits: limit name to how many waiters to wake.
+    """
+    for name, n in sorted(limits.items()):
+        rows = await db.fetch_all("oldest_limit_waiters", {"name": name, "tenant": tenant, "n": n})
+        for row in rows:
+            await db.fetch_one(
+                "wake_limit_waiters", {"name": name, "tenant": row["tenant"], "ids": row["ids"]}
+            )

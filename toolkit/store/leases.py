@@ -27,6 +27,7 @@ from toolkit.store.distributed_leases import (
     claim_per_tenant,
     record_on_shard,
     renew_per_tenant,
+    wake_other_tenants,
 )
 from toolkit.store.distribution import is_distributed
 from toolkit.store.fence import Fence
@@ -390,11 +391,14 @@ class Leases:
                 )
             return applied
         (worker_id,) = {write.fence.worker_id for write in writes}
-        tenant = tenants[0] if len(tenants) == 1 else None  # due_marks: null for several
+        tenant = tenants[0] if len(tenants) == 1 else None
         params = {
             "worker_id": worker_id,
             "writes": Jsonb([write_json(w) for w in writes]),
-            "tenant": tenant,
+            # the tenant whose rows the statement touches, to route it on a distributed
+            # store; null on one server, where a released limit slot may make a task of any
+            # tenant due, and the rotation's marks (due_marks) must cover that tenant too
+            "tenant": tenant if distributed else None,
             # a released limit slot wakes waiting tasks of any tenant, or on a distributed
             # store of this batch's alone (its statement is routed to the tenant's shard)
             "wake_within": tenant if distributed else None,
@@ -413,10 +417,12 @@ class Leases:
         if not waits and not parking and not ending and not distributed:
             rows = await self._db.fetch_all("commit_fenced", params)  # the hot path
             return {row["id"]: TaskState(row["state"]) for row in rows}
+        unwoken: dict[str, int] = {}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
             if distributed:
-                applied = await record_on_shard(cursor, writes, params)
+                on_shard = await record_on_shard(cursor, writes, params)
+                applied, unwoken = on_shard.applied, on_shard.limits_unwoken
             else:
                 await cursor.execute(query("commit_fenced"), params)
                 applied = {row["id"]: TaskState(row["state"]) for row in await cursor.fetchall()}
@@ -446,6 +452,9 @@ class Leases:
                 wake = ended_children(ended, tenant)
                 assert wake is not None
                 await cursor.execute(query(wake[0]), wake[1])
+        if unwoken:  # after the commit: a task made due finds its slot free
+            assert tenant is not None
+            await wake_other_tenants(self._db, tenant, unwoken)
         return applied
 
     async def next_signal(

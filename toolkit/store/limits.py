@@ -297,7 +297,9 @@ class Limits:
             },
         )
         for row in await self._db.fetch_all("limit_waiting_tenants", {"name": name}):
-            await self._db.fetch_one("wake_limit_waiters", {"name": name, "tenant": row["tenant"]})
+            await self._db.fetch_one(
+                "wake_limit_waiters", {"name": name, "tenant": row["tenant"], "ids": None}
+            )
         return await self.get(name)
 
     async def get(self, name: str) -> LimitRecord:

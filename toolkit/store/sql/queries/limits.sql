@@ -64,11 +64,30 @@ FROM toolkit_tasks
 WHERE state = 'waiting' AND wait_reason = 'limit' AND checkpoint -> 'wait' ->> 'limit' = %(name)s
 ORDER BY tenant;
 
+-- name: oldest_limit_waiters
+-- On a store distributed by tenant, after a group commit of tenant %(tenant)s released
+-- slots of global limit %(name)s that woke none of its own tasks: the %(n)s tasks of the
+-- other tenants waiting longest for it (read without a lock; wake_limit_waiters then makes
+-- them due, tenant by tenant).
+SELECT tenant, array_agg(id) AS ids
+FROM (
+    SELECT tenant, id
+    FROM toolkit_tasks
+    WHERE state = 'waiting' AND wait_reason = 'limit'
+      AND checkpoint -> 'wait' ->> 'limit' = %(name)s AND checkpoint -> 'wait' ->> 'scope' = ''
+      AND tenant <> %(tenant)s AND run_at > statement_timestamp()
+    ORDER BY run_at
+    LIMIT %(n)s
+) oldest
+GROUP BY tenant
+ORDER BY tenant;
+
 -- name: wake_limit_waiters
--- After an operator's change of limit %(name)s: the tasks of tenant %(tenant)s waiting for
--- it are made due at once (a raised limit may have room) and idle workers are woken. One
--- statement per tenant (routed to its shard on a store distributed by tenant). The
--- rotation's marks: due_marks.
+-- The tasks of tenant %(tenant)s waiting for limit %(name)s (those of %(ids)s alone, when
+-- not null) are made due at once and idle workers are woken: after an operator's change of
+-- the limit (a raised limit may have room), or a released slot of a global limit on a
+-- store distributed by tenant (oldest_limit_waiters). One statement per tenant (routed to
+-- its shard on a store distributed by tenant). The rotation's marks: due_marks.
 WITH
 -- include: due_in_statement
 , woken AS (
@@ -77,6 +96,7 @@ WITH
     FROM due_in_statement
     WHERE t.tenant = %(tenant)s AND t.state = 'waiting' AND t.wait_reason = 'limit'
       AND t.checkpoint -> 'wait' ->> 'limit' = %(name)s
+      AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND t.run_at > statement_timestamp()
     RETURNING t.tenant, t.run_at
 ), made_due AS (

@@ -289,7 +289,7 @@ budget_use AS (
 ), limit_woken AS (
     -- Each released slot makes the first task waiting for its limit and scope due now: of
     -- any tenant, or of %(wake_within)s alone (a store distributed by tenant routes the
-    -- statement to one shard: other tenants' waiters look again at their run_at).
+    -- statement to one shard: limits_unwoken tells the caller what is left to wake).
     UPDATE toolkit_tasks t
     SET run_at = statement_timestamp()
     FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
@@ -306,7 +306,17 @@ budget_use AS (
         FOR NO KEY UPDATE SKIP LOCKED
     ) x
     WHERE t.id = x.id AND (%(wake_within)s::text IS NULL OR t.tenant = %(wake_within)s)
-    RETURNING t.id, t.tenant, t.run_at
+    RETURNING t.id, t.tenant, t.run_at, r.name, r.scope
+), limits_unwoken AS (
+    -- With %(wake_within)s set: the global limits whose released slots found fewer waiters
+    -- of this tenant to wake, and how many more each may wake. After the commit, the caller
+    -- wakes the longest waiters of the other tenants (oldest_limit_waiters).
+    SELECT r.name, r.n - count(w.id) AS n
+    FROM (SELECT name, count(*) AS n FROM released_slots WHERE scope = '' GROUP BY name) r
+    LEFT JOIN limit_woken w ON w.name = r.name AND w.scope = ''
+    WHERE %(wake_within)s::text IS NOT NULL
+    GROUP BY r.name, r.n
+    HAVING r.n > count(w.id)
 ), made_due AS (
     SELECT tenant, run_at AS at FROM guard
     WHERE state IN ('queued', 'waiting') AND run_at < lease_due
@@ -332,10 +342,11 @@ SELECT id, state, cancelling,
        CASE WHEN key_held AND state IN ('succeeded', 'failed', 'cancelled')
             THEN concurrency_key END AS released_key,
        (SELECT wakeup FROM notices) AS notify_toolkit_wakeup,
-       (SELECT ended FROM notices) AS notify_toolkit_task_ended
+       (SELECT ended FROM notices) AS notify_toolkit_task_ended,
+       (SELECT jsonb_object_agg(name, n) FROM limits_unwoken) AS limits_unwoken
 FROM guard
 UNION ALL
-SELECT id, state, NULL, NULL, NULL, NULL, NULL, NULL FROM replayed
+SELECT id, state, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM replayed
 
 -- name: next_signal
 -- The oldest signal of these names not consumed yet, nor taken by this cycle (%(taken)s ids:
