@@ -23,8 +23,8 @@ each peer's in the same round (median, min-max). All numbers are measurements; n
 asserts a timing, and CI does not run it.
 
 Run: ``.venv/bin/python bench/peers/compare.py [--jobs 10000] [--rounds 3]
-[--concurrency 32] [--five-concurrency 8] [--dsn SERVER_DSN] [--venv PATH]``; without
-``--dsn`` a temporary embedded server is used.
+[--concurrency 32] [--five-concurrency 8] [--dsn SERVER_DSN] [--venv PATH]
+[--systems runifold,pgqueuer,...]``; without ``--dsn`` a temporary embedded server is used.
 """
 
 from __future__ import annotations
@@ -169,13 +169,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--five-concurrency", type=int, default=8)
     parser.add_argument("--dsn", help="a server DSN (default: a temporary embedded server)")
     parser.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="the peers' virtualenv")
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help="the systems to run, comma-separated (default: all; a ratio needs its baseline)",
+    )
     args = parser.parse_args(argv)
+    systems = [name.strip() for name in args.systems.split(",") if name.strip()]
+    unknown = sorted(set(systems) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"unknown systems {unknown}: choose among {', '.join(SYSTEMS)}")
+    for name in systems:
+        if BASELINE.get(name, "runifold") not in systems:
+            parser.error(f"{name!r} is compared with {BASELINE.get(name, 'runifold')!r}: run both")
     python = peers_python(args.venv)
     rounds = []
     with bench_server(args.dsn) as server:
         for n in range(args.rounds):
             drains = {}
-            for system in SYSTEMS:
+            for system in (name for name in SYSTEMS if name in systems):
                 name = f"bench_peer_{system.replace(' ', '_').replace('-', '_')}"
                 with scratch_database(server, name) as dsn:
                     drains[system] = DRAINS[system](
@@ -190,10 +202,11 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.rounds} rounds; jobs/s counts workflows")  # fmt: skip
     print(ratio_table(rounds, "job", lambda name: BASELINE.get(name, "runifold"),
                       baseline_over=True))  # fmt: skip
-    five = [{name: r[name] for name in ("runifold 5-step, window", "dbos 5-step")}
-            for r in rounds]  # fmt: skip
-    print("\nfive-step with the checkpoint window, against DBOS in the same rounds:")
-    print(ratio_table(five, "job", "runifold 5-step, window", baseline_over=True))
+    if {"runifold 5-step, window", "dbos 5-step"} <= set(systems):
+        five = [{name: r[name] for name in ("runifold 5-step, window", "dbos 5-step")}
+                for r in rounds]  # fmt: skip
+        print("\nfive-step with the checkpoint window, against DBOS in the same rounds:")
+        print(ratio_table(five, "job", "runifold 5-step, window", baseline_over=True))
 
 
 if __name__ == "__main__":
