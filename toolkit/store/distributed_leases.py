@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,11 +40,14 @@ from psycopg import AsyncCursor
 from psycopg.rows import DictRow, dict_row
 from psycopg.types.json import Jsonb
 
+from toolkit.errors import ToolkitError
 from toolkit.lifecycle import TaskState
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import FencedWrite, write_json
+
+logger = logging.getLogger(__name__)
 
 
 def batch_shares(limit: int, weights: Sequence[float]) -> list[int]:
@@ -336,14 +340,24 @@ async def wake_other_tenants(db: Database, tenant: str, limits: Mapping[str, int
     without a lock (``oldest_limit_waiters``), then made due tenant by tenant
     (``wake_limit_waiters``); a task made due finds its slot, or waits again.
 
+    The writes have committed: a failure here is logged, not raised (their writers must
+    not send them again), and the waiters look again at their own time, at most 30 s later.
+
     Args:
         db: the store's database.
         tenant: the tenant whose writes released the slots.
         limits: limit name to how many waiters to wake.
     """
-    for name, n in sorted(limits.items()):
-        rows = await db.fetch_all("oldest_limit_waiters", {"name": name, "tenant": tenant, "n": n})
-        for row in rows:
-            await db.fetch_one(
-                "wake_limit_waiters", {"name": name, "tenant": row["tenant"], "ids": row["ids"]}
-            )
+    try:
+        for name, n in sorted(limits.items()):
+            params = {"name": name, "tenant": tenant, "n": n}
+            for row in await db.fetch_all("oldest_limit_waiters", params):
+                await db.fetch_one(
+                    "wake_limit_waiters",
+                    {"name": name, "tenant": row["tenant"], "ids": row["ids"]},
+                )
+    except ToolkitError as exc:
+        logger.warning(
+            "waiters of other tenants for limits %s not woken (they look again later): %s",
+            sorted(limits), exc, extra={"action": "limit_wake_failed", "tenant": tenant},
+        )  # fmt: skip
