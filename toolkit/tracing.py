@@ -119,13 +119,21 @@ class Span:
 
 
 def current() -> Span:
-    """The current span, to add attributes to (a step kind adds its own to its step's)."""
-    return Span(trace.get_current_span() if trace is not None else None)
+    """The current span, to add attributes to (a step kind adds its own to its step's).
+
+    A stand-in when no tracer provider is configured: no span is recorded then, and its
+    attributes would go nowhere.
+    """
+    if trace is None or not _provider_configured():
+        return _NO_SPAN
+    return Span(trace.get_current_span())
 
 
-#: What `span` gives when nothing would be recorded or carried: one shared stand-in, so that
-#: an untraced step makes no generator and no context manager of its own (issue 22).
-_UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(Span())
+#: The stand-in span (records nothing), shared.
+_NO_SPAN = Span()
+#: What `span` gives when nothing would be recorded or carried: one shared context manager,
+#: so that an untraced step makes no generator and no context manager of its own (issue 22).
+_UNTRACED: contextlib.nullcontext[Span] = contextlib.nullcontext(_NO_SPAN)
 
 
 def span(
