@@ -143,7 +143,7 @@ async def test_a_released_global_slot_wakes_a_waiter_of_another_tenant(
     assert isinstance(await acquire(store, holder), LimitGrant)
     wait = {"occurrence": OCCURRENCE, "limit": "solo", "scope": ""}
     now = datetime.datetime.now(datetime.UTC)
-    # the bystander has waited less long (a later run_at): one slot freed wakes the waiter
+    # the bystander is due later: one slot freed wakes the waiter alone
     for task, run_at in ((waiter, now + HOUR), (bystander, now + 2 * HOUR)):
         assert isinstance(await acquire(store, task), LimitDeferral)
         await store.leases.commit(

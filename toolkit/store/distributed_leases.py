@@ -331,13 +331,13 @@ async def record_on_shard(
 
 
 async def wake_other_tenants(db: Database, tenant: str, limits: Mapping[str, int]) -> None:
-    """Wake the longest waiters of other tenants for global limits whose slots were freed.
+    """Wake the next waiters of other tenants for global limits whose slots were freed.
 
     On a store distributed by tenant, a group commit of ``tenant``'s writes is routed to its
     shard: a released slot of a global limit wakes a waiting task of that tenant in the same
     statement, and this wakes those of the other tenants (docs/limits.md), after the commit
-    (so that a woken task finds the slot free). Each limit's ``n`` longest waiters are read
-    without a lock (``oldest_limit_waiters``), then made due tenant by tenant
+    (so that a woken task finds the slot free). Each limit's ``n`` waiters due soonest are read
+    without a lock (``next_limit_waiters``), then made due tenant by tenant
     (``wake_limit_waiters``); a task made due finds its slot, or waits again.
 
     The writes have committed: a failure here is logged, not raised (their writers must
@@ -351,7 +351,7 @@ async def wake_other_tenants(db: Database, tenant: str, limits: Mapping[str, int
     try:
         for name, n in sorted(limits.items()):
             params = {"name": name, "tenant": tenant, "n": n}
-            for row in await db.fetch_all("oldest_limit_waiters", params):
+            for row in await db.fetch_all("next_limit_waiters", params):
                 await db.fetch_one(
                     "wake_limit_waiters",
                     {"name": name, "tenant": row["tenant"], "ids": row["ids"]},

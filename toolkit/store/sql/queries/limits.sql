@@ -64,10 +64,10 @@ FROM toolkit_tasks
 WHERE state = 'waiting' AND wait_reason = 'limit' AND checkpoint -> 'wait' ->> 'limit' = %(name)s
 ORDER BY tenant;
 
--- name: oldest_limit_waiters
+-- name: next_limit_waiters
 -- On a store distributed by tenant, after a group commit of tenant %(tenant)s released
 -- slots of global limit %(name)s that woke none of its own tasks: the %(n)s tasks of the
--- other tenants waiting longest for it (read without a lock; wake_limit_waiters then makes
+-- other tenants waiting for it that are due soonest (read without a lock; wake_limit_waiters then makes
 -- them due, tenant by tenant).
 SELECT tenant, array_agg(id) AS ids
 FROM (
@@ -86,7 +86,7 @@ ORDER BY tenant;
 -- The tasks of tenant %(tenant)s waiting for limit %(name)s (those of %(ids)s alone, when
 -- not null) are made due at once and idle workers are woken: after an operator's change of
 -- the limit (a raised limit may have room), or a released slot of a global limit on a
--- store distributed by tenant (oldest_limit_waiters). One statement per tenant (routed to
+-- store distributed by tenant (next_limit_waiters). One statement per tenant (routed to
 -- its shard on a store distributed by tenant). The rotation's marks: due_marks.
 WITH
 -- include: due_in_statement

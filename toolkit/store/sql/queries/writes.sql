@@ -310,7 +310,7 @@ budget_use AS (
 ), limits_unwoken AS (
     -- With %(wake_within)s set: the global limits whose released slots found fewer waiters
     -- of this tenant to wake, and how many more each may wake. After the commit, the caller
-    -- wakes the longest waiters of the other tenants (oldest_limit_waiters).
+    -- wakes the next waiters of the other tenants (next_limit_waiters).
     SELECT r.name, r.n - count(w.id) AS n
     FROM (SELECT name, count(*) AS n FROM released_slots WHERE scope = '' GROUP BY name) r
     LEFT JOIN limit_woken w ON w.name = r.name AND w.scope = ''
