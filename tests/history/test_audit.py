@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.inprocess import deploy_submit, drain, expire_leases, sql
+from tests.helpers.inprocess import deploy_submit, drain, expire_leases, make_due, sql
 from tests.helpers.workflows import FIVE_SLOW_STEPS, THREE_STEPS, definition
 from toolkit.application import App
 from toolkit.engine import Interpreter
@@ -346,6 +346,7 @@ async def test_audit_all_counts_by_kind(store: Store) -> None:
     await drain(store, THREE_STEPS)
     for task_id in (stale, double):
         await sql(store, "UPDATE toolkit_tasks SET state = 'queued' WHERE id = %s", task_id)
+    await make_due(store, stale, double)  # the rotation is told: a cluster has no trigger
     await Forge(store, stale).event("waiting", 0)
     await Forge(store, double).evidence("second#1", "started", 1, idempotent=False)
 
