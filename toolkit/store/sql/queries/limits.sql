@@ -67,8 +67,8 @@ ORDER BY tenant;
 -- name: next_limit_waiters
 -- On a store distributed by tenant, after a group commit of tenant %(tenant)s released
 -- slots of global limit %(name)s that woke none of its own tasks: the %(n)s tasks of the
--- other tenants waiting for it that are due soonest (read without a lock; wake_limit_waiters then makes
--- them due, tenant by tenant).
+-- other tenants waiting for it that are due soonest (read without a lock;
+-- wake_limit_waiters then makes them due, tenant by tenant).
 SELECT tenant, array_agg(id) AS ids
 FROM (
     SELECT tenant, id
@@ -78,7 +78,7 @@ FROM (
       AND tenant <> %(tenant)s AND run_at > statement_timestamp()
     ORDER BY run_at
     LIMIT %(n)s
-) oldest
+) soonest
 GROUP BY tenant
 ORDER BY tenant;
 
