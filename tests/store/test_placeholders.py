@@ -30,7 +30,8 @@ def test_every_stored_statement_converts_as_psycopg_converts_it(name: str) -> No
 
 def test_named_placeholders_bind_each_name_once_in_order_of_first_use() -> None:
     converted = convert("SELECT %(b)s, %(a)s, %(b)s WHERE x %% 2 = 0 AND y LIKE 'a%%'")
-    assert converted == Converted("SELECT $1, $2, $1 WHERE x % 2 = 0 AND y LIKE 'a%'", ("b", "a"), 2)
+    text = "SELECT $1, $2, $1 WHERE x % 2 = 0 AND y LIKE 'a%'"
+    assert converted == Converted(text, ("b", "a"), 2)
     assert bind("SELECT %(b)s, %(a)s, %(b)s", {"a": 1, "b": 2, "c": 3}) == (
         "SELECT $1, $2, $1",
         [2, 1],
