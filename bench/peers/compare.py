@@ -11,7 +11,7 @@ Each round, on fresh databases of one server, in turn:
 - ``dbos``: ``--jobs`` one-step DBOS workflows on a queue, drained by one DBOS process at
   ``--concurrency`` (``worker_concurrency``; the queue polled every 0.1 s);
 - ``runifold 5-step`` and ``dbos 5-step``: ``--jobs``/5 five-step no-op workflows of each,
-  at ``--five-concurrency``; ``runifold 5-step, window`` the same with the worker's
+  at ``--five-concurrency``; ``runifold 5-step windowed`` the same with the worker's
   ``--checkpoint-window 0.5`` (the five outcomes of a cycle share its last write).
 
 The peers are pinned in ``bench/peers/requirements.txt`` and installed into their own
@@ -57,14 +57,14 @@ HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
 DEFAULT_VENV = Path(tempfile.gettempdir()) / "runifold-bench-peers"
 SYSTEMS = ("runifold", "pgqueuer", "procrastinate", "dbos", "runifold 5-step",
-           "runifold 5-step, window", "dbos 5-step")  # fmt: skip
-#: The worker options of ``runifold 5-step, window``.
+           "runifold 5-step windowed", "dbos 5-step")  # fmt: skip
+#: The worker options of ``runifold 5-step windowed``.
 WINDOW = ("--checkpoint-window", "0.5")
 #: What each system is compared with: the one-step runifold, or the five-step.
 BASELINE = {
     "dbos 5-step": "runifold 5-step",
     "runifold 5-step": "runifold 5-step",
-    "runifold 5-step, window": "runifold 5-step",
+    "runifold 5-step windowed": "runifold 5-step",
 }
 
 
@@ -119,7 +119,7 @@ def drain_runifold(
         raise SystemExit(f"runifold: the drain ended with {task_states(dsn)}")
     spent = None if before is None or after is None else after - before
     name = "runifold" if steps == 1 else f"runifold {steps}-step"
-    name += ", window" if options else ""
+    name += " windowed" if options else ""
     return Drain(name, jobs, run.wall, run.cpu, spent)
 
 
@@ -154,7 +154,7 @@ DRAINS: dict[str, Callable[[str, int, int, Path, int], Drain]] = {
     "runifold 5-step": lambda dsn, jobs, _, python, c5: drain_runifold(
         dsn, jobs // 5, c5, python, steps=5
     ),
-    "runifold 5-step, window": lambda dsn, jobs, _, python, c5: drain_runifold(
+    "runifold 5-step windowed": lambda dsn, jobs, _, python, c5: drain_runifold(
         dsn, jobs // 5, c5, python, steps=5, options=WINDOW
     ),
     "dbos 5-step": lambda dsn, jobs, _, python, c5: drain_dbos(dsn, jobs // 5, c5, python, 5),
@@ -202,11 +202,11 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"{args.rounds} rounds; jobs/s counts workflows")  # fmt: skip
     print(ratio_table(rounds, "job", lambda name: BASELINE.get(name, "runifold"),
                       baseline_over=True))  # fmt: skip
-    if {"runifold 5-step, window", "dbos 5-step"} <= set(systems):
-        five = [{name: r[name] for name in ("runifold 5-step, window", "dbos 5-step")}
+    if {"runifold 5-step windowed", "dbos 5-step"} <= set(systems):
+        five = [{name: r[name] for name in ("runifold 5-step windowed", "dbos 5-step")}
                 for r in rounds]  # fmt: skip
         print("\nfive-step with the checkpoint window, against DBOS in the same rounds:")
-        print(ratio_table(five, "job", "runifold 5-step, window", baseline_over=True))
+        print(ratio_table(five, "job", "runifold 5-step windowed", baseline_over=True))
 
 
 if __name__ == "__main__":

@@ -110,3 +110,64 @@ async def test_a_worker_that_stops_right_after_starting_cancels_no_statement(
             await WorkflowSupervisor(worker, config).run()
     noise = [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")]
     assert not noise, noise
+
+
+async def test_a_slot_is_claimed_again_while_its_last_write_is_on_its_way(store: Store) -> None:
+    """A cycle's last write (one that releases its lease) frees its slot for the next claim
+    as it is sent, not once it is applied: the claim and the write overlap (issue 22)."""
+    text = """
+name: gated
+version: 1
+input: {type: object}
+start: call
+steps:
+  call: {effect: gate.call, idempotent: true, args: {hold: "${ input.hold }"}}
+"""
+    first, second = await submit(store, text, [{"hold": True}, {"hold": False}])
+    gated = App("gated")
+    entered, released = anyio.Event(), anyio.Event()
+    called: list[bool] = []
+
+    @gated.effect("gate.call")
+    async def call(ctx: Any, hold: bool) -> dict[str, Any]:
+        called.append(hold)
+        if hold:
+            entered.set()
+            await released.wait()
+        return {}
+
+    worker = Worker(store, gated, [definition(text)])
+    # No renewal while the lock is held (it would wait for it too), and no lease presumed
+    # lost, which would free the slot as well.
+    config = SupervisorConfig(
+        concurrency=1, until_idle=True, lease=60.0, heartbeat=20.0,
+        idle_backoff_min=0.01, idle_backoff_max=0.1,
+    )  # fmt: skip
+    tenant = (await store.tasks.get(first)).tenant
+
+    async def hold_the_first_write() -> None:
+        await entered.wait()
+        async with store.db.connection() as conn, conn.transaction():
+            # the first task's row locked: its last write waits for this transaction
+            await conn.execute(
+                "SELECT 1 FROM toolkit_tasks WHERE id = %s AND tenant = %s FOR UPDATE",
+                (first, tenant),
+            )
+            released.set()
+
+            async def second_called() -> bool:
+                return len(called) == 2
+
+            await eventually(
+                second_called, timeout=15.0, what="the second task's call, one slot in all"
+            )
+            task = await store.tasks.get(first)
+            assert task.state == "leased", task  # its last write still waits for the lock
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold_the_first_write)
+            report = await WorkflowSupervisor(worker, config).run()
+    assert called == [True, False]
+    states = [(await store.tasks.get(task_id)).state for task_id in (first, second)]
+    assert states == ["succeeded", "succeeded"], report

@@ -44,7 +44,7 @@ from toolkit.store import Store
     type=click.Path(path_type=Path),
     help="Definition files or folder this worker runs.",
 )
-@click.option("--concurrency", default=8, show_default=True, help="Cycles in flight at most.")
+@click.option("--concurrency", default=8, show_default=True, help="Cycles running steps at most.")
 @click.option("--claim-batch", default=16, show_default=True, help="Tasks per claim at most.")
 @click.option(
     "--worker-id",

@@ -53,7 +53,9 @@ class SupervisorConfig:
     """How a supervisor runs its worker. Durations are in seconds.
 
     Attributes:
-        concurrency: cycles in flight at most (this process only; DESIGN §2).
+        concurrency: cycles running steps at most (this process only; DESIGN §2). A cycle
+            whose last write (the one that releases its lease) is on its way no longer
+            counts: its slot is claimed again while that write is applied.
         claim_batch: tasks claimed per claim statement at most.
         lease: lease duration.
         heartbeat: interval between lease renewals; at most a third of ``lease``.

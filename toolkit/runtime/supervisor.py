@@ -79,6 +79,9 @@ class WorkflowSupervisor:
         #: Cycles given up: their handler call ignored its cancellation (see `_give_up`).
         self._abandoned: set[asyncio.Task[None]] = set()
         self._in_flight = 0
+        #: Cycles whose last write (one that releases the lease) is on its way: their slots
+        #: may be claimed again meanwhile (see `_commit`).
+        self._ending = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._group_commit = GroupCommit(worker.store.leases)
@@ -95,11 +98,18 @@ class WorkflowSupervisor:
 
     async def _commit(self, write: FencedWrite) -> TaskState:
         """The group commit, watched for outages."""
+        ending = write.state != TaskState.LEASED
+        if ending:
+            self._ending += 1
+            self._wake.set()
         try:
             state = await self._group_commit.commit(write)
         except DatabaseUnavailable as exc:
             self._outage.failed(exc)
             raise
+        finally:
+            if ending:
+                self._ending -= 1
         self._outage.succeeded()
         return state
 
@@ -188,7 +198,7 @@ class WorkflowSupervisor:
         # rather than claiming one task each time one cycle ends.
         refill = max(1, min(config.claim_batch, config.concurrency) // 2)
         while not shutdown.cancelled:
-            free = config.concurrency - self._in_flight
+            free = config.concurrency - self._in_flight + self._ending
             if free <= 0 or (free < refill and self._in_flight > 0):
                 await self._idle(None)
                 continue
