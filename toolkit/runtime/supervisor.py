@@ -79,8 +79,7 @@ class WorkflowSupervisor:
         #: Cycles given up: their handler call ignored its cancellation (see `_give_up`).
         self._abandoned: set[asyncio.Task[None]] = set()
         self._in_flight = 0
-        #: Cycles whose last write (one that releases the lease) is on its way: their slots
-        #: may be claimed again meanwhile (see `_commit`).
+        #: Cycles whose last write is on its way: their slots are free to claim (`_commit`).
         self._ending = 0
         self._wake = anyio.Event()
         self._drained = anyio.Event()
