@@ -9,12 +9,13 @@ import datetime
 import json
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.apps.limited import app as limited_app
 from tests.helpers.citus import on_citus
 from tests.helpers.inprocess import invoke
-from tests.helpers.processes import backdate_leases, query
+from tests.helpers.processes import backdate_leases, eventually, query
 from tests.helpers.triggers import as_distributed
 from tests.helpers.workflows import PER_TENANT, SOLO, definition
 from toolkit import App, ConfigError, MissingLimits
@@ -222,6 +223,48 @@ async def test_the_lease_fences_an_acquisition(store: Store) -> None:
         stale = dataclasses.replace(task.fence("w"), token=task.token + 1)
         await store.limits.acquire(stale, OCCURRENCE, ["solo"])
     assert (await store.limits.get("solo")).in_use == 0
+
+
+@pytest.mark.one_postgresql  # its instrument: one server's lock waits
+async def test_a_limit_made_per_tenant_while_an_acquisition_waits_takes_a_tenant_slot(
+    store: Store,
+) -> None:
+    """An acquisition locks its scopes and reads their state in one round trip; when an
+    operator makes the limit per tenant in between, the state is of another scope than the
+    one locked, and the acquisition locks and reads again: it takes a slot of the scope the
+    limit has now, never a grant without a slot."""
+    await store.limits.set("shifting", max_concurrency=1)
+    first, second = await claimed(store, SOLO, 2)
+    assert isinstance(await acquire(store, first, "shifting"), LimitGrant)  # the global slot
+    results: list[LimitGrant | LimitDeferral] = []
+
+    async def second_acquires() -> None:
+        results.append(await acquire(store, second, "shifting"))
+
+    async with store.db.connection() as conn, anyio.create_task_group() as group:
+
+        async def waits_for_the_scope() -> bool:
+            # (the statistics views keep one snapshot per transaction unless cleared)
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            cursor = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cursor.fetchone()
+            return row is not None and row[0] == 1
+
+        await conn.execute("BEGIN")
+        await conn.execute(
+            "SELECT 1 FROM toolkit_limit_buckets WHERE name = 'shifting' AND scope = ''"
+            " FOR UPDATE"
+        )
+        group.start_soon(second_acquires)
+        await eventually(waits_for_the_scope, timeout=15, what="the acquisition waiting")
+        await conn.execute("UPDATE toolkit_limits SET per_tenant = true WHERE name = 'shifting'")
+        await conn.execute("COMMIT")  # the scope's lock goes with the change
+    assert [type(r) for r in results] == [LimitGrant], results
+    slots = query(store.db.dsn, "SELECT task_id, scope FROM toolkit_limit_slots ORDER BY task_id")
+    assert slots == [(first.id, ""), (second.id, "default")]
 
 
 # --- CLI and doctor -------------------------------------------------------------------------

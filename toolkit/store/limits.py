@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from psycopg import AsyncCursor
+from psycopg import AsyncConnection, AsyncCursor
 from psycopg.rows import DictRow, dict_row
 
 from toolkit.durations import rate_parts
@@ -355,62 +355,74 @@ class Limits:
         """
         names = sorted(set(names))
         try:
-            async with self._db.transaction() as conn:
-                cursor = conn.cursor(row_factory=dict_row)
-                task_id, tenant = fence.task_id, fence.tenant
-                await cursor.execute(query("lock_task_for_limits"), fence_params(fence))
-                if await cursor.fetchone() is None:
-                    raise LeaseLost(f"task {task_id}: lease lost before its limits were taken")
-                scopes = await _lock_scopes(cursor, tenant, names)
-                if not scopes:
-                    return LimitGrant(await _now(conn))
-                await cursor.execute(
-                    query("limit_scope_state"),
-                    {
-                        "names": list(scopes),
-                        "scopes": list(scopes.values()),
-                        "task_id": task_id,
-                        "tenant": tenant,
-                        "token": fence.token,
-                        "occurrence": occurrence,
-                    },
-                )
-                states = await cursor.fetchall()
-                rated: list[DictRow] = []
-                slotted: list[DictRow] = []
-                for state in states:
-                    deferral = _deferral(state, deferrals)
-                    if deferral is not None:
-                        raise _Full(deferral)
-                    if state["rate_per_second"] is not None:
-                        rated.append(state)
-                    if state["max_concurrency"] is not None and not state["held"]:
-                        slotted.append(state)
-                await _take(cursor, fence, occurrence, rated, slotted)
-                return LimitGrant(states[0]["now"])
+            async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
+                return await _acquire_in(conn, fence, occurrence, names, deferrals)
         except _Full as full:  # rolled back: nothing of any limit was taken
             return full.deferral
 
 
-async def _lock_scopes(
-    cursor: AsyncCursor[DictRow], tenant: str, names: Sequence[str]
-) -> dict[str, str]:
-    """Lock the bucket of each limit's scope, in name order; add the missing ones first.
+async def _acquire_in(
+    conn: AsyncConnection[Any],
+    fence: Fence,
+    occurrence: str,
+    names: Sequence[str],
+    deferrals: int,
+) -> LimitGrant:
+    """An acquisition in the transaction open on ``conn``, in pipeline mode (see `acquire`).
 
-    A limit's first acquisition in a scope finds no bucket: the buckets are added (in name
-    order, after every existing one is locked), then all are locked again.
+    The task's lock, the scopes' locks and their state are sent together, one round trip;
+    what there is room for is taken by statements sent with the commit, a second. A limit's
+    first acquisition in a scope, which adds its bucket, takes more.
 
-    Returns:
-        Each limit the store holds, by name, with its scope.
+    Raises:
+        LeaseLost: the lease is no longer held.
+        _Full: a limit is full (the transaction then rolls back).
     """
-    params = {"tenant": tenant, "names": list(names)}
-    await cursor.execute(query("lock_limit_scopes"), params)
-    scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
-    if len(scopes) < len(names):  # a bucket missing (or a limit the store does not hold)
-        await cursor.execute(query("add_limit_buckets"), params)
-        await cursor.execute(query("lock_limit_scopes"), params)
-        scopes = {row["name"]: row["scope"] for row in await cursor.fetchall()}
-    return scopes
+    task, locked, state = (conn.cursor(row_factory=dict_row) for _ in range(3))
+    params = {
+        "names": list(names),
+        "task_id": fence.task_id,
+        "tenant": fence.tenant,
+        "token": fence.token,
+        "occurrence": occurrence,
+    }
+    await task.execute(query("lock_task_for_limits"), fence_params(fence))
+    await locked.execute(query("lock_limit_scopes"), params)
+    await state.execute(query("limit_scope_state"), params)
+    if await task.fetchone() is None:
+        raise LeaseLost(f"task {fence.task_id}: lease lost before its limits were taken")
+    scopes = _scopes(await locked.fetchall())
+    states = await state.fetchall()
+    # A bucket missing (a limit's first acquisition in its scope, or a name the store does
+    # not hold), or a limit's scope changed between the locks and the state (an operator's
+    # `limits set --per-tenant`), so that the state is not of the scope locked: add the
+    # missing buckets, lock again, read again.
+    again = len(scopes) < len(names) or _scopes(states) != scopes
+    while again:
+        await conn.cursor().execute(query("add_limit_buckets"), params)
+        await locked.execute(query("lock_limit_scopes"), params)
+        scopes = _scopes(await locked.fetchall())
+        await state.execute(query("limit_scope_state"), params)
+        states = await state.fetchall()
+        again = _scopes(states) != scopes
+    if not states:
+        return LimitGrant(await _now(conn))
+    rated: list[DictRow] = []
+    slotted: list[DictRow] = []
+    for row in states:
+        deferral = _deferral(row, deferrals)
+        if deferral is not None:
+            raise _Full(deferral)
+        if row["rate_per_second"] is not None:
+            rated.append(row)
+        if row["max_concurrency"] is not None and not row["held"]:
+            slotted.append(row)
+    await _take(state, fence, occurrence, rated, slotted)
+    return LimitGrant(states[0]["now"])
+
+
+def _scopes(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    return [(row["name"], row["scope"]) for row in rows]
 
 
 async def _take(

@@ -203,18 +203,25 @@ ORDER BY l.name
 FOR NO KEY UPDATE OF b;
 
 -- name: limit_scope_state
--- For each locked (limit, scope) of %(names)s and %(scopes)s: the settings; in_use, the live
--- slots of other step occurrences (a slot counts while its task holds the lease it was
--- taken under); stale, the other slots, whose lease is gone; first_free_seconds, when the
--- earliest live lease expires (seconds from now); held, whether this occurrence
--- (%(occurrence)s of task %(task_id)s of tenant %(tenant)s) already holds a slot under this
--- lease (a call sent again after a lost connection); tokens, the bucket refilled to now;
--- waiting, the other tasks waiting for the limit in this scope; and the database's now.
--- The slots and the waiting tasks are counted grouped, then joined to the scopes (a store
--- distributed by tenant counts them on every shard: a global limit's slots are any
--- tenant's).
+-- For each limit of %(names)s the store holds, in the scope whose bucket lock_limit_scopes
+-- locked ('' for a global limit, else the task's tenant %(tenant)s; a limit without a bucket
+-- there is left out): the settings; in_use, the live slots of other step occurrences (a slot
+-- counts while its task holds the lease it was taken under); stale, the other slots, whose
+-- lease is gone; first_free_seconds, when the earliest live lease expires (seconds from
+-- now); held, whether this occurrence (%(occurrence)s of task %(task_id)s) already holds a
+-- slot under this lease (a call sent again after a lost connection); tokens, the bucket
+-- refilled to now; waiting, the other tasks waiting for the limit in this scope; and the
+-- database's now. Sent right behind the locks, before their rows are read (one round trip):
+-- the statement's snapshot is taken once the locks are granted, so it sees every slot and
+-- token the acquisitions before it took. The slots and the waiting tasks are counted
+-- grouped, then joined to the scopes (a store distributed by tenant counts them on every
+-- shard: a global limit's slots are any tenant's).
 WITH asked AS (
-    SELECT * FROM unnest(%(names)s::text[], %(scopes)s::text[]) AS s(name, scope)
+    SELECT l.name, b.scope
+    FROM toolkit_limits l
+    JOIN toolkit_limit_buckets b
+      ON b.name = l.name AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END
+    WHERE l.name = ANY(%(names)s::text[])
 ), live AS (
     SELECT x.name, x.scope,
            count(t.id) AS in_use,
@@ -225,7 +232,8 @@ WITH asked AS (
     LEFT JOIN toolkit_tasks t
       ON t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
      AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
-    WHERE x.name = ANY(%(names)s::text[]) AND x.scope = ANY(%(scopes)s::text[])
+    JOIN asked a ON a.name = x.name AND a.scope = x.scope
+    WHERE x.name = ANY(%(names)s::text[])
       AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
     GROUP BY x.name, x.scope
 ), held AS (
