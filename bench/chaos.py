@@ -62,7 +62,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from bench.chaos_app import CREATE_LEDGER, SIGNAL, WORKFLOW
-from bench.citus import drop_toolkit_objects
+from bench.citus import drop_toolkit_objects, tasks_per_node
 from bench.workload import bench_server, scratch_database, with_dbname
 from toolkit.definition import WorkflowDefinition, parse_definition
 from toolkit.errors import DatabaseUnavailable, TaskTerminal
@@ -99,11 +99,14 @@ FROM toolkit_tasks t
 LEFT JOIN chaos_ledger l ON l.idempotency_key = t.id || ':' || (t.checkpoint ->> 'pending')
 WHERE t.state = 'waiting' AND t.wait_reason = 'reconciliation'"""
 UNSETTLED_SQL: LiteralString = """
-SELECT t.id, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.attempts,
+SELECT t.id, t.tenant, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.attempts,
        round(extract(epoch FROM t.lease_expires_at - clock_timestamp())::numeric, 1)
            AS lease_expires_in,
        round(extract(epoch FROM t.run_at - clock_timestamp())::numeric, 1) AS due_in,
        t.cancel_requested IS NOT NULL AS cancel_requested,
+       (SELECT tn.ready FROM toolkit_tenants tn WHERE tn.tenant = t.tenant) AS tenant_ready,
+       (SELECT round(extract(epoch FROM tn.next_due - clock_timestamp())::numeric, 1)
+        FROM toolkit_tenants tn WHERE tn.tenant = t.tenant) AS tenant_next_due_in,
        t.checkpoint ->> 'cursor' AS cursor, t.checkpoint ->> 'pending' AS pending,
        t.checkpoint -> 'wait' AS wait,
        (SELECT array_agg(s.name || CASE WHEN s.consumed_at IS NULL THEN '' ELSE '(consumed)' END
@@ -147,6 +150,8 @@ class ChaosConfig:
         lease: lease duration of the workers.
         heartbeat: heartbeat interval of the workers.
         signal_delay: (min, max) delay from a task's submission to its signal.
+        tenants: the tasks are submitted round-robin to this many tenants (``chaos-0``,
+            ``chaos-1``, ...; one: the ``default`` tenant).
     """
 
     seed: int
@@ -160,6 +165,7 @@ class ChaosConfig:
     lease: float = 2.0
     heartbeat: float = 0.5
     signal_delay: tuple[float, float] = (0.0, 6.0)
+    tenants: int = 1
 
 
 MODES: dict[str, dict[str, Any]] = {
@@ -209,6 +215,7 @@ class Submission:
     input: dict[str, int]
     submit_at: float
     signal_after: float
+    tenant: str = "default"
 
 
 def workload(config: ChaosConfig, rng: random.Random) -> list[Submission]:
@@ -220,6 +227,7 @@ def workload(config: ChaosConfig, rng: random.Random) -> list[Submission]:
             input={"timer": rng.choice((1, 2, 3)), "ms": rng.randint(0, 150)},
             submit_at=index * step,
             signal_after=rng.uniform(*config.signal_delay),
+            tenant=f"chaos-{index % config.tenants}" if config.tenants > 1 else "default",
         )
         for index in range(config.tasks)
     ]
@@ -510,7 +518,7 @@ class ChaosRun:
             while True:
                 try:
                     task_id, _ = await store.tasks.submit_keyed(
-                        definition, item.input, key=f"chaos-{item.index}"
+                        definition, item.input, key=f"chaos-{item.index}", tenant=item.tenant
                     )
                     break
                 except DatabaseUnavailable:
@@ -682,6 +690,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[ChaosConfig, argparse.Nam
     )
     parser.add_argument("--shards", type=int, default=4, help="with --citus-dsn: per table")
     parser.add_argument(
+        "--tenants",
+        type=int,
+        help="submit to this many tenants (default: 1, or 8 with --citus-dsn, so that the"
+        " tasks spread over the worker nodes)",
+    )
+    parser.add_argument(
         "--keep",
         action="store_true",
         help="keep the database and the logs (and the embedded server running)",
@@ -690,6 +704,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[ChaosConfig, argparse.Nam
     settings = dict(MODES["short" if args.short else "long" if args.long else "default"])
     if args.tasks is not None:
         settings["tasks"] = args.tasks
+    settings["tenants"] = args.tenants or (8 if args.citus_dsn else 1)
     return ChaosConfig(seed=args.seed, **settings), args
 
 
@@ -710,6 +725,8 @@ def main(argv: list[str] | None = None) -> int:
                     conn.execute("DROP TABLE IF EXISTS chaos_ledger")
                 cluster = Server(args.citus_dsn)
                 figures = anyio.run(chaos, config, cluster, args.citus_dsn, folder, args.shards)
+                for node, tasks, tenants in tasks_per_node(args.citus_dsn):
+                    note(f"chaos: node {node} holds {tasks} tasks of {tenants} tenants")
             else:
                 with scratch(server_dsn, name, args.keep) as dsn:
                     figures = anyio.run(chaos, config, server, dsn, folder)

@@ -71,6 +71,17 @@ SELECT p.oid::regprocedure FROM pg_proc p
 WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'toolkit\_%'
 """
 _NODES = "SELECT nodename, nodeport FROM pg_dist_node WHERE isactive ORDER BY nodeport"
+#: Each worker node's tasks and tenants: the node that holds each tenant's shard.
+_TASKS_PER_NODE = """
+WITH per_tenant AS (SELECT tenant, count(*) AS tasks FROM toolkit_tasks GROUP BY tenant)
+SELECT s.nodename || ':' || s.nodeport AS node, sum(p.tasks)::bigint AS tasks,
+       count(*) AS tenants
+FROM per_tenant p
+JOIN citus_shards s
+  ON s.shardid = get_shard_id_for_distribution_column('toolkit_tasks', p.tenant)
+GROUP BY 1
+ORDER BY 1
+"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +112,12 @@ def drop_toolkit_objects(dsn: str) -> None:
             conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
         for (function,) in conn.execute(_TOOLKIT_FUNCTIONS).fetchall():
             conn.execute(f"DROP FUNCTION IF EXISTS {function} CASCADE")
+
+
+def tasks_per_node(dsn: str) -> list[tuple[str, int, int]]:
+    """``(host:port, tasks, tenants)`` of each worker node of a distributed store."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return [(node, tasks, tenants) for node, tasks, tenants in conn.execute(_TASKS_PER_NODE)]
 
 
 def _nodes(citus_dsn: str) -> list[str]:

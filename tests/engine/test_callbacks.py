@@ -83,6 +83,24 @@ async def test_a_callback_that_never_comes_times_out_and_its_token_expires(store
 
 # --- regressions found by a new user ------------------------------------------------------------
 
+async def test_a_callback_without_a_timeout_woken_for_nothing_waits_on(store: Store) -> None:
+    """Regression: a callback without a timeout, woken with no completion stored (a wake-up
+    for nothing, or a stale cycle), read its deadline as passed: its token expired and the
+    step failed Timeout."""
+    TOKENS.clear()
+    text = CALLBACK.replace("callback: {timeout: 1h}", "callback: {}")
+    (task_id,) = await deploy_submit(store, text, [{"early": False}])
+    await drain(store, text)
+    await make_due(store, task_id)  # woken, and no completion stored
+    await drain(store, text)
+    task = await store.tasks.get(task_id)
+    assert (task.state, task.wait_reason) == ("waiting", "callback"), (task, task.result)
+    (token,) = TOKENS
+    assert await store.tasks.complete(token, result="late") == task_id
+    await drain(store, text)
+    assert (await store.tasks.get(task_id)).result == "late"
+
+
 BRANCH_CALLBACK = """
 name: branch-callback
 version: 1

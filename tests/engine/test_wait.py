@@ -111,6 +111,25 @@ async def test_signals_are_kept_consumed_once_in_order_and_wake_the_task(store: 
         await store.tasks.signal(10**9, "go")
 
 
+async def test_a_wait_without_a_timeout_woken_with_no_signal_waits_again(store: Store) -> None:
+    """Regression: a signal wait without a timeout, resumed when no signal was stored (a
+    wake-up for nothing, or a stale cycle whose signal a newer lease took), read its
+    deadline as passed and failed formatting the timeout it does not have (TypeError: the
+    task failed with an internal error; seen in a chaos run on the cluster)."""
+    (task_id,) = await deploy_submit(store, SIGNALLED, [{}])
+    await store.tasks.signal(task_id, "go", "first")
+    await drain(store, SIGNALLED)
+    task = await store.tasks.get(task_id)
+    assert task.state == "waiting" and task.checkpoint["cursor"] == "second", task
+    await make_due(store, task_id)  # woken, and no signal stored
+    await drain(store, SIGNALLED)
+    task = await store.tasks.get(task_id)
+    assert task.state == "waiting" and task.wait_reason == "signal", (task, task.error)
+    await store.tasks.signal(task_id, "go", "second")
+    await drain(store, SIGNALLED)
+    assert (await store.tasks.get(task_id)).result == ["first", "second"]
+
+
 async def test_a_signal_no_step_waits_for_is_refused_unless_forced(store: Store) -> None:
     """Issue 24, item 11: a misspelt signal name was stored forever without a word."""
     (task_id,) = await deploy_submit(store, SIGNALLED, [{}])

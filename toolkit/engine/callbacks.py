@@ -55,12 +55,16 @@ async def callback_outcome(
             return CallbackOutcome("failed", callback.attempt, error=error)
         return CallbackOutcome("completed", callback.attempt, result=record.result)
     wait = frame.wait
-    timed_out = isinstance(wait, CallbackWait) and wait.callback == callback.token and frame.due
+    assert step.callback is not None
+    # ``due``: claimed once the wait's run_at passed, a deadline only when it has a timeout
+    timed_out = (
+        isinstance(wait, CallbackWait) and wait.callback == callback.token and frame.due
+        and step.callback.timeout is not None
+    )  # fmt: skip
     if timed_out or record is None or record.state == "expired":
         await cycle.retrying(functools.partial(callbacks.expire, callback.token, tenant=tenant))
         cp.callbacks.pop(occurrence)
         frame.wait = None
-        assert step.callback is not None
         return CallbackOutcome("failed", callback.attempt, error=timeout_error(step))
     return CallbackOutcome("open", callback.attempt)
 
