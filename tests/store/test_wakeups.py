@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from tests.helpers.inprocess import FAST, deploy_submit
 from tests.helpers.processes import eventually
+from tests.helpers.triggers import as_distributed
 from tests.helpers.workflows import definition
 from toolkit.application import App, EffectContext
 from toolkit.runtime.supervisor import CancellationToken, SupervisorConfig, WorkflowSupervisor
@@ -248,20 +249,31 @@ async def complete_branch_callback(conn: psycopg.AsyncConnection[Any], task_id: 
     await conn.execute(query("wake_branches"), {"keys": Jsonb(keys), "tenant": "default"})
 
 
+#: The group commit's statements of one PostgreSQL, or those of a store distributed by
+#: tenant (`as_distributed`: the parked branches' wakes as four routed statements).
+LAYOUTS = pytest.mark.parametrize("distributed", [False, True], ids=["one", "distributed"])
+
+
 @SENDER_FIRST
+@LAYOUTS
 async def test_a_signal_racing_a_branch_parking_wakes_the_branch(
-    store: Store, dsn: str, sender_first: bool
+    store: Store, dsn: str, sender_first: bool, distributed: bool
 ) -> None:
     """Regression: the branch's wake was a CTE of the sender's one statement, whose snapshot
     predated the branch's row being written waiting (worker-first): the branch stayed
     parked with its signal stored."""
+    if distributed:
+        await as_distributed(store)
     await race(store, dsn, BRANCH_SIGNALLED, signal_branches, sender_first=sender_first)
 
 
 @SENDER_FIRST
+@LAYOUTS
 async def test_a_completion_racing_a_branch_parking_wakes_the_branch(
-    store: Store, dsn: str, sender_first: bool
+    store: Store, dsn: str, sender_first: bool, distributed: bool
 ) -> None:
+    if distributed:
+        await as_distributed(store)
     await race(
         store, dsn, BRANCH_CALLED_BACK, complete_branch_callback, sender_first=sender_first
     )

@@ -105,6 +105,20 @@ class ClaimedTask:
         return Fence(worker_id, self.id, self.tenant, self.token)
 
 
+#: The statements that wake the branches a group commit parked, in its transaction: one on
+#: one PostgreSQL; on a store distributed by tenant, four, each routed to the tenant's shard
+#: (``wake_waiting_branches`` in writes.sql says why).
+_BRANCH_WAKES: dict[bool, tuple[str, ...]] = {
+    False: ("wake_waiting_branches",),
+    True: (
+        "wake_parked_on_signal",
+        "wake_parked_on_callback",
+        "wake_parked_on_child",
+        "make_branch_waiters_due",
+    ),
+}
+
+
 class Leases:
     """Claims, heartbeats and fenced writes of one store."""
 
@@ -439,14 +453,13 @@ class Leases:
                     for row in w.branches
                     if row.status == "waiting"
                 ]
-                await cursor.execute(
-                    query("wake_waiting_branches"),
-                    {
-                        "task_ids": [w.fence.task_id for w in parking],
-                        "parked": Jsonb(parked),
-                        "tenant": tenant,
-                    },
-                )
+                branch_wake = {
+                    "task_ids": [w.fence.task_id for w in parking],
+                    "parked": Jsonb(parked),
+                    "tenant": tenant,
+                }
+                for statement in _BRANCH_WAKES[distributed]:
+                    await cursor.execute(query(statement), branch_wake)
             ended = [task_id for task_id in ending if task_id in applied]
             if ended:
                 wake = ended_children(ended, tenant)

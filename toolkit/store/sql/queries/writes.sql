@@ -406,54 +406,130 @@ SELECT id, ''::text AS notify_toolkit_wakeup FROM woken;
 -- stored before (its sender found no waiting row) gets a wake (wakes + 1): the first
 -- statement locked the task's row, which every sender locks too, so this snapshot has
 -- what was sent. Each task waiting for its branches then has as run_at the earliest timer
--- of its waiting branches, or now when one of them has a wake not handled yet. The
--- rotation's marks (due_marks) count each such task as made due sooner. (The clock is read
--- outside any CASE, picked by an array subscript: element 1 when the condition holds, none
--- when not. Citus refuses a function that is not immutable inside a CASE of a modifying
--- statement, and a correlated sub-select without FROM.)
-WITH parked AS (
+-- of its waiting branches, or now when one of them has a wake not handled yet
+-- (branch_waiters_due). On a store distributed by tenant, the same in four statements
+-- routed to the tenant's shard: wake_parked_on_signal, _on_callback and _on_child, then
+-- make_branch_waiters_due (Citus routes no statement with an OR of sub-selects of two
+-- tables: it runs one CTE by CTE on every shard, and commits it on every node by two-phase
+-- commit).
+WITH
+-- include: parked_branches
+, ready AS (
+    -- include: parked_branch_wake
+      AND ((
+          -- include: parked_on_signal
+          ) OR (
+          -- include: parked_on_callback
+          ) OR (
+          -- include: parked_on_child
+          ))
+    RETURNING b.task_id
+),
+-- include: branch_waiters_due
+
+-- name: wake_parked_on_signal
+-- wake_waiting_branches' wake of the parked branches whose signal was stored, on a store
+-- distributed by tenant (%(tenant)s; the next two statements wake those whose callback was
+-- completed or child ended, make_branch_waiters_due follows).
+WITH
+-- include: parked_branches
+-- include: parked_branch_wake
+  AND
+  -- include: parked_on_signal
+;
+
+-- name: wake_parked_on_callback
+-- wake_parked_on_signal's sequel: the parked branches whose callback was completed.
+WITH
+-- include: parked_branches
+-- include: parked_branch_wake
+  AND
+  -- include: parked_on_callback
+;
+
+-- name: wake_parked_on_child
+-- wake_parked_on_callback's sequel: the parked branches whose child ended.
+WITH
+-- include: parked_branches
+-- include: parked_branch_wake
+  AND
+  -- include: parked_on_child
+;
+
+-- name: make_branch_waiters_due
+-- The last of wake_waiting_branches' statements on a store distributed by tenant: the
+-- wakes the three before it gave are in this statement's snapshot (wakes > seen).
+WITH ready AS (
+    SELECT NULL::bigint AS task_id WHERE false
+),
+-- include: branch_waiters_due
+
+-- fragment: parked_branches
+-- The CTE of the branches a group commit's writes parked (%(parked)s of %(task_ids)s).
+parked AS (
     SELECT p.task_id, p.fanout, p.name
     FROM jsonb_to_recordset(%(parked)s::jsonb) AS p(task_id bigint, fanout text, name text)
     WHERE p.task_id = ANY(%(task_ids)s::bigint[])
-), ready AS (
-    UPDATE toolkit_branches b
-    SET wakes = b.wakes + 1
-    FROM parked p
-    WHERE b.task_id = p.task_id AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.fanout = p.fanout
-      AND b.name = p.name
-      AND b.status = 'waiting' AND b.wakes <= b.seen
-      AND (EXISTS (
-               SELECT 1 FROM toolkit_signals s
-               WHERE s.task_id = b.task_id AND s.tenant = b.tenant AND s.consumed_at IS NULL
-                 AND (s.address IS NULL
-                      OR s.address = regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g'))
-                 AND 'signal:' || s.name = ANY(b.waits_for))
-           OR EXISTS (
-               SELECT 1 FROM toolkit_callbacks c
-               WHERE c.state = 'completed' AND c.tenant = b.tenant
-                 AND c.token IN (SELECT substr(k, 10) FROM unnest(b.waits_for) AS k
-                                 WHERE k LIKE 'callback:%%'))
-           OR EXISTS (
-               SELECT 1 FROM toolkit_tasks c
-               WHERE c.state IN ('succeeded', 'failed', 'cancelled') AND c.tenant = b.tenant
-                 AND c.id IN (SELECT substr(k, 7)::bigint FROM unnest(b.waits_for) AS k
-                              WHERE k LIKE 'child:%%')))
-    RETURNING b.task_id
-),
+)
+
+-- fragment: parked_branch_wake
+-- A wake (wakes + 1) for each parked branch still waiting with no wake pending, when the
+-- condition that follows holds (what it waits for was stored).
+UPDATE toolkit_branches b
+SET wakes = b.wakes + 1
+FROM parked p
+WHERE b.task_id = p.task_id AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s)
+  AND b.fanout = p.fanout AND b.name = p.name
+  AND b.status = 'waiting' AND b.wakes <= b.seen
+
+-- fragment: parked_on_signal
+-- Branch b waits for a signal that is stored, not consumed, addressed to it or to the task.
+EXISTS (
+    SELECT 1 FROM toolkit_signals s
+    WHERE s.task_id = b.task_id AND s.tenant = b.tenant AND s.consumed_at IS NULL
+      AND (s.address IS NULL
+           OR s.address = regexp_replace(b.fanout || '/' || b.name, '[^/]*#[0-9]+/', '', 'g'))
+      AND 'signal:' || s.name = ANY(b.waits_for))
+
+-- fragment: parked_on_callback
+-- Branch b waits for a callback that was completed.
+EXISTS (
+    SELECT 1 FROM toolkit_callbacks c
+    WHERE c.state = 'completed' AND c.tenant = b.tenant
+      AND c.token IN (SELECT substr(k, 10) FROM unnest(b.waits_for) AS k
+                      WHERE k LIKE 'callback:%%'))
+
+-- fragment: parked_on_child
+-- Branch b waits for a child task that ended.
+EXISTS (
+    SELECT 1 FROM toolkit_tasks c
+    WHERE c.state IN ('succeeded', 'failed', 'cancelled') AND c.tenant = b.tenant
+      AND c.id IN (SELECT substr(k, 7)::bigint FROM unnest(b.waits_for) AS k
+                   WHERE k LIKE 'child:%%'))
+
+-- fragment: branch_waiters_due
+-- The tail of wake_waiting_branches and make_branch_waiters_due: each task of %(task_ids)s
+-- waiting for its branches gets as run_at the earliest timer of its waiting branches, or
+-- now when one of them has a wake not handled yet (CTE ready: the wakes this statement
+-- gave). The rotation's marks (due_marks) count each such task as made due sooner. (The
+-- clock is read outside any CASE, picked by an array subscript: element 1 when the
+-- condition holds, none when not. Citus refuses a function that is not immutable inside a
+-- CASE of a modifying statement, and a correlated sub-select without FROM.)
 -- include: due_in_statement
 , due AS (
     UPDATE toolkit_tasks t
-    SET run_at = LEAST(
-            t.run_at,
-            (SELECT min(b.run_at) FROM toolkit_branches b
-             WHERE b.task_id = t.id AND b.tenant = t.tenant AND b.status = 'waiting'),
-            (ARRAY[statement_timestamp()])[(
-                t.id IN (SELECT task_id FROM ready)
-                OR EXISTS (SELECT 1 FROM toolkit_branches b
-                           WHERE b.task_id = t.id AND b.tenant = t.tenant
-                             AND b.status = 'waiting' AND b.wakes > b.seen))::int])
-    FROM due_in_statement
-    WHERE t.id = ANY(%(task_ids)s::bigint[]) AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
+    SET run_at = LEAST(t.run_at, w.first_timer, (ARRAY[statement_timestamp()])[
+            (w.woken OR t.id IN (SELECT task_id FROM ready))::int])
+    FROM due_in_statement, (
+        -- the waiting branches of each task, joined rather than read by sub-selects in SET
+        -- (Citus routes no statement with those)
+        SELECT b.task_id, min(b.run_at) AS first_timer, bool_or(b.wakes > b.seen) AS woken
+        FROM toolkit_branches b
+        WHERE b.task_id = ANY(%(task_ids)s::bigint[])
+          AND (%(tenant)s::text IS NULL OR b.tenant = %(tenant)s) AND b.status = 'waiting'
+        GROUP BY b.task_id
+    ) w
+    WHERE t.id = w.task_id AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.state = 'waiting' AND t.wait_reason = 'branches'
     RETURNING t.id, t.tenant, t.run_at
 ), made_due AS (
