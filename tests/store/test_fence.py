@@ -37,6 +37,8 @@ UNFENCED = {
     " applied, in its transaction (their rows stay locked by it until the commit)",
     "wake_raced_waits": "a wake-up, in the transaction of the fenced write of its wait",
     "wake_waiting_branches": "a wake-up, in the transaction of the fenced write of its wait",
+    "make_branch_waiters_due": "wake_waiting_branches' last statement on a store distributed"
+    " by tenant, in the same transaction",
     "wake_branches": "a sender's wake-up of waiting branches: run_at of waiting tasks only",
     "wake_parent_branches": "a child's end wakes its parent's waiting branch: run_at only",
     "send_signal": "a sender's wake-up: it moves run_at of a waiting task only",
