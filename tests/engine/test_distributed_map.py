@@ -226,8 +226,20 @@ async def test_failures_up_to_the_tolerated_count_let_the_step_succeed(store: St
 
 
 async def test_one_failure_more_fails_the_step_and_cancels_the_live_children(
-    store: Store,
+    store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Also a regression (the cluster): the engine cancelled the live children without
+    naming their tenant. On Citus the descendants' recursive statement then had no filter
+    on the distribution column and was refused: the map's task failed StoreRefused."""
+    tenants: list[str | None] = []
+    fetch_all = store.db.fetch_all
+
+    async def recording(name: str, params: Any = None, **options: Any) -> Any:
+        if name == "live_children":
+            tenants.append(params["tenant"])
+        return await fetch_all(name, params, **options)
+
+    monkeypatch.setattr(store.db, "fetch_all", recording)
     text = parent("workflow: {name: item}, tolerated_failure_percentage: 10")  # 2 of 25
     await store.definitions.deploy(definition(ITEM))
     (task_id,) = await deploy_submit(store, text, [{"total": 25}])
@@ -243,6 +255,7 @@ async def test_one_failure_more_fails_the_step_and_cancels_the_live_children(
     assert task.state == "succeeded" and task.result["name"] == "MapFailed", task.result
     assert (task.result["failed"], task.result["items"]) == (3, 25)
     assert "more than the 2 tolerated; 22 live tasks cancelled" in task.result["message"]
+    assert tenants and set(tenants) == {"default"}, tenants  # the operator's and the map's
     states = {row[1] for row in await children(store, task_id)}
     assert states == {"cancelled"}
 

@@ -36,10 +36,16 @@ async def deadline_passed(cycle: Cycle) -> Error | None:
         cycle.end_branches(cp.fanout.occurrence)
         cp.fanout = None
         # children its waiting branches started are not waited for any more
-        await cycle.retrying(functools.partial(tasks.cancel_descendants, [cycle.task.id]))
+        await cycle.retrying(
+            functools.partial(tasks.cancel_descendants, [cycle.task.id], cycle.task.tenant)
+        )
     if isinstance(cp.wait, ChildWait):
         try:
-            await cycle.retrying(functools.partial(tasks.cancel, cp.wait.child, "parent timed out"))
+            await cycle.retrying(
+                functools.partial(
+                    tasks.cancel, cp.wait.child, "parent timed out", tenant=cycle.task.tenant
+                )
+            )
         except TaskTerminal:
             pass  # it ended meanwhile
     await cancel_map_children(cycle, "parent timed out")  # not waited for any more

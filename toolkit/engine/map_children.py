@@ -42,5 +42,6 @@ async def cancel_map_children(
         functools.partial(store.map_items.cancel_live, cycle.fence, occurrence, reason)
     )
     if ids:
-        await cycle.retrying(functools.partial(store.tasks.cancel_descendants, ids))
+        cancel = store.tasks.cancel_descendants  # its children have its tenant
+        await cycle.retrying(functools.partial(cancel, ids, cycle.task.tenant))
     return ids
