@@ -104,9 +104,9 @@ SELECT t.id, t.tenant, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.a
            AS lease_expires_in,
        round(extract(epoch FROM t.run_at - clock_timestamp())::numeric, 1) AS due_in,
        t.cancel_requested IS NOT NULL AS cancel_requested,
-       (SELECT tn.ready FROM toolkit_tenants tn WHERE tn.tenant = t.tenant) AS tenant_ready,
-       (SELECT round(extract(epoch FROM tn.next_due - clock_timestamp())::numeric, 1)
-        FROM toolkit_tenants tn WHERE tn.tenant = t.tenant) AS tenant_next_due_in,
+       tn.ready AS tenant_ready,
+       round(extract(epoch FROM tn.next_due - clock_timestamp())::numeric, 1)
+           AS tenant_next_due_in,
        t.checkpoint ->> 'cursor' AS cursor, t.checkpoint ->> 'pending' AS pending,
        t.checkpoint -> 'wait' AS wait,
        (SELECT array_agg(s.name || CASE WHEN s.consumed_at IS NULL THEN '' ELSE '(consumed)' END
@@ -117,6 +117,7 @@ SELECT t.id, t.tenant, t.state, t.wait_reason, t.lease_owner, t.lease_token, t.a
         FROM (SELECT * FROM toolkit_task_events x WHERE x.task_id = t.id AND x.tenant = t.tenant
               ORDER BY x.id DESC LIMIT 12) e) AS last_events
 FROM toolkit_tasks t
+LEFT JOIN toolkit_tenants tn ON tn.tenant = t.tenant
 WHERE t.state NOT IN ('succeeded', 'failed', 'cancelled')
   AND NOT (t.state = 'waiting' AND t.wait_reason = 'reconciliation')
 ORDER BY t.id"""
