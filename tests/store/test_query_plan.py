@@ -133,9 +133,11 @@ async def _custom_plan(store: Store, name: str, params: dict[str, Any]) -> dict[
     return _root(row[0])
 
 
-async def _generic_plan(store: Store, d: WorkflowDefinition) -> dict[str, Any]:
-    """The claim's generic plan: prepared with typed ``$n`` parameters, explained with
-    ``plan_cache_mode = force_generic_plan``."""
+async def _generic_plan(
+    store: Store, name: str, types: dict[str, str], values: dict[str, Any]
+) -> dict[str, Any]:
+    """A named query's generic plan: prepared with ``$n`` parameters of ``types`` (by name),
+    explained with ``values`` under ``plan_cache_mode = force_generic_plan``."""
     names: list[str] = []
 
     def positional(match: re.Match[str]) -> str:
@@ -143,21 +145,20 @@ async def _generic_plan(store: Store, d: WorkflowDefinition) -> dict[str, Any]:
             names.append(match[1])
         return f"${names.index(match[1]) + 1}"
 
-    text = re.sub(r"%\((\w+)\)s", positional, query("claim_tasks"))
-    types = ", ".join(CLAIM_TYPES[name] for name in names)
-    values = _claim_params(d)
-    execute = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE claim_plan({})").format(
-        sql.SQL(", ").join(sql.Literal(values[name]) for name in names)
+    text = re.sub(r"%\((\w+)\)s", positional, query(name))
+    declared = ", ".join(types[each] for each in names)
+    execute = sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE plan_probe({})").format(
+        sql.SQL(", ").join(sql.Literal(values[each]) for each in names)
     )
     async with store.db.connection() as conn:
-        await conn.execute(f"PREPARE claim_plan({types}) AS {text}")
+        await conn.execute(f"PREPARE plan_probe({declared}) AS {text}")
         try:
             await conn.execute("SET plan_cache_mode = force_generic_plan")
             cursor = await conn.execute(execute)
             row = await cursor.fetchone()
         finally:
             await conn.execute("RESET plan_cache_mode")
-            await conn.execute("DEALLOCATE claim_plan")
+            await conn.execute("DEALLOCATE plan_probe")
     assert row is not None
     return _root(row[0])
 
@@ -262,7 +263,8 @@ async def test_claim_uses_the_claim_index(store: Store) -> None:
 
 async def test_prepared_claim_uses_the_claim_index_with_a_generic_plan(store: Store) -> None:
     d = await _mixed(store)
-    _assert_claims_through_the_index(await _generic_plan(store, d))
+    plan = await _generic_plan(store, "claim_tasks", CLAIM_TYPES, _claim_params(d))
+    _assert_claims_through_the_index(plan)
 
 
 async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
@@ -372,3 +374,39 @@ async def test_the_store_connections_run_without_jit(store: Store) -> None:
     async with store.db.connection() as conn:
         cursor = await conn.execute("SHOW jit")
         assert await cursor.fetchone() == ("off",)
+
+
+#: The types of the fenced write's named parameters (commit_fenced).
+COMMIT_TYPES = {"worker_id": "text", "writes": "jsonb", "tenant": "text", "wake_within": "text"}
+
+
+async def _commit_params(store: Store) -> dict[str, Any]:
+    """A group commit's parameters: a step's write for each of eight leased tasks."""
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(
+            "SELECT id, tenant FROM toolkit_tasks WHERE state = 'leased' ORDER BY id LIMIT 8"
+        )
+        leased = await cursor.fetchall()
+    writes = [
+        {"task_id": task_id, "tenant": tenant, "token": 1, "state": "leased",
+         "checkpoint": {"cursor": "b"}, "write_id": "1:1", "evidence": [], "events": []}
+        for task_id, tenant in leased
+    ]  # fmt: skip
+    return {"worker_id": "other-worker", "writes": json.dumps(writes), "tenant": None,
+            "wake_within": None}  # fmt: skip
+
+
+@pytest.mark.parametrize("plan_kind", ["custom", "generic"])
+async def test_the_fenced_write_reads_each_task_by_its_key(store: Store, plan_kind: str) -> None:
+    """Regression (issue 22): to find writes sent again (their write_id already stored), the
+    group commit joined its batch with the task table; expecting a hundred writes in the
+    batch, the planner hashed a scan of every task, once per group commit. At 2,000 five-step
+    workflows that scan was a third of the server's CPU, and it grew with the history."""
+    await _mixed(store)
+    params = await _commit_params(store)
+    if plan_kind == "custom":
+        plan = await _custom_plan(store, "commit_fenced", params)
+    else:
+        plan = await _generic_plan(store, "commit_fenced", COMMIT_TYPES, params)
+    scans = _task_scans(plan)
+    assert scans and ("Seq Scan", None) not in scans, scans

@@ -102,11 +102,19 @@ WITH w AS (
 ,
 -- include: due_in_statement
 , replayed AS (
+    -- each write's own row, by its key (LIMIT keeps the lookup per write: joined whole,
+    -- the planner would scan every task for a batch it expects a hundred writes in)
     SELECT t.id, t.state
-    FROM toolkit_tasks t
-    JOIN w ON t.id = w.task_id AND t.lease_token = w.token
-    WHERE w.write_id IS NOT NULL AND t.checkpoint ->> 'write' = w.write_id
-      AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
+    FROM w
+    CROSS JOIN LATERAL (
+        SELECT t.id, t.state
+        FROM toolkit_tasks t
+        WHERE t.id = w.task_id AND t.lease_token = w.token
+          AND t.checkpoint ->> 'write' = w.write_id
+          AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
+        LIMIT 1
+    ) t
+    WHERE w.write_id IS NOT NULL
 ), locked AS (
     SELECT t.id, t.cancel_requested IS NOT NULL AND w.may_cancel AS cancelling,
            t.lease_expires_at AS lease_due,
