@@ -6,6 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 from anyio.abc import TaskGroup
+from psycopg.types.json import Jsonb
 
 from tests.helpers.inprocess import submit
 from tests.helpers.workflows import THREE_STEPS, definition
@@ -13,7 +14,8 @@ from toolkit.errors import StoreError
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.group_commit import GroupCommit
-from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
+from toolkit.store.queries import query
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite, write_json
 
 pytestmark = pytest.mark.anyio
 
@@ -126,3 +128,36 @@ async def test_a_write_sent_again_after_a_lost_reply_applies_once(store: Store) 
     # Without a write id nothing tells a second send from a new write: the fence decides.
     stale = FencedWrite(task.fence("w"), task.checkpoint, state="failed")
     assert await store.leases.commit_many([stale]) == {}
+
+
+# --- a step's write in place -------------------------------------------------------------------
+
+
+async def test_a_step_write_that_keeps_its_lease_enters_no_index(store: Store) -> None:
+    """Regression (issue 22, migration 0036): an index on an expression of the checkpoint made
+    every step's write a non-HOT update, entered in each index of a leased task; the limit a
+    task waits for is now a generated column, so a step that keeps its lease updates its row
+    in place. Counted from the transaction's own table statistics, then rolled back."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}])
+    (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
+    progress = FencedWrite(
+        task.fence("w"), {**task.checkpoint, "cursor": "second", "outputs": {"first": 1}},
+        events=(Event("progress"),), write_id=f"{task.token}:1",
+    )  # fmt: skip
+    params = {"worker_id": "w", "writes": Jsonb([write_json(progress)]), "tenant": None,
+              "wake_within": None}  # fmt: skip
+    updates = (
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables"
+        " WHERE relname = 'toolkit_tasks'"
+    )
+    async with store.db.connection() as conn:
+        async with conn.transaction(force_rollback=True):
+            # (the backend's counts not yet reported, the claim's among them, show too)
+            before = await (await conn.execute(updates)).fetchone() or (0, 0)
+            cursor = await conn.execute(query("commit_fenced"), params)
+            (applied, *_) = await cursor.fetchone() or (None,)
+            after = await (await conn.execute(updates)).fetchone() or (0, 0)
+    assert applied == task.id
+    counts = (after[0] - before[0], after[1] - before[1])
+    assert counts == (1, 1), f"updates, of them in place: {counts}"

@@ -61,7 +61,7 @@ RETURNING l.name;
 -- The tenants with tasks waiting for limit %(name)s, read without a lock.
 SELECT DISTINCT tenant
 FROM toolkit_tasks
-WHERE state = 'waiting' AND wait_reason = 'limit' AND checkpoint -> 'wait' ->> 'limit' = %(name)s
+WHERE state = 'waiting' AND wait_reason = 'limit' AND wait_limit = %(name)s
 ORDER BY tenant;
 
 -- name: next_limit_waiters
@@ -74,7 +74,7 @@ FROM (
     SELECT tenant, id
     FROM toolkit_tasks
     WHERE state = 'waiting' AND wait_reason = 'limit'
-      AND checkpoint -> 'wait' ->> 'limit' = %(name)s AND checkpoint -> 'wait' ->> 'scope' = ''
+      AND wait_limit = %(name)s AND checkpoint -> 'wait' ->> 'scope' = ''
       AND tenant <> %(tenant)s AND run_at > statement_timestamp()
     ORDER BY run_at
     LIMIT %(n)s
@@ -95,7 +95,7 @@ WITH
     SET run_at = statement_timestamp()
     FROM due_in_statement
     WHERE t.tenant = %(tenant)s AND t.state = 'waiting' AND t.wait_reason = 'limit'
-      AND t.checkpoint -> 'wait' ->> 'limit' = %(name)s
+      AND t.wait_limit = %(name)s
       AND (%(ids)s::bigint[] IS NULL OR t.id = ANY(%(ids)s::bigint[]))
       AND t.run_at > statement_timestamp()
     RETURNING t.tenant, t.run_at
@@ -122,11 +122,11 @@ WITH lim AS (
     WHERE t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     GROUP BY s.name, s.scope
 ), waits AS (
-    SELECT t.checkpoint -> 'wait' ->> 'limit' AS name,
+    SELECT t.wait_limit AS name,
            coalesce(t.checkpoint -> 'wait' ->> 'scope', '') AS scope, count(*) AS waiting
     FROM toolkit_tasks t
     WHERE t.state = 'waiting' AND t.wait_reason = 'limit'
-      AND t.checkpoint -> 'wait' ->> 'limit' IN (SELECT name FROM lim)
+      AND t.wait_limit IN (SELECT name FROM lim)
     GROUP BY 1, 2
 ), buckets AS (
     SELECT b.name, b.scope,
@@ -242,11 +242,11 @@ WITH asked AS (
     WHERE x.task_id = %(task_id)s AND x.tenant = %(tenant)s AND x.occurrence = %(occurrence)s
       AND x.token = %(token)s AND x.name = ANY(%(names)s::text[])
 ), waits AS (
-    SELECT w.checkpoint -> 'wait' ->> 'limit' AS name, w.checkpoint -> 'wait' ->> 'scope' AS scope,
+    SELECT w.wait_limit AS name, w.checkpoint -> 'wait' ->> 'scope' AS scope,
            count(*) AS waiting
     FROM toolkit_tasks w
     WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
-      AND w.checkpoint -> 'wait' ->> 'limit' = ANY(%(names)s::text[])
+      AND w.wait_limit = ANY(%(names)s::text[])
       AND w.id <> %(task_id)s
     GROUP BY 1, 2
 )
@@ -321,7 +321,7 @@ WITH in_use AS (
     WHERE t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     GROUP BY x.name
 ), waits AS (
-    SELECT t.checkpoint -> 'wait' ->> 'limit' AS name, count(*) AS waiting,
+    SELECT t.wait_limit AS name, count(*) AS waiting,
            extract(epoch FROM statement_timestamp() - min(coalesce(
                (t.checkpoint -> 'wait' ->> 'since')::timestamptz, t.updated_at)))::float8
                AS oldest_wait

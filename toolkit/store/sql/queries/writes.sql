@@ -305,7 +305,7 @@ budget_use AS (
         SELECT x.id
         FROM toolkit_tasks x
         WHERE x.state = 'waiting' AND x.wait_reason = 'limit'
-          AND x.checkpoint -> 'wait' ->> 'limit' = r.name
+          AND x.wait_limit = r.name
           AND x.checkpoint -> 'wait' ->> 'scope' = r.scope
           AND x.run_at > statement_timestamp()
           AND (%(wake_within)s::text IS NULL OR x.tenant = %(wake_within)s)
