@@ -14,7 +14,7 @@ from tests.helpers.citus import CITUS_DSN, empty_cluster, needs_citus, shards_of
 from tests.helpers.inprocess import drain, invoke
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import CallbackRefused, ConfigError, UnknownTask
-from toolkit.store import Store
+from toolkit.store import Store, migrations
 from toolkit.store.distribution import TableLayout, distribute
 
 pytestmark = pytest.mark.anyio
@@ -169,3 +169,25 @@ async def test_the_shards_per_table_are_chosen() -> None:
     for table in layout:
         if table.layout == "by tenant":
             assert sum(table.shards.values()) == 4 and len(table.shards) == 2, table
+
+
+@needs_citus
+async def test_a_store_distributed_by_the_previous_release_migrates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Regression: Citus sends some DDL of a distributed table (an index made or dropped,
+    a table's storage parameters) to the worker nodes as the text it came in, and refused a
+    migration file of several statements ("cannot insert multiple commands into a prepared
+    statement"): a store distributed before migration 0036 could not be upgraded. The
+    migrations now run statement by statement."""
+    assert CITUS_DSN is not None
+    empty_cluster(CITUS_DSN)
+    every = migrations.available_migrations()
+    monkeypatch.setattr(migrations, "available_migrations", lambda: every[:-1])
+    async with await Store.open(CITUS_DSN) as store:
+        await distribute(store.db, shards=4)
+        monkeypatch.setattr(migrations, "available_migrations", lambda: every)
+        applied = await migrations.migrate(store.db)
+        status = await migrations.schema_status(store.db)
+    assert [m.version for m in applied] == [every[-1].version]
+    assert not status.pending

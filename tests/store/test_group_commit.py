@@ -133,6 +133,7 @@ async def test_a_write_sent_again_after_a_lost_reply_applies_once(store: Store) 
 # --- a step's write in place -------------------------------------------------------------------
 
 
+@pytest.mark.one_postgresql  # (on Citus the update runs on a worker node)
 async def test_a_step_write_that_keeps_its_lease_enters_no_index(store: Store) -> None:
     """Regression (issue 22, migration 0036): an index on an expression of the checkpoint made
     every step's write a non-HOT update, entered in each index of a leased task; the limit a

@@ -1,7 +1,9 @@
 """Schema migrations: numbered plain-SQL files applied in order.
 
 Each is applied in one transaction together with its version bump (STYLE.md, "SQL and
-migrations").
+migrations"), statement by statement: Citus sends some DDL of a distributed table (an index
+made or dropped, a table's storage parameters) to the worker nodes as the text it came in,
+and refuses that text when it holds several statements (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import dataclasses
 import importlib.resources
 import re
 from typing import LiteralString
+
+import sqlparse
 
 from toolkit.store.database import Database
 
@@ -34,6 +38,18 @@ class Migration:
     version: int
     name: str
     sql: str
+
+    def statements(self) -> list[str]:
+        """The file's statements, in order, each with the comments before it.
+
+        ``sqlparse`` splits them (a dollar-quoted body stays whole); a piece that is only
+        comments is left out.
+        """
+        return [
+            statement
+            for statement in sqlparse.split(self.sql)
+            if sqlparse.format(statement, strip_comments=True).strip()
+        ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +132,8 @@ async def migrate(db: Database) -> list[Migration]:
                 done = {row[0] for row in await (await conn.execute(_APPLIED)).fetchall()}
                 if migration.version in done:
                     continue
-                await conn.execute(migration.sql)  # SQL of a file shipped in the package
+                for statement in migration.statements():
+                    await conn.execute(statement)  # SQL of a file shipped in the package
                 await conn.execute(_RECORD, (migration.version, migration.name))
                 applied.append(migration)
     return applied
