@@ -6,7 +6,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.helpers.inprocess import deploy_submit, drain, due_in, kinds, sql
+from tests.helpers.inprocess import deploy_submit, drain, due_in, kinds, make_due, sql
 from tests.helpers.processes import eventually
 from tests.helpers.workflows import definition
 from toolkit.errors import InputError
@@ -41,10 +41,9 @@ async def test_a_waiting_task_fails_at_its_deadline(store: Store) -> None:
     (task_id,) = await deploy_submit(store, DEADLINE, [{}])
     await drain(store, DEADLINE)
     assert 3500 < await due_in(store, task_id) <= 3600  # a wait without end: at the deadline
-    await sql(
-        store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp(), run_at = "
-        "statement_timestamp() WHERE id = %s", task_id,
-    )  # fmt: skip
+    await sql(store, "UPDATE toolkit_tasks SET deadline_at = statement_timestamp() WHERE id = %s",
+              task_id)  # fmt: skip
+    await make_due(store, task_id)
     await drain(store, DEADLINE)
     task = await store.tasks.get(task_id)
     assert task.state == "failed" and task.error["name"] == "Timeout"

@@ -16,6 +16,7 @@ from tests.helpers.inprocess import (
     deploy_submit,
     drain,
     kinds,
+    make_due,
     set_tenant_budget,
     sql,
     tenant_use,
@@ -271,7 +272,7 @@ async def test_a_reservation_that_does_not_fit_now_defers_the_task(store: Store)
     assert (task.state, task.wait_reason) == ("waiting", "budget")
     assert await calls(store) == {}  # no branch started
     await set_tenant_budget(store, "acme", 200, used=0)  # budget freed elsewhere
-    await sql(store, "UPDATE toolkit_tasks SET run_at = now() WHERE id = %s", task_id)
+    await make_due(store, task_id)
     await drain(store, RESERVE)
     assert (await store.tasks.get(task_id)).state == "succeeded"
     assert await tenant_use(store, "acme") == (3, 0)

@@ -34,7 +34,9 @@ from toolkit.application import App
 from toolkit.examples import app as examples_app
 from toolkit.store import Store
 
-pytestmark = pytest.mark.anyio
+#: The recorder is a trigger on the tasks' and branches' tables, which a table distributed
+#: by Citus cannot have; the histories pin the interpreter, whatever holds the rows.
+pytestmark = [pytest.mark.anyio, pytest.mark.one_postgresql]
 
 
 # --- the test (every scenario is registered by importing tests.engine.golden) ------------
