@@ -5,8 +5,10 @@ spread by tenant over the workers, and a task's own statements run there."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Iterator
 
+import psycopg
 import pytest
 
 from tests.apps.counting import CREATE_CALLS
@@ -16,6 +18,7 @@ from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import CallbackRefused, ConfigError, UnknownTask
 from toolkit.store import Store, migrations
 from toolkit.store.distribution import TableLayout, distribute
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
 
 pytestmark = pytest.mark.anyio
 
@@ -191,3 +194,82 @@ async def test_a_store_distributed_by_the_previous_release_migrates(
         status = await migrations.schema_status(store.db)
     assert [m.version for m in applied] == [every[-1].version]
     assert not status.pending
+
+
+def _two_phase_commits(dsn: str) -> int:
+    """Transactions the coordinator committed in two phases and Citus has not yet recovered."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM pg_dist_transaction").fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def _recovery_held_off(dsn: str) -> Iterator[None]:
+    """Citus' recovery of two-phase commits off (they stay in pg_dist_transaction), those
+    already there recovered first; on again after."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET citus.recover_2pc_interval = -1")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute("SELECT recover_prepared_transactions()")
+    try:
+        yield
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET citus.recover_2pc_interval")
+            conn.execute("SELECT pg_reload_conf()")
+
+
+@needs_citus
+async def test_a_claim_and_a_group_commit_commit_in_one_phase(
+    cluster: tuple[Store, bool, list[TableLayout]],
+) -> None:
+    """Regression (issue 25, the chaos run's stalled leases): a claim's events and a group
+    commit's evidence and events went in by INSERT ... SELECT, which Citus runs on the
+    coordinator and copies to the shard, and then commits the transaction in two phases; a
+    backend killed between the phases left prepared transactions holding the tasks' rows
+    until Citus recovered them (a minute by default). They are INSERTs of values now, routed
+    to the tenant's shard: no two-phase commit. Counted in pg_dist_transaction; the control
+    at the end shows the count moves for a copy."""
+    store, _, _ = cluster
+    assert CITUS_DSN is not None
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    tenants = ["tenant-0", "tenant-1", "tenant-2", "tenant-3"]
+    assert len(set(shards_of_tenants(CITUS_DSN, tenants).values())) == 2  # both nodes
+    for tenant in tenants:
+        await store.tasks.submit(d, [{"n": 1}], tenant=tenant)
+    with _recovery_held_off(CITUS_DSN):
+        assert _two_phase_commits(CITUS_DSN) == 0
+        claimed = await store.leases.claim("w", [d.digest], 4, 30.0)
+        assert sorted(task.tenant for task in claimed) == tenants
+        writes = [
+            FencedWrite(
+                task.fence("w"), {**task.checkpoint, "cursor": "second"},
+                evidence=(EvidenceRecord(
+                    occurrence="first#1", step="first", handler="count.work", idempotent=True,
+                    idempotency_key=f"{task.id}:first#1", record="completed", attempt=1,
+                    result={"v": 1},
+                ),),
+                events=(Event("progress", {"step": "first"}),),
+            )
+            for task in claimed
+        ]  # fmt: skip
+        applied = await store.leases.commit_many(writes)
+        assert set(applied.values()) == {"leased"}, applied
+        assert _two_phase_commits(CITUS_DSN) == 0
+        task = claimed[0]
+        kinds = [e["kind"] for e in await store.tasks.events(task.id, tenant=task.tenant)]
+        assert kinds == ["submitted", "claimed", "progress"], kinds
+        assert [e["record"] for e in await store.tasks.evidence(task.id)] == ["completed"]
+        # The control: an INSERT ... SELECT in a transaction that changed a task.
+        async with store.db.transaction() as conn:
+            await conn.execute(
+                "UPDATE toolkit_tasks SET updated_at = now() WHERE id = %s AND tenant = %s",
+                (task.id, task.tenant),
+            )
+            await conn.execute(
+                "INSERT INTO toolkit_task_events (task_id, tenant, kind)"
+                " SELECT %s, %s, 'probe' FROM generate_series(1, 1)",
+                (task.id, task.tenant),
+            )
+        assert _two_phase_commits(CITUS_DSN) > 0

@@ -33,8 +33,12 @@ UNFENCED = {
     "claim_tasks_one_tenant": "takes the lease of tasks nobody holds (one tenant alone)",
     "claim_tenant_tasks": "takes the lease of tasks nobody holds (one tenant's, on a store"
     " distributed by tenant)",
-    "record_fenced_writes": "the evidence and events of the writes commit_fenced_on_shard"
+    "record_event": "an event of tasks a claim took or of a write commit_fenced_on_shard"
     " applied, in its transaction (their rows stay locked by it until the commit)",
+    "record_evidence": "evidence of a write commit_fenced_on_shard applied, in its"
+    " transaction (the task's row stays locked by it until the commit)",
+    "record_cancel_found": "the cancelled event of a write commit_fenced_on_shard applied,"
+    " in its transaction",
     "wake_raced_waits": "a wake-up, in the transaction of the fenced write of its wait",
     "wake_waiting_branches": "a wake-up, in the transaction of the fenced write of its wait",
     "make_branch_waiters_due": "wake_waiting_branches' last statement on a store distributed"

@@ -173,7 +173,7 @@ def ending_statements(statements: dict[str, str]) -> set[str]:
 
 #: Ending statements whose transaction's next statement releases the keys (a statement routed
 #: to one shard of a distributed store cannot insert in a CTE): that statement, by name.
-KEYS_RELEASED_AFTER = {"commit_fenced_on_shard": "record_fenced_writes"}
+KEYS_RELEASED_AFTER = {"commit_fenced_on_shard": "record_key_wake"}
 
 
 def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
@@ -187,6 +187,6 @@ def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
         name
         for name in ending
         if "ends_in_statement" not in statements[name]
-        or "key_released AS" not in statements[KEYS_RELEASED_AFTER.get(name, name)]
+        or "INSERT INTO toolkit_key_wakes" not in statements[KEYS_RELEASED_AFTER.get(name, name)]
     )
     assert missing == []

@@ -45,7 +45,7 @@ from toolkit.lifecycle import TaskState
 from toolkit.store.database import Database
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
-from toolkit.store.writes import FencedWrite, write_json
+from toolkit.store.writes import FencedWrite
 
 logger = logging.getLogger(__name__)
 
@@ -158,19 +158,16 @@ async def _claim_tenant(
             claim["locked"] = True
         await cursor.execute(query("claim_tenant_tasks"), claim)
         rows = await cursor.fetchall()
-        if rows:
-            await cursor.execute(
-                query("record_claims"),
-                {
-                    "tenant": tenant["tenant"],
-                    "worker_id": params["worker_id"],
-                    "ids": [row["id"] for row in rows],
-                    "tokens": [row["lease_token"] for row in rows],
-                    "previous_states": ["leased" if row["recovered"] else "queued" for row in rows],
-                    "previous_owners": [row["previous_owner"] for row in rows],
-                    "queue_delays": [row["queue_delay"] for row in rows],
-                },
-            )
+        events = [
+            {
+                "task_id": row["id"], "tenant": row["tenant"], "kind": row["event_kind"],
+                "worker_id": params["worker_id"], "token": row["lease_token"],
+                "detail": _jsonb(row["event_detail"]),
+            }
+            for row in rows
+        ]  # fmt: skip
+        if events:
+            await cursor.executemany(query("record_event"), events)
         return rows
 
 
@@ -283,9 +280,11 @@ async def record_on_shard(
     """One tenant's fenced writes on a distributed store, in the transaction of ``cursor``.
 
     ``commit_fenced_on_shard`` (routed to the tenant's shard), then what it leaves to
-    statements of their own: the rows the writes applied insert and the keys they released
-    (``record_fenced_writes``), the outcomes of the scheduled runs they ended
-    (``count_schedule_outcomes``).
+    statements of their own: the rows the writes applied insert and the wake rows of the
+    keys they released, an ``INSERT`` of values per row, sent together (``record_evidence``,
+    ``record_branch``, ``record_event``, ``record_cancel_found``, ``record_key_wake``: each
+    routed to the shard, so the transaction commits in one phase), and the outcomes of the
+    scheduled runs they ended (``count_schedule_outcomes``).
 
     Args:
         cursor: a cursor (dict rows) inside the group commit's transaction.
@@ -299,33 +298,26 @@ async def record_on_shard(
     rows = await cursor.fetchall()
     unwoken = next((row["limits_unwoken"] for row in rows if row["limits_unwoken"]), None)
     fresh = [row for row in rows if row["cancelling"] is not None]  # not replayed
-    if fresh:
-        by_task = {write.fence.task_id: write for write in writes}
-        keys = [row for row in fresh if row["released_key"] is not None]
+    by_task = {write.fence.task_id: write for write in writes}
+    worker_id = params["worker_id"]
+    for name, rows_of in (
+        ("record_evidence", _evidence_rows), ("record_branch", _branch_rows),
+        ("record_event", _event_rows), ("record_cancel_found", _cancel_rows),
+        ("record_key_wake", _key_wake_rows),
+    ):  # fmt: skip
+        values = [value for row in fresh for value in rows_of(by_task[row["id"]], row, worker_id)]
+        if values:
+            await cursor.executemany(query(name), values)
+    runs = sorted((row for row in fresh if row["schedule_name"]), key=lambda r: r["id"])
+    if runs:
         await cursor.execute(
-            query("record_fenced_writes"),
+            query("count_schedule_outcomes"),
             {
-                "worker_id": params["worker_id"],
-                "tenant": params["tenant"],
-                "writes": Jsonb([write_json(by_task[row["id"]]) for row in fresh]),
-                "ids": [row["id"] for row in fresh],
-                "tokens": [by_task[row["id"]].fence.token for row in fresh],
-                "cancelling": [row["cancelling"] for row in fresh],
-                "key_tenants": [params["tenant"]] * len(keys),
-                "key_definitions": [row["released_definition"] for row in keys],
-                "key_names": [row["released_key"] for row in keys],
+                "ids": [row["id"] for row in runs],
+                "schedules": [row["schedule_name"] for row in runs],
+                "states": [row["state"] for row in runs],
             },
         )
-        runs = sorted((row for row in fresh if row["schedule_name"]), key=lambda r: r["id"])
-        if runs:
-            await cursor.execute(
-                query("count_schedule_outcomes"),
-                {
-                    "ids": [row["id"] for row in runs],
-                    "schedules": [row["schedule_name"] for row in runs],
-                    "states": [row["state"] for row in runs],
-                },
-            )
     applied = {row["id"]: TaskState(row["state"]) for row in rows}
     return ShardWrites(applied, {name: int(n) for name, n in (unwoken or {}).items()})
 
@@ -361,3 +353,73 @@ async def wake_other_tenants(db: Database, tenant: str, limits: Mapping[str, int
             "waiters of other tenants for limits %s not woken (they look again later): %s",
             sorted(limits), exc, extra={"action": "limit_wake_failed", "tenant": tenant},
         )  # fmt: skip
+
+
+#: One row's values for a record_* statement (see `record_on_shard`).
+RowValues = dict[str, Any]
+
+
+def _jsonb(value: Any) -> Jsonb | None:
+    """A JSON value as a parameter, None as SQL NULL.
+
+    ``jsonb_to_recordset`` reads a JSON null as SQL NULL, so both paths store the same.
+    """
+    return None if value is None else Jsonb(value)
+
+
+def _evidence_rows(write: FencedWrite, applied: DictRow, worker_id: str) -> list[RowValues]:
+    """``record_evidence``'s values for an applied write: its evidence records."""
+    fence = write.fence
+    return [
+        {
+            "task_id": fence.task_id, "tenant": fence.tenant, "occurrence": r.occurrence,
+            "step": r.step, "handler": r.handler, "idempotent": r.idempotent,
+            "idempotency_key": r.idempotency_key, "record": r.record, "attempt": r.attempt,
+            "token": fence.token, "worker_id": worker_id, "result": _jsonb(r.result),
+            "error": _jsonb(r.error), "spend": _jsonb(r.spend),
+        }
+        for r in write.evidence
+    ]  # fmt: skip
+
+
+def _branch_rows(write: FencedWrite, applied: DictRow, worker_id: str) -> list[RowValues]:
+    """``record_branch``'s values for an applied write: its branch rows."""
+    fence = write.fence
+    return [
+        {
+            "task_id": fence.task_id, "tenant": fence.tenant, "fanout": b.fanout,
+            "name": b.name, "position": b.position, "status": b.status,
+            "frame": Jsonb(b.frame), "run_at": b.run_at, "waits_for": list(b.waits_for),
+            "seen": b.seen,
+        }
+        for b in write.branches
+    ]  # fmt: skip
+
+
+def _event_rows(write: FencedWrite, applied: DictRow, worker_id: str) -> list[RowValues]:
+    """``record_event``'s values for an applied write: its events."""
+    fence = write.fence
+    return [
+        {
+            "task_id": fence.task_id, "tenant": fence.tenant, "kind": e.kind,
+            "worker_id": worker_id, "token": fence.token, "detail": _jsonb(e.detail),
+        }
+        for e in write.events
+    ]  # fmt: skip
+
+
+def _cancel_rows(write: FencedWrite, applied: DictRow, worker_id: str) -> list[RowValues]:
+    """``record_cancel_found``'s values: one when the write found a cancel request."""
+    fence = write.fence
+    if not applied["cancelling"]:
+        return []
+    return [{"task_id": fence.task_id, "tenant": fence.tenant, "worker_id": worker_id,
+             "token": fence.token}]  # fmt: skip
+
+
+def _key_wake_rows(write: FencedWrite, applied: DictRow, worker_id: str) -> list[RowValues]:
+    """``record_key_wake``'s values: one when the write ended a holder of a key."""
+    if applied["released_key"] is None:
+        return []
+    return [{"tenant": write.fence.tenant, "definition_name": applied["released_definition"],
+             "concurrency_key": applied["released_key"]}]  # fmt: skip

@@ -20,6 +20,7 @@ in between) delays work, never loses it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, LiteralString, Self, overload
 
 import psycopg
@@ -94,6 +95,28 @@ class NotifyingCursor(AsyncRawCursor[Any]):
         if not isinstance(query, str) or "notify_" in query:
             await send_notifications(self)
         return self
+
+
+    async def executemany(
+        self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
+    ) -> None:
+        """Run the statement once per set of parameters, pipelined in one round trip.
+
+        As ``AsyncCursor.executemany``, but it sends no notifications: a statement that asks
+        for some is refused.
+
+        Raises:
+            psycopg.Error: a statement failed.
+            TypeError: the statement is not text, asks for notifications, or ``params_seq``
+                does not suit its placeholders (see `bind`).
+        """
+        if not isinstance(query, str) or "notify_" in query:
+            raise TypeError(f"executemany takes text that asks for no notification: {query!r}")
+        bound = [bind(query, params) for params in params_seq]
+        if bound:
+            await super().executemany(
+                bound[0][0], [params for _, params in bound], returning=returning
+            )
 
 
 async def send_notifications(cursor: AsyncCursor[Any]) -> None:

@@ -31,7 +31,7 @@
 -- shard of a store distributed by tenant (commit_fenced_on_shard): Citus routes no statement
 -- that inserts in a CTE, and the schedules are a reference table. The caller inserts the
 -- keys' wake rows and counts the scheduled runs' outcomes in the same transaction
--- (record_fenced_writes).
+-- (record_key_wake, count_schedule_outcomes).
 -- include: ended_wakeup
 ,
 -- include: ended_awaited

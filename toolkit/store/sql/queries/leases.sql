@@ -53,7 +53,7 @@ LIMIT tn.slots
 -- %(deferring)s (the claimer has a checkpoint window, migration 0027) except for a
 -- takeover, and deferred_before tells a takeover whether the lease it took over was. CTE
 -- claimed; the including statement selects from it (claim_result on one PostgreSQL) and
--- records its events (claim_events, or record_claims on a distributed store). Nothing here
+-- records its events (claim_events, or record_event on a distributed store). Nothing here
 -- reads the clock in RETURNING, which Citus refuses.
 claimed AS (
     UPDATE toolkit_tasks t
@@ -74,20 +74,27 @@ claimed AS (
 )
 
 -- fragment: claim_events
--- The claimed (or recovered, for an expired lease) event of each task in CTE claimed (id,
--- tenant, lease_token, previous_state, previous_owner, queue_delay), carrying its queue
--- delay (seconds from due to claimed, database time) and, for a takeover, the previous
--- owner.
+-- The claimed (or recovered) event of each task in CTE claimed (id, tenant, lease_token,
+-- and claim_event_values' columns).
 events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
-    SELECT id, tenant,
-           CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END,
-           %(worker_id)s, lease_token,
-           jsonb_strip_nulls(jsonb_build_object(
-               'previous_owner', CASE WHEN previous_state = 'leased' THEN previous_owner END,
-               'queue_delay', round(queue_delay::numeric, 6)))
-    FROM claimed
+    SELECT id, tenant, event_kind, %(worker_id)s, lease_token, event_detail
+    FROM (
+        SELECT id, tenant, lease_token,
+        -- include: claim_event_values
+        FROM claimed
+    ) c
 )
+
+-- fragment: claim_event_values
+-- The kind and detail of a claimed task's event (columns of CTE claimed: previous_state,
+-- previous_owner, queue_delay): claimed, or recovered for an expired lease, carrying its
+-- queue delay (seconds from due to claimed, database time) and, for a takeover, the
+-- previous owner.
+CASE WHEN previous_state = 'leased' THEN 'recovered' ELSE 'claimed' END AS event_kind,
+jsonb_strip_nulls(jsonb_build_object(
+    'previous_owner', CASE WHEN previous_state = 'leased' THEN previous_owner END,
+    'queue_delay', round(queue_delay::numeric, 6))) AS event_detail
 
 -- fragment: claimed_columns
 -- The columns of a claimed task (CTE claimed as c) that a claim returns (ClaimedTask).
@@ -401,8 +408,8 @@ FOR NO KEY UPDATE SKIP LOCKED;
 -- distributed by tenant makes one per tenant it serves (Leases.claim; docs/scaling.md). A
 -- paused tenant gets nothing; one with a max_active only when %(locked)s (this transaction
 -- holds its row: lock_limited_tenant), and at most max_active minus its unexpired leases.
--- Returns one row per task claimed (claimed_columns, and previous_owner); their events are
--- the transaction's next statement (record_claims).
+-- Returns one row per task claimed (claimed_columns, previous_owner, and its event's
+-- claim_event_values); the events are the transaction's next statements (record_event).
 WITH tn AS (
     SELECT tn.tenant,
            CASE WHEN tn.max_active IS NULL THEN %(limit)s::bigint
@@ -424,23 +431,10 @@ WITH tn AS (
 -- include: take_leases
 SELECT
 -- include: claimed_columns
-       , c.previous_owner
+       , c.previous_owner,
+-- include: claim_event_values
 FROM claimed c
 ORDER BY c.id;
-
--- name: record_claims
--- The events of the tasks claim_tenant_tasks claimed for tenant %(tenant)s (claim_events), a
--- statement of its own in the claim's transaction: Citus routes no statement that inserts
--- in a CTE to one shard. The tasks: %(ids)s with their %(tokens)s, %(previous_states)s,
--- %(previous_owners)s and %(queue_delays)s (seconds), as the claim returned them.
-WITH claimed AS (
-    SELECT c.*, %(tenant)s::text AS tenant
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(previous_states)s::text[],
-                %(previous_owners)s::text[], %(queue_delays)s::float8[])
-         AS c(id, lease_token, previous_state, previous_owner, queue_delay)
-),
--- include: claim_events
-SELECT cardinality(%(ids)s::bigint[]) AS recorded;
 
 -- name: advance_tenant
 -- advance_rotation for one tenant, routed to its shard: it moves on by %(count)s tasks per

@@ -55,30 +55,63 @@
 -- include: fenced_write_rest
 ;
 
--- name: record_fenced_writes
--- What commit_fenced_on_shard leaves to the next statements of its transaction on a store
--- distributed by tenant (Citus routes no statement that inserts in a CTE to one shard): the
--- rows inserted for each write applied (fenced_write_inserts), the wake rows of the
--- concurrency keys released (task_ended's key_released), and the outcomes of the
--- scheduled runs that ended (count_schedule_outcomes, when any). The writes: %(writes)s
--- (as commit_fenced's, those applied); applied: %(ids)s with %(tokens)s and %(cancelling)s;
--- ended holders of a key: %(key_tenants)s, %(key_definitions)s, %(key_names)s.
-WITH w AS (
-    SELECT * FROM jsonb_to_recordset(%(writes)s::jsonb) AS w(
-        task_id bigint, evidence jsonb, events jsonb, branches jsonb)
-), guard AS (
-    SELECT g.*, %(tenant)s::text AS tenant
-    FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(cancelling)s::boolean[])
-         AS g(id, token, cancelling)
-), ended AS (
-    SELECT *, true AS key_held
-    FROM unnest(%(key_tenants)s::text[], %(key_definitions)s::text[], %(key_names)s::text[])
-         AS e(tenant, definition_name, concurrency_key)
-),
--- include: key_released
-,
--- include: fenced_write_inserts
-SELECT cardinality(%(ids)s::bigint[]) AS recorded;
+-- name: record_event
+-- One event of a task, %(kind)s with %(detail)s, under fencing token %(token)s: on a store
+-- distributed by tenant, the events of the tasks a claim took (claim_tenant_tasks' event
+-- columns) and of the writes commit_fenced_on_shard applied, each in their transaction.
+-- What commit_fenced inserts in CTEs (fenced_write_inserts, claim_events) is there a
+-- statement per row, sent together (executemany): Citus routes an INSERT of values to the
+-- tenant's shard, and the transaction commits in one phase; an INSERT ... SELECT it runs on
+-- the coordinator, copies to the shard, and commits in two (docs/scaling.md). So do
+-- record_evidence, record_branch, record_cancel_found and record_key_wake.
+INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+VALUES (%(task_id)s, %(tenant)s, %(kind)s, %(worker_id)s, %(token)s, %(detail)s);
+
+-- name: record_evidence
+-- One effect evidence record of a write commit_fenced_on_shard applied (record_event says
+-- why a statement per row): fenced_write_inserts' evidence.
+INSERT INTO toolkit_effect_evidence
+    (task_id, tenant, occurrence, step, handler, idempotent, idempotency_key, record,
+     attempt, fencing_token, worker_id, result, error, spend)
+VALUES (%(task_id)s, %(tenant)s, %(occurrence)s, %(step)s, %(handler)s, %(idempotent)s,
+        %(idempotency_key)s, %(record)s, %(attempt)s, %(token)s, %(worker_id)s, %(result)s,
+        %(error)s, %(spend)s);
+
+-- name: record_branch
+-- One branch row of a write commit_fenced_on_shard applied, replacing the stored one
+-- (record_event says why a statement per row): fenced_write_inserts' branch_rows.
+INSERT INTO toolkit_branches AS b
+    (task_id, tenant, fanout, name, position, status, frame, run_at, waits_for, seen)
+VALUES (%(task_id)s, %(tenant)s, %(fanout)s, %(name)s, %(position)s, %(status)s, %(frame)s,
+        %(run_at)s::timestamptz, %(waits_for)s::text[], %(seen)s)
+-- include: branch_row_update
+;
+
+-- name: record_cancel_found
+-- The cancelled event of a write commit_fenced_on_shard found a cancel request for (its
+-- row's cancelling), under fencing token %(token)s (record_event says why a statement per
+-- row): fenced_write_inserts' last event.
+INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
+VALUES (%(task_id)s, %(tenant)s, 'cancelled', %(worker_id)s, %(token)s,
+-- include: cancel_found_detail
+);
+
+-- name: record_key_wake
+-- The wake row of a concurrency key an ended holder released, for a write
+-- commit_fenced_on_shard applied (its row's released_key; record_event says why a
+-- statement per row): task_ended's key_released.
+INSERT INTO toolkit_key_wakes (tenant, definition_name, concurrency_key)
+VALUES (%(tenant)s, %(definition_name)s, %(concurrency_key)s);
+
+-- fragment: branch_row_update
+-- A branch row written again replaces the stored one (fenced_write_inserts, record_branch).
+ON CONFLICT (task_id, fanout, name, tenant) DO UPDATE
+SET position = excluded.position, status = excluded.status, frame = excluded.frame,
+    run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
+
+-- fragment: cancel_found_detail
+-- The detail of the cancelled event of a task whose write found a cancel request.
+jsonb_build_object('reason', 'cancel request found at the end of a cycle')
 
 -- fragment: fenced_write
 -- commit_fenced up to its tasks' ends (CTE ended), which the including statement follows
@@ -200,9 +233,7 @@ evidence AS (
     CROSS JOIN LATERAL jsonb_to_recordset(w.branches) AS r(
         fanout text, name text, position integer, status text, frame jsonb,
         run_at timestamptz, waits_for jsonb, seen integer)
-    ON CONFLICT (task_id, fanout, name, tenant) DO UPDATE
-    SET position = excluded.position, status = excluded.status, frame = excluded.frame,
-        run_at = excluded.run_at, waits_for = excluded.waits_for, seen = excluded.seen
+    -- include: branch_row_update
 ), events AS (
     INSERT INTO toolkit_task_events (task_id, tenant, kind, worker_id, fencing_token, detail)
     SELECT g.id, g.tenant, e.kind, %(worker_id)s, g.token, e.detail
@@ -211,7 +242,7 @@ evidence AS (
     CROSS JOIN LATERAL jsonb_to_recordset(w.events) AS e(kind text, detail jsonb)
     UNION ALL
     SELECT g.id, g.tenant, 'cancelled', %(worker_id)s, g.token,
-           jsonb_build_object('reason', 'cancel request found at the end of a cycle')
+           -- include: cancel_found_detail
     FROM guard g
     WHERE g.cancelling
 )
