@@ -401,7 +401,8 @@ async def test_the_fenced_write_reads_each_task_by_its_key(store: Store, plan_ki
     """Regression (issue 22): to find writes sent again (their write_id already stored), the
     group commit joined its batch with the task table; expecting a hundred writes in the
     batch, the planner hashed a scan of every task, once per group commit. At 2,000 five-step
-    workflows that scan was a third of the server's CPU, and it grew with the history."""
+    workflows that scan was a third of the server's CPU, and it grows with the table (until
+    the planner prefers the index, some tens of thousands of tasks later)."""
     await _mixed(store)
     params = await _commit_params(store)
     if plan_kind == "custom":
