@@ -96,7 +96,6 @@ class NotifyingCursor(AsyncRawCursor[Any]):
             await send_notifications(self)
         return self
 
-
     async def executemany(
         self, query: Query, params_seq: Iterable[Params], *, returning: bool = False
     ) -> None:
