@@ -159,9 +159,17 @@ def test_max_concurrency_holds_over_four_workers_and_unlimited_tasks_are_not_slo
 
 TAKES = """
 CREATE TABLE test_token_takes (at timestamptz NOT NULL, tokens float8 NOT NULL);
+-- A row per token taken: a batch of acquisitions takes several in one update, the bucket
+-- refilled to its new time less the tokens it holds after.
 CREATE FUNCTION test_token_taken() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    refilled float8;
 BEGIN
-    INSERT INTO test_token_takes VALUES (clock_timestamp(), NEW.tokens);
+    SELECT least(l.burst, OLD.tokens + l.rate_per_second
+                 * extract(epoch FROM NEW.refreshed_at - OLD.refreshed_at))
+    INTO refilled FROM toolkit_limits l WHERE l.name = NEW.name;
+    INSERT INTO test_token_takes
+    SELECT clock_timestamp(), NEW.tokens FROM generate_series(1, round(refilled - NEW.tokens)::int);
     RETURN NEW;
 END $$;
 CREATE TRIGGER test_token_taken AFTER UPDATE ON toolkit_limit_buckets

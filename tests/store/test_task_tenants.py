@@ -24,7 +24,6 @@ pytestmark = pytest.mark.anyio
 #: Statements that name one task but not its tenant, and why.
 WITHOUT_THE_TENANT = {
     "task_tenant": "the lookup of the tenant itself",
-    "delete_stale_limit_slots": "a limit scope's stale slots, any tenant's (not the task's)",
 }
 
 

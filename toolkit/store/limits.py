@@ -19,17 +19,26 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
-from psycopg import AsyncConnection, AsyncCursor
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow
 
 from toolkit.durations import rate_parts
-from toolkit.errors import ConfigError, LeaseLost, UnknownLimit
+from toolkit.errors import ConfigError, UnknownLimit
 from toolkit.store.database import Database
-from toolkit.store.fence import Fence, fence_params
-from toolkit.store.queries import query
+from toolkit.store.fence import Fence
+from toolkit.store.limit_acquisition import Acquisitions, LimitDeferral, LimitGrant
+
+__all__ = [
+    "KEEP",
+    "LimitDeferral",
+    "LimitGrant",
+    "LimitRecord",
+    "LimitSpec",
+    "Limits",
+    "parse_rate",
+]
 
 
 class _Keep:
@@ -41,15 +50,6 @@ class _Keep:
 
 #: Leave a setting as it is (the default of every setting of :meth:`Limits.set`).
 KEEP: Final = _Keep()
-
-#: First pause of a task deferred for a full concurrency limit, seconds; it doubles with
-#: each deferral of the same step up to :data:`SLOT_RECHECK_MAX`. A released slot wakes the
-#: first waiting task at once: this is only the fallback.
-SLOT_RECHECK_MIN = 0.25
-SLOT_RECHECK_MAX = 30.0
-#: Shortest deferral, seconds (a bucket a hair short of a token).
-MIN_DEFERRAL = 0.001
-
 
 #: The lowest rate a limit takes, calls per second: one a day (a token's wait stays a day).
 MIN_RATE = 1 / 86400
@@ -138,56 +138,12 @@ class LimitRecord:
     updated_at: datetime.datetime
 
 
-@dataclasses.dataclass(frozen=True)
-class LimitGrant:
-    """Every limit of the step had room; the slots and tokens are taken.
-
-    Attributes:
-        now: the database's time of the acquisition.
-    """
-
-    now: datetime.datetime
-
-
-@dataclasses.dataclass(frozen=True)
-class LimitDeferral:
-    """A limit of the step is full: nothing was taken.
-
-    Attributes:
-        name: the first full limit (by name).
-        scope: its scope (``""``, or the tenant).
-        reason: ``concurrency`` (no free slot) or ``rate`` (no token).
-        delay_seconds: when a slot or token is expected, seconds from ``now``: a token at
-            the bucket's refill time counting the tasks already waiting for it; a slot at
-            the earliest lease expiry of its holders, or sooner (a recheck that doubles with
-            each deferral; a released slot also wakes the first waiting task at once).
-        now: the database's time of the acquisition.
-    """
-
-    name: str
-    scope: str
-    reason: str
-    delay_seconds: float
-    now: datetime.datetime
-
-    @property
-    def until(self) -> datetime.datetime:
-        """``now + delay_seconds``: when to try again, database time."""
-        return self.now + datetime.timedelta(seconds=self.delay_seconds)
-
-
-class _Full(Exception):
-    """Raised inside the acquisition's transaction to roll it back."""
-
-    def __init__(self, deferral: LimitDeferral) -> None:
-        self.deferral = deferral
-
-
 class Limits:
     """Named downstream limits of one store: declaration, operator changes, acquisition."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._acquisitions = Acquisitions(db)
 
     async def sync(self, specs: Iterable[LimitSpec]) -> set[str]:
         """Store the limits an application declares (at a worker's start); one statement.
@@ -331,10 +287,12 @@ class Limits:
     ) -> LimitGrant | LimitDeferral:
         """Take a slot and a token of every limit in ``names`` for one step occurrence, or none.
 
-        One transaction fenced by the lease: lock the task row, lock each limit's scope in
-        name order, count the live slots and refill the buckets in database time, then take
-        a slot of each limit with a ``max_concurrency`` and a token of each with a rate. If
-        any limit is full, nothing is taken and the deferral says when to try again. Sent
+        A transaction fenced by the lease: lock the task row, lock each limit's scope in
+        (name, scope) order, count the live slots and refill the buckets in database time,
+        then take a slot of each limit with a ``max_concurrency`` and a token of each with a
+        rate. If any limit is full, nothing is taken and the deferral says when to try
+        again. The acquisitions a process makes at the same moment share one transaction
+        (:mod:`toolkit.store.limit_acquisition`), each decided on its own. Sent
         again after a lost connection, a slot already held under this lease counts as taken
         (a token may be taken twice: a bucket errs on the safe side).
 
@@ -353,138 +311,7 @@ class Limits:
             DatabaseUnavailable: the database cannot be reached (nothing was taken, or all
                 was under this lease: call again).
         """
-        names = sorted(set(names))
-        try:
-            async with self._db.connection() as conn, conn.pipeline(), conn.transaction():
-                return await _acquire_in(conn, fence, occurrence, names, deferrals)
-        except _Full as full:  # rolled back: nothing of any limit was taken
-            return full.deferral
-
-
-async def _acquire_in(
-    conn: AsyncConnection[Any],
-    fence: Fence,
-    occurrence: str,
-    names: Sequence[str],
-    deferrals: int,
-) -> LimitGrant:
-    """An acquisition in the transaction open on ``conn``, in pipeline mode (see `acquire`).
-
-    The task's lock, the scopes' locks and their state are sent together, one round trip;
-    what there is room for is taken by statements sent with the commit, a second. A limit's
-    first acquisition in a scope, which adds its bucket, takes more.
-
-    Raises:
-        LeaseLost: the lease is no longer held.
-        _Full: a limit is full (the transaction then rolls back).
-    """
-    task, locked, state = (conn.cursor(row_factory=dict_row) for _ in range(3))
-    params = {
-        "names": list(names),
-        "task_id": fence.task_id,
-        "tenant": fence.tenant,
-        "token": fence.token,
-        "occurrence": occurrence,
-    }
-    await task.execute(query("lock_task_for_limits"), fence_params(fence))
-    await locked.execute(query("lock_limit_scopes"), params)
-    await state.execute(query("limit_scope_state"), params)
-    if await task.fetchone() is None:
-        raise LeaseLost(f"task {fence.task_id}: lease lost before its limits were taken")
-    scopes = _scopes(await locked.fetchall())
-    states = await state.fetchall()
-    # A bucket missing (a limit's first acquisition in its scope, or a name the store does
-    # not hold), or a limit's scope changed between the locks and the state (an operator's
-    # `limits set --per-tenant`), so that the state is not of the scope locked: add the
-    # missing buckets, lock again, read again.
-    again = len(scopes) < len(names) or _scopes(states) != scopes
-    while again:
-        await conn.cursor().execute(query("add_limit_buckets"), params)
-        await locked.execute(query("lock_limit_scopes"), params)
-        scopes = _scopes(await locked.fetchall())
-        await state.execute(query("limit_scope_state"), params)
-        states = await state.fetchall()
-        again = _scopes(states) != scopes
-    if not states:
-        return LimitGrant(await _now(conn))
-    rated: list[DictRow] = []
-    slotted: list[DictRow] = []
-    for row in states:
-        deferral = _deferral(row, deferrals)
-        if deferral is not None:
-            raise _Full(deferral)
-        if row["rate_per_second"] is not None:
-            rated.append(row)
-        if row["max_concurrency"] is not None and not row["held"]:
-            slotted.append(row)
-    await _take(state, fence, occurrence, rated, slotted)
-    return LimitGrant(states[0]["now"])
-
-
-def _scopes(rows: Iterable[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    return [(row["name"], row["scope"]) for row in rows]
-
-
-async def _take(
-    cursor: AsyncCursor[DictRow],
-    fence: Fence,
-    occurrence: str,
-    rated: Sequence[Mapping[str, Any]],
-    slotted: Sequence[Mapping[str, Any]],
-) -> None:
-    """Take what an acquisition found room for, in its transaction.
-
-    A token of each bucket of ``rated``; a slot of each limit of ``slotted``, their stale
-    slots (counted by ``limit_scope_state``) deleted first.
-    """
-    if rated:
-        await cursor.execute(
-            query("take_limit_tokens"),
-            {"rated": [s["name"] for s in rated], "rated_scopes": [s["scope"] for s in rated]},
-        )
-    if slotted:
-        params = {
-            "slotted": [s["name"] for s in slotted],
-            "slotted_scopes": [s["scope"] for s in slotted],
-            "task_id": fence.task_id,
-            "tenant": fence.tenant,
-            "token": fence.token,
-            "occurrence": occurrence,
-        }
-        if any(s["stale"] for s in slotted):
-            await cursor.execute(query("delete_stale_limit_slots"), params)
-        await cursor.execute(query("take_limit_slots"), params)
-
-
-def _deferral(state: Mapping[str, Any], deferrals: int) -> LimitDeferral | None:
-    """The deferral a limit's state calls for, or None when it has room (see `acquire`)."""
-    delays: list[tuple[float, str]] = []
-    limit = state["max_concurrency"]
-    if limit is not None and not state["held"] and state["in_use"] >= limit:
-        recheck = min(SLOT_RECHECK_MAX, SLOT_RECHECK_MIN * 2.0 ** min(deferrals, 16))
-        first_free = state["first_free_seconds"]
-        delays.append((min(recheck, first_free) if first_free is not None else recheck,
-                       "concurrency"))  # fmt: skip
-    tokens = state["tokens"]
-    if tokens is not None and tokens < 1:
-        # Behind the tasks already waiting for this bucket: each takes a token first.
-        delays.append(((1 - tokens + state["waiting"]) / state["rate_per_second"], "rate"))
-    if not delays:
-        return None
-    delay, reason = max(delays)
-    return LimitDeferral(
-        name=state["name"],
-        scope=state["scope"],
-        reason=reason,
-        delay_seconds=max(delay, MIN_DEFERRAL),
-        now=state["now"],
-    )
-
-
-async def _now(conn: Any) -> datetime.datetime:
-    cursor = await conn.execute(query("database_now"))
-    row = await cursor.fetchone()
-    return row[0]  # type: ignore[no-any-return]
+        return await self._acquisitions.acquire(fence, occurrence, names, deferrals)
 
 
 def _record(row: DictRow) -> LimitRecord:

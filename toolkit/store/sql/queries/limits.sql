@@ -164,9 +164,9 @@ LEFT JOIN use ON use.name = lim.name
 ORDER BY lim.name;
 
 -- name: lock_task_for_limits
--- The first statement of an acquisition: locks the task while its fence's lease holds (no
--- row otherwise: the lease is lost). Routed to the tenant's shard on a store distributed by
--- tenant.
+-- The first statements of a batch of acquisitions, one per task: locks the task while its
+-- fence's lease holds (no row otherwise: the lease is lost). Routed to the tenant's shard
+-- on a store distributed by tenant (Citus locks no rows across shards in one statement).
 SELECT t.id
 FROM toolkit_tasks t
 WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s
@@ -174,58 +174,62 @@ WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s
 FOR NO KEY UPDATE;
 
 -- name: add_limit_buckets
--- When lock_limit_scopes found a limit without a bucket for its scope (its first
--- acquisition there): a bucket row for each limit's scope ('' for a global limit, the task's tenant
--- %(tenant)s for a per-tenant one) that has none yet, inserted in name order (a full
+-- When lock_limit_scopes found a limit without a bucket for a scope it was asked for (its
+-- first acquisition there): a bucket row for each limit's scope ('' for a global limit, the
+-- tenant for a per-tenant one) that has none yet, of the pairs %(names)s / %(tenants)s (a
+-- limit name and the tenant of the task asking), inserted in (name, scope) order (a full
 -- bucket), so that lock_limit_scopes, run again, locks it. A statement of its own: the
 -- buckets are a reference table on a store distributed by tenant, which Citus changes on
 -- every node.
 INSERT INTO toolkit_limit_buckets (name, scope, tokens)
-SELECT l.name, CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END, coalesce(l.burst, 0)
-FROM toolkit_limits l
-WHERE l.name = ANY(%(names)s::text[])
-  AND NOT EXISTS (SELECT 1 FROM toolkit_limit_buckets b
+SELECT DISTINCT l.name, CASE WHEN l.per_tenant THEN r.tenant ELSE '' END, coalesce(l.burst, 0)
+FROM unnest(%(names)s::text[], %(tenants)s::text[]) AS r(name, tenant)
+JOIN toolkit_limits l ON l.name = r.name
+WHERE NOT EXISTS (SELECT 1 FROM toolkit_limit_buckets b
                   WHERE b.name = l.name
-                    AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END)
-ORDER BY l.name
+                    AND b.scope = CASE WHEN l.per_tenant THEN r.tenant ELSE '' END)
+ORDER BY 1, 2
 ON CONFLICT (name, scope) DO NOTHING;
 
 -- name: lock_limit_scopes
--- Locks the bucket row of each limit's scope, in name order: acquisitions of one scope take
--- turns, so the statement that follows (a fresh snapshot) sees every slot and token the
--- previous ones took. A limit missing from the store is left out (it limits nothing).
-SELECT l.name, b.scope
-FROM toolkit_limits l
-JOIN toolkit_limit_buckets b
-  ON b.name = l.name AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END
-WHERE l.name = ANY(%(names)s::text[])
-ORDER BY l.name
+-- Locks the bucket row of each scope asked for by the pairs %(names)s / %(tenants)s (a limit
+-- name and the tenant of the task asking; the scope is '' for a global limit, else the
+-- tenant), in (name, scope) order: acquisitions of one scope take turns, so the statement
+-- that follows (a fresh snapshot) sees every slot and token the previous ones took. A
+-- limit missing from the store is left out (it limits nothing).
+SELECT b.name, b.scope
+FROM toolkit_limit_buckets b
+JOIN toolkit_limits l ON l.name = b.name
+WHERE EXISTS (SELECT 1 FROM unnest(%(names)s::text[], %(tenants)s::text[]) AS r(name, tenant)
+              WHERE r.name = b.name
+                AND b.scope = CASE WHEN l.per_tenant THEN r.tenant ELSE '' END)
+ORDER BY b.name, b.scope
 FOR NO KEY UPDATE OF b;
 
 -- name: limit_scope_state
--- For each limit of %(names)s the store holds, in the scope whose bucket lock_limit_scopes
--- locked ('' for a global limit, else the task's tenant %(tenant)s; a limit without a bucket
--- there is left out): the settings; in_use, the live slots of other step occurrences (a slot
--- counts while its task holds the lease it was taken under); stale, the other slots, whose
--- lease is gone; first_free_seconds, when the earliest live lease expires (seconds from
--- now); held, whether this occurrence (%(occurrence)s of task %(task_id)s) already holds a
--- slot under this lease (a call sent again after a lost connection); tokens, the bucket
--- refilled to now; waiting, the other tasks waiting for the limit in this scope; and the
--- database's now. Sent right behind the locks, before their rows are read (one round trip):
--- the statement's snapshot is taken once the locks are granted, so it sees every slot and
--- token the acquisitions before it took. The slots and the waiting tasks are counted
--- grouped, then joined to the scopes (a store distributed by tenant counts them on every
--- shard: a global limit's slots are any tenant's).
+-- For each scope asked for by the pairs %(names)s / %(tenants)s whose bucket
+-- lock_limit_scopes locked ('' for a global limit, else the tenant; a limit without a bucket
+-- there is left out): the settings; in_use, the live slots (a slot counts while its task
+-- holds the lease it was taken under); stale, the other slots but those of the tasks
+-- %(task_ids)s asking, whose lease is gone; first_free_seconds, when the earliest live lease
+-- expires (seconds from now); tokens, the bucket refilled to now; waiting, the tasks waiting
+-- for the limit in this scope; and the database's now. Sent right behind the locks, before
+-- their rows are read (one round trip): the statement's snapshot is taken once the locks
+-- are granted, so it sees every slot and token the acquisitions before it took. The slots
+-- and the waiting tasks are counted grouped, then joined to the scopes (a store
+-- distributed by tenant counts them on every shard: a global limit's slots are any
+-- tenant's).
 WITH asked AS (
-    SELECT l.name, b.scope
-    FROM toolkit_limits l
+    SELECT DISTINCT l.name, b.scope
+    FROM unnest(%(names)s::text[], %(tenants)s::text[]) AS r(name, tenant)
+    JOIN toolkit_limits l ON l.name = r.name
     JOIN toolkit_limit_buckets b
-      ON b.name = l.name AND b.scope = CASE WHEN l.per_tenant THEN %(tenant)s ELSE '' END
-    WHERE l.name = ANY(%(names)s::text[])
+      ON b.name = l.name AND b.scope = CASE WHEN l.per_tenant THEN r.tenant ELSE '' END
 ), live AS (
     SELECT x.name, x.scope,
            count(t.id) AS in_use,
-           count(*) FILTER (WHERE t.id IS NULL AND x.task_id <> %(task_id)s) AS stale,
+           count(*) FILTER (WHERE t.id IS NULL AND x.task_id <> ALL(%(task_ids)s::bigint[]))
+               AS stale,
            extract(epoch FROM min(t.lease_expires_at) - statement_timestamp())::float8
                AS first_free_seconds
     FROM toolkit_limit_slots x
@@ -234,26 +238,18 @@ WITH asked AS (
      AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp()
     JOIN asked a ON a.name = x.name AND a.scope = x.scope
     WHERE x.name = ANY(%(names)s::text[])
-      AND NOT (x.task_id = %(task_id)s AND x.occurrence = %(occurrence)s)
     GROUP BY x.name, x.scope
-), held AS (
-    SELECT DISTINCT x.name
-    FROM toolkit_limit_slots x
-    WHERE x.task_id = %(task_id)s AND x.tenant = %(tenant)s AND x.occurrence = %(occurrence)s
-      AND x.token = %(token)s AND x.name = ANY(%(names)s::text[])
 ), waits AS (
     SELECT w.wait_limit AS name, w.checkpoint -> 'wait' ->> 'scope' AS scope,
            count(*) AS waiting
     FROM toolkit_tasks w
     WHERE w.state = 'waiting' AND w.wait_reason = 'limit'
       AND w.wait_limit = ANY(%(names)s::text[])
-      AND w.id <> %(task_id)s
     GROUP BY 1, 2
 )
-SELECT s.name, s.scope, l.max_concurrency, l.rate_per_second, l.burst,
+SELECT s.name, s.scope, l.per_tenant, l.max_concurrency, l.rate_per_second, l.burst,
        coalesce(live.in_use, 0) AS in_use, coalesce(live.stale, 0) AS stale,
        live.first_free_seconds,
-       held.name IS NOT NULL AS held,
        CASE WHEN l.rate_per_second IS NOT NULL
             THEN least(l.burst, b.tokens + l.rate_per_second * greatest(
                      extract(epoch FROM statement_timestamp() - b.refreshed_at), 0)) END AS tokens,
@@ -263,46 +259,58 @@ FROM asked s
 JOIN toolkit_limits l ON l.name = s.name
 JOIN toolkit_limit_buckets b ON b.name = s.name AND b.scope = s.scope
 LEFT JOIN live ON live.name = s.name AND live.scope = s.scope
-LEFT JOIN held ON held.name = s.name
 LEFT JOIN waits ON waits.name = s.name AND waits.scope = s.scope
-ORDER BY s.name;
+ORDER BY s.name, s.scope;
+
+-- name: limit_slots_held
+-- The slots the tasks %(task_ids)s of tenants %(tenants)s hold of the limits %(names)s, with
+-- the occurrence and the lease token each was taken under: an occurrence that already
+-- holds a slot under its lease (a call sent again after a lost connection) takes none.
+SELECT x.task_id, x.occurrence, x.name, x.token
+FROM toolkit_limit_slots x
+WHERE x.task_id = ANY(%(task_ids)s::bigint[]) AND x.tenant = ANY(%(tenants)s::text[])
+  AND x.name = ANY(%(names)s::text[]);
 
 -- name: take_limit_tokens
--- Takes one token of each bucket in %(rated)s with scopes %(rated_scopes)s (refilled to now
--- first), their scopes locked by lock_limit_scopes. (The time is read in a CTE: Citus takes
--- no stable function of a column in an UPDATE.)
+-- Takes %(counts)s tokens of each bucket in %(rated)s with scopes %(rated_scopes)s (refilled
+-- to now first), their scopes locked by lock_limit_scopes. (The time is read in a CTE:
+-- Citus takes no stable function of a column in an UPDATE.)
 WITH clock AS (
     SELECT statement_timestamp() AS now_at
 ), rated AS (
-    SELECT * FROM unnest(%(rated)s::text[], %(rated_scopes)s::text[]) AS r(name, scope)
+    SELECT *
+    FROM unnest(%(rated)s::text[], %(rated_scopes)s::text[], %(counts)s::float8[])
+         AS r(name, scope, taken)
 )
 UPDATE toolkit_limit_buckets b
 SET tokens = least(l.burst, b.tokens + l.rate_per_second * greatest(
-                 extract(epoch FROM c.now_at - b.refreshed_at), 0)) - 1,
+                 extract(epoch FROM c.now_at - b.refreshed_at), 0)) - r.taken,
     refreshed_at = c.now_at
 FROM rated r, toolkit_limits l, clock c
 WHERE b.name = r.name AND b.scope = r.scope AND l.name = r.name;
 
 -- name: delete_stale_limit_slots
 -- Before slots of the limits %(slotted)s (scopes %(slotted_scopes)s) are taken, when
--- limit_scope_state counted stale ones: their slots whose task's lease is gone are deleted
--- (the scopes are locked by lock_limit_scopes). A statement of its own: on a store
--- distributed by tenant a global limit's slots are any tenant's, on every shard, while the
--- slots taken go to the task's.
+-- limit_scope_state counted stale ones: their slots whose task's lease is gone are deleted,
+-- but those of the tasks %(task_ids)s taking slots now (the scopes are locked by
+-- lock_limit_scopes). A statement of its own: on a store distributed by tenant a global
+-- limit's slots are any tenant's, on every shard, while the slots taken go to the tasks'.
 DELETE FROM toolkit_limit_slots x
 WHERE x.name = ANY(%(slotted)s::text[]) AND x.scope = ANY(%(slotted_scopes)s::text[])
-  AND x.task_id <> %(task_id)s
+  AND x.task_id <> ALL(%(task_ids)s::bigint[])
   AND NOT EXISTS (SELECT 1 FROM toolkit_tasks t
                   WHERE t.id = x.task_id AND t.tenant = x.tenant AND t.lease_token = x.token
                     AND t.state = 'leased' AND t.lease_expires_at > statement_timestamp());
 
 -- name: take_limit_slots
--- Takes a slot of each limit in %(slotted)s (scopes %(slotted_scopes)s) under the lease of
--- task %(task_id)s of tenant %(tenant)s (a slot left by an earlier lease of the same
+-- Takes the slots of a batch of acquisitions: for each row of the arrays, a slot of limit
+-- %(names)s in scope %(scopes)s for occurrence %(occurrences)s of task %(task_ids)s of tenant
+-- %(tenants)s under lease %(tokens)s (a slot left by an earlier lease of the same
 -- occurrence is taken over), their scopes locked by lock_limit_scopes.
 INSERT INTO toolkit_limit_slots (task_id, tenant, occurrence, name, scope, token)
-SELECT %(task_id)s, %(tenant)s, %(occurrence)s, name, scope, %(token)s
-FROM unnest(%(slotted)s::text[], %(slotted_scopes)s::text[]) AS s(name, scope)
+SELECT *
+FROM unnest(%(task_ids)s::bigint[], %(tenants)s::text[], %(occurrences)s::text[],
+            %(names)s::text[], %(scopes)s::text[], %(tokens)s::bigint[])
 ON CONFLICT (task_id, occurrence, name, tenant) DO UPDATE
 -- excluded.acquired_at: the statement's time, its column default (Citus takes no function
 -- but an immutable one here)
