@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psycopg
 import pytest
@@ -56,11 +57,24 @@ def empty_cluster(dsn: str) -> None:
     drop_toolkit_objects(dsn)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS test_calls")  # the tests' handlers' (counting)
+        _drop_tests_own(conn)
+
+
+#: The tables and functions a test made for itself (``test_...``), but ``test_calls``.
+TESTS_OWN = """
+SELECT 'TABLE ' || quote_ident(tablename) FROM pg_tables
+WHERE schemaname = 'public' AND tablename LIKE 'test\\_%' AND tablename <> 'test_calls'
+UNION ALL
+SELECT 'FUNCTION ' || p.oid::regprocedure FROM pg_proc p
+JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE n.nspname = 'public' AND p.proname LIKE 'test\\_%'
+"""
 
 
 def emptied_rows(dsn: str) -> None:
     """Every toolkit table's rows deleted (but the schema's version and the fleet counts' one
-    row, as the migrations left them), identities restarted, and the tests' own table."""
+    row, as the migrations left them), identities restarted, and the tests' own table; the
+    tables and functions another test made for itself dropped, as a fresh database has none."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = [
             str(table)
@@ -70,6 +84,12 @@ def emptied_rows(dsn: str) -> None:
         conn.execute(f"TRUNCATE {', '.join(tables)}, test_calls RESTART IDENTITY")
         conn.execute("DELETE FROM toolkit_fleet_counts")
         conn.execute("INSERT INTO toolkit_fleet_counts DEFAULT VALUES")
+        _drop_tests_own(conn)
+
+
+def _drop_tests_own(conn: psycopg.Connection[Any]) -> None:
+    for (made,) in conn.execute(TESTS_OWN).fetchall():
+        conn.execute(f"DROP {made} CASCADE")
 
 
 async def distributed_database(dsn: str, prepare: Callable[[str], Awaitable[None]]) -> None:

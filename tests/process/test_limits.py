@@ -35,8 +35,6 @@ def limited(dsn: str, tmp_path: Path) -> Iterator[Path]:
     """The limit tests' tables, and a folder with every one-step definition of the app."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(CREATE_TABLES)
-        # (the cluster's database is one for every test, emptied of the store's rows alone)
-        conn.execute("TRUNCATE test_limit_calls, test_limit_inside")
     for name, text in {"llm": LLM, "api": API, "solo": SOLO, "free": FREE}.items():
         (tmp_path / f"{name}.yaml").write_text(text)
     yield tmp_path

@@ -75,11 +75,13 @@ async def test_a_batch_takes_what_the_limit_has_room_for_in_one_transaction(
 async def test_a_batch_counts_tokens_and_scopes_as_it_decides(store: Store) -> None:
     await store.limits.sync(limited_app.limit_specs)
     await store.limits.set("paced", rate="1/h", burst=2)
-    tasks = await claimed(store, SOLO, 3)
+    tasks = await claimed(store, SOLO, 4)
     outcomes = await at_once(store, tasks, "paced")
-    assert [type(o) for o in outcomes] == [LimitGrant, LimitGrant, LimitDeferral], outcomes
-    deferral = outcomes[2]
-    assert isinstance(deferral, LimitDeferral) and deferral.reason == "rate"
+    assert [type(o) for o in outcomes] == [LimitGrant] * 2 + [LimitDeferral] * 2, outcomes
+    # each deferred one waits behind those deferred before it: a token an hour
+    delays = [o.delay_seconds for o in outcomes if isinstance(o, LimitDeferral)]
+    assert delays == [pytest.approx(3600, abs=2), pytest.approx(7200, abs=2)], outcomes
+    assert all(o.reason == "rate" for o in outcomes if isinstance(o, LimitDeferral))
     tokens = query(store.db.dsn, "SELECT tokens FROM toolkit_limit_buckets WHERE name = 'paced'")
     assert tokens[0][0] == pytest.approx(0, abs=0.01), tokens
     # A per-tenant limit: each tenant's scope has its own slot, in the same batch.
@@ -152,3 +154,47 @@ async def test_a_leader_cancelled_mid_batch_leaves_the_others_to_the_next(store:
     assert set(outcomes) == {member.id, queued.id}, outcomes
     assert all(isinstance(o, LimitGrant) for o in outcomes.values()), outcomes
     assert [task_id for task_id, _, _ in slots(store)] == [member.id, queued.id]
+
+
+@pytest.mark.one_postgresql  # its instrument: one server's lock waits
+async def test_a_heartbeat_does_not_wait_for_an_acquisition_waiting_for_its_scope(
+    store: Store,
+) -> None:
+    """An acquisition waits for its scope's lock (here held by an operator's transaction);
+    the worker's heartbeat renews the task's lease meanwhile. (Regression: the acquisition
+    locked the task row first, so the heartbeat waited behind it, and on the cluster, where
+    every acquisition waits for the buckets' shard lock, heartbeats ran past their interval
+    and leases were lost.)"""
+    await store.limits.sync(limited_app.limit_specs)
+    (task,) = await claimed(store, SOLO, 1)
+    outcomes: list[LimitGrant | LimitDeferral] = []
+
+    async def acquire() -> None:
+        outcomes.append(await store.limits.acquire(task.fence("w"), OCCURRENCE, ["llm"]))
+
+    async with store.db.connection() as conn, anyio.create_task_group() as group:
+
+        async def the_acquisition_waits() -> bool:
+            await conn.execute("SELECT pg_stat_clear_snapshot()")
+            cursor = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            row = await cursor.fetchone()
+            return row is not None and row[0] == 1
+
+        await conn.execute(
+            "INSERT INTO toolkit_limit_buckets (name, scope, tokens) VALUES ('llm', '', 0)"
+        )
+        await conn.execute("BEGIN")
+        await conn.execute(
+            "SELECT 1 FROM toolkit_limit_buckets WHERE name = 'llm' AND scope = '' FOR UPDATE"
+        )
+        group.start_soon(acquire)
+        await eventually(the_acquisition_waits, timeout=15, what="the acquisition waiting")
+        with anyio.fail_after(5):
+            renewal = await store.leases.renew("w", "i1", [task.fence("w")], 60.0)
+        await conn.execute("COMMIT")
+    assert list(renewal.renewed) == [task.id], renewal
+    assert [type(o) for o in outcomes] == [LimitGrant], outcomes
+    assert [task_id for task_id, _, _ in slots(store)] == [task.id]

@@ -187,12 +187,12 @@ class _Acquisition:
 async def _acquire_in(conn: AsyncConnection[Any], batch: Sequence[_Acquisition]) -> None:
     """A batch's acquisitions in the transaction open on ``conn``, in pipeline mode.
 
-    The tasks' locks (one statement each: a store distributed by tenant routes each to its
-    shard), the scopes' locks, the slots held and the scopes' state are sent together, one
-    round trip; what there is room for is taken by statements sent with the commit, a
-    second. A limit's first acquisition in a scope, which adds its bucket, takes more.
-    Each acquisition gets its outcome, or ``LeaseLost``; the transaction rolls back when
-    none was granted (its locks need no flush).
+    The tasks' leases (one statement each: a store distributed by tenant routes each to its
+    shard; not locked, see ``lease_for_limits``), the scopes' locks, the slots held and the
+    scopes' state are sent together, one round trip; what there is room for is taken by
+    statements sent with the commit, a second. A limit's first acquisition in a scope,
+    which adds its bucket, takes more. Each acquisition gets its outcome, or ``LeaseLost``;
+    the transaction rolls back when none was granted (its locks need no flush).
     """
     pairs = [(name, r.fence.tenant) for r in batch for name in r.names]
     params = {
@@ -202,7 +202,7 @@ async def _acquire_in(conn: AsyncConnection[Any], batch: Sequence[_Acquisition])
     }
     task, locked, held, state = (conn.cursor(row_factory=dict_row) for _ in range(4))
     await task.executemany(
-        query("lock_task_for_limits"), [fence_params(r.fence) for r in batch], returning=True
+        query("lease_for_limits"), [fence_params(r.fence) for r in batch], returning=True
     )
     await locked.execute(query("lock_limit_scopes"), params)
     await held.execute(
@@ -274,6 +274,7 @@ class _Taking:
         self.slots: list[tuple[_Acquisition, str, str]] = []
         self.tokens: dict[tuple[str, str], int] = defaultdict(int)
         self._slots_taken: dict[tuple[str, str], int] = defaultdict(int)
+        self._deferred_for_tokens: dict[tuple[str, str], int] = defaultdict(int)
 
     def decide(self, request: _Acquisition) -> LimitGrant | LimitDeferral:
         """Grant ``request`` whole (counting its slots and tokens) or defer it whole."""
@@ -291,8 +292,11 @@ class _Taking:
                 held=held,
                 in_use=row["in_use"] + self._slots_taken[key],
                 tokens=None if row["tokens"] is None else row["tokens"] - self.tokens[key],
+                waiting=row["waiting"] + self._deferred_for_tokens[key],
             )
             if deferral is not None:
+                if deferral.reason == "rate":
+                    self._deferred_for_tokens[deferral.name, deferral.scope] += 1
                 return deferral
             rows.append((row, held))
         for row, held in rows:
@@ -347,11 +351,18 @@ class _Taking:
 
 
 def _deferral(
-    state: Mapping[str, Any], deferrals: int, *, held: bool, in_use: int, tokens: float | None
+    state: Mapping[str, Any],
+    deferrals: int,
+    *,
+    held: bool,
+    in_use: int,
+    tokens: float | None,
+    waiting: int,
 ) -> LimitDeferral | None:
     """The deferral a limit's scope calls for, or None when it has room (see `acquire`).
 
-    ``in_use`` and ``tokens`` count what the acquisitions before this one in its batch took.
+    ``in_use`` and ``tokens`` count what the acquisitions before this one in its batch took;
+    ``waiting``, the tasks waiting for the bucket and those of the batch deferred for it.
     """
     delays: list[tuple[float, str]] = []
     limit = state["max_concurrency"]
@@ -362,7 +373,7 @@ def _deferral(
                        "concurrency"))  # fmt: skip
     if tokens is not None and tokens < 1:
         # Behind the tasks already waiting for this bucket: each takes a token first.
-        delays.append(((1 - tokens + state["waiting"]) / state["rate_per_second"], "rate"))
+        delays.append(((1 - tokens + waiting) / state["rate_per_second"], "rate"))
     if not delays:
         return None
     delay, reason = max(delays)

@@ -287,7 +287,7 @@ class Limits:
     ) -> LimitGrant | LimitDeferral:
         """Take a slot and a token of every limit in ``names`` for one step occurrence, or none.
 
-        A transaction fenced by the lease: lock the task row, lock each limit's scope in
+        A transaction fenced by the lease: read the task's lease, lock each limit's scope in
         (name, scope) order, count the live slots and refill the buckets in database time,
         then take a slot of each limit with a ``max_concurrency`` and a token of each with a
         rate. If any limit is full, nothing is taken and the deferral says when to try

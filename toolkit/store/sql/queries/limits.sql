@@ -163,15 +163,18 @@ FROM lim
 LEFT JOIN use ON use.name = lim.name
 ORDER BY lim.name;
 
--- name: lock_task_for_limits
--- The first statements of a batch of acquisitions, one per task: locks the task while its
--- fence's lease holds (no row otherwise: the lease is lost). Routed to the tenant's shard
--- on a store distributed by tenant (Citus locks no rows across shards in one statement).
+-- name: lease_for_limits
+-- The first statements of a batch of acquisitions, one per task: the task's row while its
+-- fence's lease holds (no row otherwise: the lease is lost). Not locked: a heartbeat
+-- renewing the lease meanwhile must not wait for the scopes' locks. A claim that takes the
+-- lease over before the batch commits leaves the slot under the old token, which does not
+-- count, and the new lease's acquisition of the same scope waits for the batch's lock, so
+-- its slot is written after (docs/limits.md). Routed to the tenant's shard on a store
+-- distributed by tenant.
 SELECT t.id
 FROM toolkit_tasks t
 WHERE t.id = %(task_id)s AND t.tenant = %(tenant)s
-  AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s)
-FOR NO KEY UPDATE;
+  AND toolkit_lease_held(t, %(worker_id)s, %(tenant)s, %(token)s);
 
 -- name: add_limit_buckets
 -- When lock_limit_scopes found a limit without a bucket for a scope it was asked for (its
