@@ -56,7 +56,8 @@ SELECT extract(epoch FROM t.created_at - %(since)s)::float8,
        extract(epoch FROM min(e.at) - %(since)s)::float8,
        extract(epoch FROM min(e.at) - t.created_at)::float8 * 1000
 FROM toolkit_tasks t
-JOIN toolkit_task_events e ON e.task_id = t.id AND e.kind = 'claimed'
+JOIN toolkit_task_events e
+  ON e.task_id = t.id AND e.tenant = t.tenant AND e.kind = 'claimed'
 WHERE t.tenant = %(tenant)s AND t.created_at >= %(since)s
 GROUP BY t.id, t.created_at
 """

@@ -80,7 +80,7 @@ def test_a_listener_that_went_silent_is_reopened_and_new_work_is_claimed(
     finally:
         if stopped is not None:
             os.kill(stopped, signal.SIGCONT)
-            query(dsn, "SELECT pg_terminate_backend(%s)", (stopped,))
+            query(dsn, "SELECT pg_terminate_backend(%s::integer)", (stopped,))
         worker.send_signal(signal.SIGTERM)
         try:
             _, err = worker.communicate(timeout=30)

@@ -49,7 +49,8 @@ def test_metrics_endpoint_shows_queue_delay_execution_time_and_a_forced_lease_lo
         query(
             dsn,
             "UPDATE toolkit_tasks SET state = 'leased', lease_owner = 'intruder', "
-            "lease_token = lease_token + 1, lease_expires_at = clock_timestamp() + interval '1 h' "
+            "lease_token = lease_token + 1,"
+            " lease_expires_at = statement_timestamp() + interval '1 h' "
             "WHERE id = %s RETURNING id",
             (task_id,),
         )

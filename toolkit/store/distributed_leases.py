@@ -14,8 +14,9 @@ statement routed to the node that holds the tenant:
 - tasks waiting for a concurrency key are admitted key by key
   (:func:`admit_keys_per_tenant`), each key's lock on the coordinator and its tasks on its
   tenant's shard;
-- a heartbeat renews the worker's registration (``renew_registration``: the workers' table
-  is a reference table), then each tenant's leases (``renew_tenant_leases``);
+- a heartbeat renews each tenant's leases (``renew_tenant_leases``), then the worker's
+  registration (``renew_registration``: the workers' table is a reference table), which
+  then expires no sooner than the leases;
 - a group commit writes each tenant's writes in a transaction of their own
   (:func:`record_on_shard`): Citus routes no statement that inserts in a CTE, nor one that
   changes a reference table, to one shard, so the fenced write's inserts (evidence, events,
@@ -227,7 +228,12 @@ async def admit_keys_per_tenant(db: Database, max_keys: int) -> tuple[int, bool]
 async def renew_per_tenant(
     db: Database, params: dict[str, Any], fences: Sequence[Fence]
 ) -> tuple[bool, list[DictRow]]:
-    """The heartbeat on a distributed store: the registration, then each tenant's leases.
+    """The heartbeat on a distributed store: each tenant's leases, then the registration.
+
+    The registration is renewed last, so that it expires no sooner than any lease it
+    renewed (a statement's time is its own): the worker id is taken over only once its
+    registration expired, and by then so have its leases, as with one statement on one
+    PostgreSQL.
 
     Args:
         db: the store's database.
@@ -241,7 +247,6 @@ async def renew_per_tenant(
     Raises:
         DatabaseUnavailable: the database cannot be reached.
     """
-    registered = await db.fetch_all("renew_registration", params, reserved=True)
     rows: list[DictRow] = []
     by_tenant = sorted(fences, key=lambda fence: (fence.tenant, fence.task_id))
     for tenant, group in itertools.groupby(by_tenant, key=lambda fence: fence.tenant):
@@ -257,6 +262,7 @@ async def renew_per_tenant(
             },
             reserved=True,
         )
+    registered = await db.fetch_all("renew_registration", params, reserved=True)
     return bool(registered and registered[0]["registered"]), rows
 
 

@@ -281,7 +281,8 @@ SELECT EXISTS (SELECT 1 FROM worker) AS registered, r.id, r.cancel_requested, r.
 
 -- name: renew_registration
 -- renew_leases' registration alone (a store distributed by tenant: the workers' table is a
--- reference table, renewed by a statement of its own). Returns whether it renewed.
+-- reference table, renewed by a statement of its own, after the leases', so that it expires
+-- no sooner than they do). Returns whether it renewed.
 WITH
 -- include: worker_renewal
 SELECT EXISTS (SELECT 1 FROM worker) AS registered;
@@ -289,7 +290,7 @@ SELECT EXISTS (SELECT 1 FROM worker) AS registered;
 -- name: renew_tenant_leases
 -- renew_leases' leases of tenant %(tenant)s alone (every lease in the arrays is of that
 -- tenant), routed to its shard: a store distributed by tenant renews each tenant's leases by a
--- statement of its own, after renew_registration. Rows as renew_leases' (registered true).
+-- statement of its own, before renew_registration. Rows as renew_leases' (registered true).
 WITH
 -- include: lease_renewals
 SELECT true AS registered, r.id, r.cancel_requested, r.ended
