@@ -148,6 +148,18 @@ def worker_report(output: str) -> dict[str, float]:
     return fields
 
 
+async def lock_waits(conn: psycopg.AsyncConnection[Any]) -> int:
+    """How many statements of ``conn``'s database wait for a lock now (one server's view)."""
+    # (the statistics views keep one snapshot per transaction unless cleared)
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    cursor = await conn.execute(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    row = await cursor.fetchone()
+    return 0 if row is None else int(row[0])
+
+
 async def eventually(
     condition: Callable[[], Awaitable[bool]], *, timeout: float = 30.0, what: str = "condition"
 ) -> None:

@@ -4,13 +4,15 @@ before it in the batch took, and each stays fenced by its own lease."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
 import pytest
 
 from tests.apps.limited import app as limited_app
-from tests.helpers.processes import eventually, query
+from tests.helpers.processes import eventually, lock_waits, query
 from tests.helpers.workflows import PER_TENANT, SOLO, definition
 from toolkit.errors import LeaseLost
 from toolkit.store import Store
@@ -52,7 +54,7 @@ async def at_once(
 
 
 def slots(store: Store) -> list[tuple[int, str, object]]:
-    return query(
+    return query(  # type: ignore[return-value]
         store.db.dsn, "SELECT task_id, scope, acquired_at FROM toolkit_limit_slots ORDER BY task_id"
     )
 
@@ -102,6 +104,28 @@ async def test_a_lost_lease_fails_its_own_acquisition_alone(store: Store) -> Non
     assert [task_id for task_id, _, _ in slots(store)] == [first.id]
 
 
+@contextlib.asynccontextmanager
+async def llm_scope_held(store: Store) -> AsyncIterator[Callable[[], Awaitable[bool]]]:
+    """An operator's transaction holding the global bucket of ``llm`` (made first) for the
+    block; yields a check that one statement of the database waits for a lock."""
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO toolkit_limit_buckets (name, scope, tokens) VALUES ('llm', '', 0)"
+        )
+        await conn.execute("BEGIN")
+        await conn.execute(
+            "SELECT 1 FROM toolkit_limit_buckets WHERE name = 'llm' AND scope = '' FOR UPDATE"
+        )
+
+        async def one_waits() -> bool:
+            return await lock_waits(conn) == 1
+
+        try:
+            yield one_waits
+        finally:
+            await conn.execute("COMMIT")
+
+
 @pytest.mark.one_postgresql  # its instrument: one server's lock waits
 async def test_a_leader_cancelled_mid_batch_leaves_the_others_to_the_next(store: Store) -> None:
     """The batch's leader is cancelled while its transaction waits for a scope's lock: the
@@ -123,34 +147,15 @@ async def test_a_leader_cancelled_mid_batch_leaves_the_others_to_the_next(store:
         finally:
             leader_gone.set()
 
-    async with store.db.connection() as conn, anyio.create_task_group() as group:
-
-        async def the_batch_waits() -> bool:
-            # (the statistics views keep one snapshot per transaction unless cleared)
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = await cursor.fetchone()
-            return row is not None and row[0] == 1
-
-        await conn.execute(
-            "INSERT INTO toolkit_limit_buckets (name, scope, tokens) VALUES ('llm', '', 0)"
-        )
-        await conn.execute("BEGIN")
-        await conn.execute(
-            "SELECT 1 FROM toolkit_limit_buckets WHERE name = 'llm' AND scope = '' FOR UPDATE"
-        )
+    async with anyio.create_task_group() as group, llm_scope_held(store) as one_waits:
         group.start_soon(lead)
         group.start_soon(acquire, member)  # joins the leader's batch
-        await eventually(the_batch_waits, timeout=15, what="the batch waiting for the scope")
+        await eventually(one_waits, timeout=15, what="the batch waiting for the scope")
         group.start_soon(acquire, queued)  # queued behind the batch in flight
         await anyio.sleep(0.05)
         leading.cancel()
         with anyio.fail_after(15):
             await leader_gone.wait()
-        await conn.execute("COMMIT")
     assert set(outcomes) == {member.id, queued.id}, outcomes
     assert all(isinstance(o, LimitGrant) for o in outcomes.values()), outcomes
     assert [task_id for task_id, _, _ in slots(store)] == [member.id, queued.id]
@@ -172,29 +177,11 @@ async def test_a_heartbeat_does_not_wait_for_an_acquisition_waiting_for_its_scop
     async def acquire() -> None:
         outcomes.append(await store.limits.acquire(task.fence("w"), OCCURRENCE, ["llm"]))
 
-    async with store.db.connection() as conn, anyio.create_task_group() as group:
-
-        async def the_acquisition_waits() -> bool:
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = await cursor.fetchone()
-            return row is not None and row[0] == 1
-
-        await conn.execute(
-            "INSERT INTO toolkit_limit_buckets (name, scope, tokens) VALUES ('llm', '', 0)"
-        )
-        await conn.execute("BEGIN")
-        await conn.execute(
-            "SELECT 1 FROM toolkit_limit_buckets WHERE name = 'llm' AND scope = '' FOR UPDATE"
-        )
+    async with anyio.create_task_group() as group, llm_scope_held(store) as one_waits:
         group.start_soon(acquire)
-        await eventually(the_acquisition_waits, timeout=15, what="the acquisition waiting")
+        await eventually(one_waits, timeout=15, what="the acquisition waiting")
         with anyio.fail_after(5):
             renewal = await store.leases.renew("w", "i1", [task.fence("w")], 60.0)
-        await conn.execute("COMMIT")
     assert list(renewal.renewed) == [task.id], renewal
     assert [type(o) for o in outcomes] == [LimitGrant], outcomes
     assert [task_id for task_id, _, _ in slots(store)] == [task.id]

@@ -15,7 +15,7 @@ import pytest
 from tests.apps.limited import app as limited_app
 from tests.helpers.citus import on_citus
 from tests.helpers.inprocess import invoke
-from tests.helpers.processes import backdate_leases, eventually, query
+from tests.helpers.processes import backdate_leases, eventually, lock_waits, query
 from tests.helpers.triggers import as_distributed
 from tests.helpers.workflows import PER_TENANT, SOLO, definition
 from toolkit import App, ConfigError, MissingLimits
@@ -244,14 +244,7 @@ async def test_a_limit_made_per_tenant_while_an_acquisition_waits_takes_a_tenant
     async with store.db.connection() as conn, anyio.create_task_group() as group:
 
         async def waits_for_the_scope() -> bool:
-            # (the statistics views keep one snapshot per transaction unless cleared)
-            await conn.execute("SELECT pg_stat_clear_snapshot()")
-            cursor = await conn.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            )
-            row = await cursor.fetchone()
-            return row is not None and row[0] == 1
+            return await lock_waits(conn) == 1
 
         await conn.execute("BEGIN")
         await conn.execute(

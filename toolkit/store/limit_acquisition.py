@@ -161,8 +161,11 @@ class Acquisitions:
         except Exception as exc:
             for request in batch:
                 request.error = exc
-        except BaseException:  # cancelled: the others go back to the queue, first
-            self._queue[:0] = [r for r in batch if not r.leads]
+        except BaseException:  # cancelled: the others go back to the queue, first, undecided
+            others = [r for r in batch if not r.leads]
+            for request in others:
+                request.outcome, request.error = None, None
+            self._queue[:0] = others
             raise
         for request in batch:
             request.turn.set()
