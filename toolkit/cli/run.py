@@ -15,6 +15,7 @@ from toolkit.cli.definitions import load_by_line
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.metrics import WorkerMetrics
+from toolkit.runtime.collector import worker_collector
 from toolkit.runtime.supervisor import (
     CancellationToken,
     SupervisorConfig,
@@ -166,11 +167,12 @@ def run(
             f"{'' if metrics_port is None else f', metrics on {metrics_host}:{metrics_port}'}; "
             f"{'exits when idle' if until_idle else 'Ctrl-C stops it gracefully'}"
         )
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
-            tg.start_soon(_announce, supervisor, start_line, summary_every)
-            await supervisor.run(shutdown)
-            tg.cancel_scope.cancel()
+        with worker_collector():  # what is loaded by now stays: out of the collector's way
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
+                tg.start_soon(_announce, supervisor, start_line, summary_every)
+                await supervisor.run(shutdown)
+                tg.cancel_scope.cancel()
         if supervisor.report.abandoned:
             # A handler that ignores cancellation cannot be stopped, and would hold the
             # interpreter's exit up (its task is cancelled again and again): the process
