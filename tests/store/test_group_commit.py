@@ -3,17 +3,20 @@ write that cannot be sent fails alone, writes of one task apply in order, a rese
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import pytest
 from anyio.abc import TaskGroup
 from psycopg.types.json import Jsonb
 
-from tests.helpers.inprocess import submit
+from tests.helpers.inprocess import sql, submit
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import StoreError
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.group_commit import GroupCommit
+from toolkit.store.leases import ClaimedTask, _step_only
 from toolkit.store.queries import query
 from toolkit.store.writes import Event, EvidenceRecord, FencedWrite, write_json
 
@@ -162,3 +165,68 @@ async def test_a_step_write_that_keeps_its_lease_enters_no_index(store: Store) -
     assert applied == task.id
     counts = (after[0] - before[0], after[1] - before[1])
     assert counts == (1, 1), f"updates, of them in place: {counts}"
+
+
+# --- a step's write by the statement without the ends' parts ----------------------------------
+
+
+async def _run(store: Store, name: str, writes: list[FencedWrite]) -> list[tuple[int, str]]:
+    params = {"worker_id": "w", "writes": Jsonb([write_json(w) for w in writes]),
+              "tenant": None, "wake_within": None}  # fmt: skip
+    async with store.db.connection() as conn:
+        cursor = await conn.execute(query(name), params)
+        return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+def _step_write(task: ClaimedTask, *, limited: bool = False) -> FencedWrite:
+    record = EvidenceRecord(
+        occurrence="first#1", step="first", handler="count.work", idempotent=True,
+        idempotency_key=f"{task.id}:first#1", record="completed", attempt=1,
+        result={"v": 1}, limited=limited,
+    )  # fmt: skip
+    return FencedWrite(
+        task.fence("w"), {**task.checkpoint, "cursor": "second"}, evidence=(record,),
+        events=(Event("progress"),), tags={"stage": "two"}, write_id=f"{task.token}:1",
+    )  # fmt: skip
+
+
+async def test_a_step_write_by_commit_step_stores_what_commit_fenced_stores(store: Store) -> None:
+    """commit_step (issue 22) leaves out of commit_fenced what acts on ends, waits, signals,
+    budgets and limit slots; for a write that keeps its lease and carries none of those, the
+    two store the same task row, evidence and events, and both refuse a stale token and apply
+    a write sent again once."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
+    lean, full = await store.leases.claim("w", [d.digest], 2, 30.0)
+    assert await _run(store, "commit_step", [_step_write(lean)]) == [(lean.id, "leased")]
+    assert await _run(store, "commit_fenced", [_step_write(full)]) == [(full.id, "leased")]
+    assert await _run(store, "commit_step", [_step_write(lean)]) == [(lean.id, "leased")]
+    stale = dataclasses.replace(lean, token=lean.token - 1)
+    assert await _run(store, "commit_step", [_step_write(stale)]) == []
+    rows = await sql(
+        store,
+        "SELECT state, checkpoint, tags, run_at, lease_expires_at, result, error, finished_at,"
+        " (SELECT json_agg(json_build_array(occurrence, record, result, fencing_token))"
+        "  FROM toolkit_effect_evidence e WHERE e.task_id = t.id),"
+        " (SELECT json_agg(json_build_array(kind, detail, fencing_token) ORDER BY id)"
+        "  FROM toolkit_task_events v WHERE v.task_id = t.id)"
+        " FROM toolkit_tasks t WHERE id = ANY(%s) ORDER BY id = %s",
+        [lean.id, full.id], lean.id,
+    )
+    assert rows[0][1:4] == rows[1][1:4] and rows[0][5:] == rows[1][5:], rows
+    assert rows[0][0] == "leased" and rows[0][4] is not None, rows
+
+
+async def test_only_a_write_that_keeps_its_lease_and_releases_no_slot_goes_by_commit_step(
+    store: Store,
+) -> None:
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}])
+    (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
+    step = _step_write(task)
+    assert _step_only(step)
+    assert not _step_only(_step_write(task, limited=True))  # its slots are released
+    assert not _step_only(dataclasses.replace(step, state=TaskState.SUCCEEDED))
+    assert not _step_only(dataclasses.replace(step, signals=((1, "wait#1"),)))
+    assert not _step_only(dataclasses.replace(step, budget_delta={"usd": 1.0}))
+    assert not _step_only(dataclasses.replace(step, branches_ended=("fan#1",)))

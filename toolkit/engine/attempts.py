@@ -138,6 +138,7 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
             occurrence=occurrence, step=step.id, handler=step.handler,
             idempotent=step.idempotent, idempotency_key=key, record=kind, attempt=number,
             result=result, error=error, spend=None if kind == "started" else spend,
+            limited=bool(limits),
         )  # fmt: skip
 
     if faults.ARMED:

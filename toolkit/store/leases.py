@@ -119,6 +119,20 @@ _BRANCH_WAKES: dict[bool, tuple[str, ...]] = {
 }
 
 
+def _step_only(write: FencedWrite) -> bool:
+    """Whether ``write`` may go by ``commit_step`` (writes.sql says why it leaves out the rest).
+
+    It keeps its lease and carries nothing but a checkpoint, evidence that releases no
+    downstream-limit slot, events, tags and branch rows.
+    """
+    return (
+        write.state == TaskState.LEASED
+        and not write.branches_ended and not write.signals
+        and not write.budget_delta and not write.budget_released
+        and not any(record.releases_slots for record in write.evidence)
+    )  # fmt: skip
+
+
 class Leases:
     """Claims, heartbeats and fenced writes of one store."""
 
@@ -429,7 +443,8 @@ class Leases:
         ]  # fmt: skip
         ending = [w.fence.task_id for w in writes if w.ends_child]
         if not waits and not parking and not ending and not distributed:
-            rows = await self._db.fetch_all("commit_fenced", params)  # the hot path
+            statement = "commit_step" if all(map(_step_only, writes)) else "commit_fenced"
+            rows = await self._db.fetch_all(statement, params)  # the hot path
             return {row["id"]: TaskState(row["state"]) for row in rows}
         unwoken: dict[str, int] = {}
         async with self._db.transaction() as conn:

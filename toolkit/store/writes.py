@@ -21,7 +21,11 @@ NEVER = "9999-12-31T00:00:00+00:00"
 
 @dataclasses.dataclass(frozen=True)
 class EvidenceRecord:
-    """One effect evidence record to append (``started``, ``completed`` or ``failed``)."""
+    """One effect evidence record to append (``started``, ``completed`` or ``failed``).
+
+    ``limited``: the call took downstream-limit slots, which a ``completed`` or ``failed``
+    record releases (docs/limits.md); True unless the caller knows it took none.
+    """
 
     occurrence: str
     step: str
@@ -33,6 +37,12 @@ class EvidenceRecord:
     result: Any = None
     error: Any = None
     spend: Mapping[str, float] | None = None
+    limited: bool = True
+
+    @property
+    def releases_slots(self) -> bool:
+        """Whether writing this record releases downstream-limit slots of its occurrence."""
+        return self.limited and self.record != "started"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,26 @@
 -- include: fenced_write_rest
 ;
 
+-- name: commit_step
+-- commit_fenced for a batch whose every write keeps its task's lease (state leased: a
+-- step's outcome within a cycle) and carries nothing that fenced_write_rest or task_ended
+-- acts on: no branches ended, no signals consumed, no budget change, no evidence that
+-- releases downstream-limit slots (the caller checks: Leases.commit_many). For such writes
+-- every CTE of those fragments selects nothing (they act on tasks that end, wait or are
+-- queued, on what a write carries, or on slots its evidence releases), so this statement
+-- leaves them out, and the server starts and runs a plan of a third of the nodes. Same
+-- fencing, replay check, checkpoint, evidence, branch rows, events and returned rows (id,
+-- state; the other columns null).
+-- include: fenced_write
+-- include: fenced_write_inserts
+SELECT id, state, cancelling, NULL::text AS schedule_name, NULL::text AS released_definition,
+       NULL::text AS released_key, NULL::text AS notify_toolkit_wakeup,
+       NULL::text AS notify_toolkit_task_ended, NULL::jsonb AS limits_unwoken
+FROM guard
+UNION ALL
+SELECT id, state, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM replayed
+;
+
 -- name: commit_fenced_on_shard
 -- commit_fenced for one tenant's writes on a store distributed by tenant (docs/scaling.md):
 -- the same statement but a scheduled run's outcome (task_ended_on_shard), so that it is
