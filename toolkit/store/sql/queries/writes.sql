@@ -50,9 +50,9 @@
 -- releases downstream-limit slots (the caller checks: Leases.commit_many). For such writes
 -- every CTE of those fragments selects nothing (they act on tasks that end, wait or are
 -- queued, on what a write carries, or on slots its evidence releases), so this statement
--- leaves them out, and the server starts and runs a plan of a third of the nodes. Same
--- fencing, replay check, checkpoint, evidence, branch rows, events and returned rows (id,
--- state; the other columns null).
+-- leaves them out: 9 CTEs and init plans where commit_fenced has 34, each started and run by
+-- the server whether it selects anything or not. Same fencing, replay check, checkpoint,
+-- evidence, branch rows, events and returned rows (id, state; the other columns null).
 -- include: fenced_write
 -- include: fenced_write_inserts
 SELECT id, state, cancelling, NULL::text AS schedule_name, NULL::text AS released_definition,
