@@ -177,7 +177,10 @@ WITH w AS (
                'step', w.checkpoint ->> 'cursor') AS cancel_error
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id
-    WHERE toolkit_lease_held(t, %(worker_id)s, w.tenant, w.token)
+    -- (by key: joined with the batch alone, which the planner expects a hundred writes in,
+    -- the generic plan read every live lease of the fleet and kept the writer's)
+    WHERE t.id = ANY(ARRAY(SELECT task_id FROM w))
+      AND toolkit_lease_held(t, %(worker_id)s, w.tenant, w.token)
       AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
       AND t.id NOT IN (SELECT id FROM replayed)
     ORDER BY t.id
