@@ -190,6 +190,7 @@ def _step_write(task: ClaimedTask, *, limited: bool = False) -> FencedWrite:
     )  # fmt: skip
 
 
+@pytest.mark.one_postgresql  # (a store distributed by tenant writes by commit_fenced_on_shard)
 async def test_a_step_write_by_commit_step_stores_what_commit_fenced_stores(store: Store) -> None:
     """commit_step (issue 22) leaves out of commit_fenced what acts on ends, waits, signals,
     budgets and limit slots; for a write that keeps its lease and carries none of those, the
