@@ -68,10 +68,12 @@ def _stop(process: subprocess.Popen[str]) -> tuple[str, str]:
 
 
 def _kill_all(processes: list[subprocess.Popen[str]]) -> None:
+    """Kill those still running; close every process's pipes (an exited one's too: left open,
+    they were reported unclosed by whichever later test the collector ran in)."""
     for process in processes:
         if process.poll() is None:
             process.kill()
-            process.communicate(timeout=10)
+        process.communicate(timeout=10)
 
 
 def _live_workers(dsn: str) -> set[str]:
@@ -81,6 +83,17 @@ def _live_workers(dsn: str) -> set[str]:
         "WHERE stopped_at IS NULL AND expires_at > clock_timestamp()",
     )
     return {str(r[0]) for r in rows}
+
+
+def _workers_state(dsn: str, workers: list[subprocess.Popen[str]]) -> str:
+    """What a wait for live workers saw at its timeout: the live ones, and the output of
+    each process that has exited (why it is not live)."""
+    exited = []
+    for process in workers:
+        if process.poll() is not None:
+            out, err = process.communicate()
+            exited.append(f"pid {process.pid} exited {process.returncode}:\n{out}\n{err}")
+    return f"the workers (live: {sorted(_live_workers(dsn))}; {exited or 'none exited'})"
 
 
 def _kinds(dsn: str, task_id: int) -> list[str]:
@@ -107,7 +120,8 @@ def test_long_step_with_healthy_heartbeats_is_never_reclaimed(dsn: str, tmp_path
     workers = [_worker(dsn, definitions, f"w{i}", "--until-idle") for i in (1, 2, 3)]
     try:
         wait_for(lambda: key in call_counts(dsn), timeout=15, what="the 10 s step started")
-        wait_for(lambda: _live_workers(dsn) == {"w1", "w2", "w3"}, timeout=30, what="3 workers")
+        wait_for(lambda: _live_workers(dsn) == {"w1", "w2", "w3"}, timeout=30,
+                 what=lambda: _workers_state(dsn, workers))  # fmt: skip
         started = time.monotonic()
         expiries: set[datetime.datetime] = set()
 
@@ -326,7 +340,8 @@ def test_timer_wait_is_claimed_once_after_its_wake_time(dsn: str, tmp_path: Path
     definitions = _write(tmp_path, TIMER)
     workers = [_worker(dsn, definitions, f"t{i}") for i in (1, 2, 3)]
     try:
-        wait_for(lambda: _live_workers(dsn) == {"t1", "t2", "t3"}, timeout=30, what="3 workers")
+        wait_for(lambda: _live_workers(dsn) == {"t1", "t2", "t3"}, timeout=30,
+                 what=lambda: _workers_state(dsn, workers))  # fmt: skip
         (task_id,) = submit_tasks(dsn, TIMER, [{}])
         wait_for(lambda: task_row(dsn, task_id)["state"] == "waiting", timeout=30, what="waiting")
         waiting = task_row(dsn, task_id)
