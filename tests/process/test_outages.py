@@ -106,7 +106,11 @@ def test_terminated_connections_mid_run(dsn: str, definitions_file: Path) -> Non
     assert_nothing_ran_twice(dsn)
     report = worker_report(out)
     assert report["succeeded"] == 6 and report["failed"] == 0
-    assert 1 <= report["database outages"] <= 3
+    # The handlers' own statements (test_calls) may be the first to meet a terminated
+    # connection: their steps are retried, and the store replaces every pool of the worker
+    # before its claim or group commit meets one (they run on the pool that plans once).
+    assert report["database outages"] + report["retried"] >= 1, out
+    assert report["database outages"] <= 3, out
     warnings = log_lines(err, "WARNING", "ERROR")
     assert len(warnings) <= report["database outages"], err
     assert all("database unavailable" in line for line in warnings), err

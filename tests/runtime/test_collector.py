@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gc
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -55,3 +57,22 @@ def test_toolkit_run_runs_its_handlers_under_the_worker_collector(
     result = shown["task"]["result"]
     assert result["young_threshold"] == YOUNG_THRESHOLD and result["frozen"] > 0, shown
     assert gc.get_threshold() == before  # the test process got its own collector back
+
+
+def test_the_exit_does_not_walk_the_heap_again(tmp_path: Path) -> None:
+    # A cyclic garbage left at exit is what the interpreter's final pass would collect (its
+    # finaliser printing): after the block, the exit freezes everything first.
+    script = tmp_path / "leave.py"
+    script.write_text(
+        "import gc\n"
+        "from toolkit.runtime.collector import worker_collector\n"
+        "class Node:\n"
+        "    def __del__(self): print('collected at exit', flush=True)\n"
+        "with worker_collector():\n"
+        "    pass\n"
+        "gc.disable()\n"
+        "node = Node(); node.self = node; del node\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, check=True)  # fmt: skip
+    assert done.stdout == "", done

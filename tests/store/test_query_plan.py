@@ -267,6 +267,48 @@ async def test_prepared_claim_uses_the_claim_index_with_a_generic_plan(store: St
     _assert_claims_through_the_index(plan)
 
 
+@pytest.mark.parametrize("plan_kind", ["custom", "generic"])
+async def test_the_one_tenant_claim_reads_a_range_of_its_claim_index(
+    store: Store, plan_kind: str
+) -> None:
+    """The claim of a tenant alone runs on the connections that plan once (its generic
+    plan): it must read that tenant's due range of the claim index, bounded by the due
+    time, with 20,000 parked timers of the tenant behind it, and take the chosen tasks by
+    id. (Its generic plan, expecting a tenth of the due tasks, hashed a scan of every task
+    to update them, until the update read them by key.)"""
+    d = await _parked_timers(store)
+    params = {**_claim_params(d), "tenant": "default"}
+    if plan_kind == "custom":
+        plan = await _custom_plan(store, "claim_tasks_one_tenant", params)
+    else:
+        plan = await _generic_plan(store, "claim_tasks_one_tenant", CLAIM_TYPES, params)
+    scans = _task_scans(plan)
+    assert set(scans) == {
+        ("Index Scan", "toolkit_tasks_tenant_due"), ("Index Scan", "toolkit_tasks_pkey")
+    }, scans  # fmt: skip
+    for node in _nodes(plan):
+        if node.get("Index Name") == "toolkit_tasks_tenant_due":
+            condition = node["Index Cond"]
+            assert "tenant" in condition and "<=" in condition, condition
+    # read in due order off the index (no sort of the due tasks), then updated by key
+    (cte,) = [node for node in _nodes(plan) if node.get("Subplan Name") == "CTE candidates"]
+    assert not [node for node in _nodes(cte) if node["Node Type"] == "Sort"], cte
+
+
+async def test_the_hot_statements_connections_plan_once(store: Store) -> None:
+    """The claim and the group commit borrow connections that use generic plans from a
+    statement's first execution (docs/decisions.md, "The hot statements are planned once");
+    every other statement keeps PostgreSQL's default choice."""
+    async with store.db.connection(plan_once=True) as conn:
+        cursor = await conn.execute("SHOW plan_cache_mode")
+        assert await cursor.fetchone() == ("force_generic_plan",)
+        cursor = await conn.execute("SHOW jit")
+        assert await cursor.fetchone() == ("off",)
+    async with store.db.connection() as conn:
+        cursor = await conn.execute("SHOW plan_cache_mode")
+        assert await cursor.fetchone() == ("auto",)
+
+
 async def test_claim_bounds_its_index_scan_by_due_time(store: Store) -> None:
     d = await _mixed(store)
     (scan,) = [
@@ -396,21 +438,28 @@ async def _commit_params(store: Store) -> dict[str, Any]:
             "wake_within": None}  # fmt: skip
 
 
+@pytest.mark.parametrize("statement", ["commit_fenced", "commit_step"])
 @pytest.mark.parametrize("plan_kind", ["custom", "generic"])
-async def test_the_fenced_write_reads_each_task_by_its_key(store: Store, plan_kind: str) -> None:
+async def test_the_fenced_write_reads_each_task_by_its_key(
+    store: Store, plan_kind: str, statement: str
+) -> None:
     """Regression (issue 22): to find writes sent again (their write_id already stored), the
     group commit joined its batch with the task table; expecting a hundred writes in the
     batch, the planner hashed a scan of every task, once per group commit. At 2,000 five-step
     workflows that scan was a third of the server's CPU, and it grows with the table (until
-    the planner prefers the index, some tens of thousands of tasks later)."""
+    the planner prefers the index, some tens of thousands of tasks later). The group commit
+    runs its generic plan from the first execution on (the connections that plan once), so
+    no table that grows with tasks is scanned whole in either plan."""
     await _mixed(store)
     params = await _commit_params(store)
     if plan_kind == "custom":
-        plan = await _custom_plan(store, "commit_fenced", params)
+        plan = await _custom_plan(store, statement, params)
     else:
-        plan = await _generic_plan(store, "commit_fenced", COMMIT_TYPES, params)
+        plan = await _generic_plan(store, statement, COMMIT_TYPES, params)
     scans = _task_scans(plan)
     assert scans and ("Seq Scan", None) not in scans, scans
+    whole = {node.get("Relation Name") for node in _nodes(plan) if node["Node Type"] == "Seq Scan"}
+    assert whole <= {"toolkit_tenant_budgets"}, whole  # a row per tenant and resource
 
 
 @pytest.mark.parametrize("statement", ["commit_fenced", "commit_step"])

@@ -12,10 +12,16 @@ collector"): 15 % of the worker's CPU was the collector's.
 reach (``gc.freeze``) and raises the young generation's threshold, so the cycles' objects
 are mostly freed by their reference counts before a pass sees them. The older generations'
 thresholds stay as they are: a cyclic garbage still gets collected, later.
+
+The same block also spares the process's exit a last full pass: the interpreter's
+finalisation collects over every object, about 0.15 s for a worker's heap (measured from the
+supervisor's return to the process's end, 0.14-0.23 s before and 0.03-0.04 s after), while
+what a process leaves behind is freed by the operating system anyway.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 from collections.abc import Iterator
@@ -33,8 +39,12 @@ def worker_collector() -> Iterator[None]:
     reference counting still frees it) and the young generation's threshold raised to
     :data:`YOUNG_THRESHOLD`. On exit, the threshold and the frozen objects are given back,
     so a caller that goes on (a test running the command in its own process) keeps the
-    collector it had.
+    collector it had. Once the process exits, everything left is frozen first
+    (``atexit``), so the interpreter's finalisation does not walk it again; exit handlers
+    registered before this block (logging's flush, a tracer's export) still run after.
     """
+    atexit.unregister(gc.freeze)  # registered once, however many blocks the process runs
+    atexit.register(gc.freeze)
     before = gc.get_threshold()
     gc.collect()
     gc.freeze()

@@ -8,7 +8,9 @@ Outages: when a statement finds the database unreachable, the pool's idle connec
 checked at once and the broken ones replaced, so an outage (a restart, terminated backends)
 costs one failure per caller, not one per stale connection. A second, one-connection pool is
 reserved for lease renewals (:meth:`Database.fetch_all` with ``reserved=True``): handlers
-that hold every connection of the main pool cannot starve the heartbeat.
+that hold every connection of the main pool cannot starve the heartbeat. A third pool plans
+each prepared statement once (``plan_once=True``): the worker's claim and group commit,
+whose generic plans are checked (docs/decisions.md, "The hot statements are planned once").
 """
 
 from __future__ import annotations
@@ -118,7 +120,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-_Pools = tuple[psycopg_pool.AsyncConnectionPool[Any], psycopg_pool.AsyncConnectionPool[Any]]
+_Pool = psycopg_pool.AsyncConnectionPool[Any]
+#: The main pool, the reserve and the pool that plans once.
+_Pools = tuple[_Pool, _Pool, _Pool]
 
 
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -130,6 +134,19 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     conn.cursor_factory = NotifyingCursor
     await conn.set_autocommit(True)
     await conn.execute("SET jit = off")
+
+
+async def _configure_plan_once(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Configure a connection of the pool that plans once (generic plans from the start).
+
+    As every pooled connection, and a prepared statement gets its generic plan from its
+    first execution on. PostgreSQL plans a prepared statement afresh for its first five
+    executions, and then for as long as the generic plan's estimate stays above the custom
+    plans' average: the claim's ``LIMIT`` parameter, guessed at a tenth of the due rows when
+    unknown, kept it planned at every call, as costly as running it (docs/decisions.md).
+    """
+    await _configure(conn)
+    await conn.execute("SET plan_cache_mode = force_generic_plan")
 
 
 async def _probe(dsn: str, timeout: float) -> None:
@@ -145,8 +162,17 @@ async def _probe(dsn: str, timeout: float) -> None:
         await probe.close()
 
 
+#: Connections of the pool that plans once: a worker's claim loop and its group commit each
+#: have one statement in flight at a time.
+PLAN_ONCE_CONNECTIONS = 2
+
+
 def _pools(dsn: str, min_size: int, max_size: int, timeout: float) -> _Pools:
-    """The main pool and the reserve (one connection, made on first use), not yet open."""
+    """The main pool, the reserve and the pool that plans once, not yet open.
+
+    The reserve has one connection and the pool that plans once
+    :data:`PLAN_ONCE_CONNECTIONS`, both made on first use.
+    """
     # A connection attempt to a host that does not answer gives up after this long, so
     # the pool's reconnection during an outage never hangs on one attempt.
     kwargs = {"application_name": "runifold", "connect_timeout": max(1, round(timeout))}
@@ -170,7 +196,17 @@ def _pools(dsn: str, min_size: int, max_size: int, timeout: float) -> _Pools:
         timeout=timeout,
         name="runifold-reserve",
     )
-    return pool, reserve
+    plan_once: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
+        dsn,
+        min_size=0,
+        max_size=PLAN_ONCE_CONNECTIONS,
+        open=False,
+        configure=_configure_plan_once,
+        kwargs=kwargs,
+        timeout=timeout,
+        name="runifold-plan-once",
+    )
+    return pool, reserve, plan_once
 
 
 #: Seconds between two direct probes of a database that was found unreachable.
@@ -209,9 +245,11 @@ class Database:
         dsn: str,
         reserve: psycopg_pool.AsyncConnectionPool[Any] | None = None,
         new_pools: Callable[[], _Pools] | None = None,
+        plan_once: psycopg_pool.AsyncConnectionPool[Any] | None = None,
     ) -> None:
         self._pool = pool
         self._reserve = reserve
+        self._plan_once = plan_once
         self._new_pools = new_pools
         self._checking = False
         self._suspect = False
@@ -254,37 +292,42 @@ class Database:
         def new_pools() -> _Pools:
             return _pools(dsn, min_size, max_size, timeout)
 
-        pool, reserve = new_pools()
+        pool, reserve, plan_once = new_pools()
         try:
             with translated_errors(dsn):
                 await pool.open(wait=True, timeout=timeout)
                 await reserve.open(wait=False)
+                await plan_once.open(wait=False)
         except DatabaseUnavailable:
-            await pool.close()
-            await reserve.close()
+            for each in (pool, reserve, plan_once):
+                await each.close()
             raise
-        return cls(pool, dsn, reserve, new_pools)
+        return cls(pool, dsn, reserve, new_pools, plan_once)
 
     def pool_stats(self) -> dict[str, int]:
         """The pool's statistics (sizes, waiting requests, wait time in ms), cumulative."""
         return self._pool.get_stats()
 
     async def close(self) -> None:
-        """Close every connection of both pools."""
+        """Close every connection of every pool."""
         self._new_pools = None
-        await self._pool.close()
-        if self._reserve is not None:
-            await self._reserve.close()
+        for pool in (self._pool, self._reserve, self._plan_once):
+            if pool is not None:
+                await pool.close()
 
     @contextlib.asynccontextmanager
     async def connection(
-        self, *, reserved: bool = False
+        self, *, reserved: bool = False, plan_once: bool = False
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """Borrow an autocommit connection.
 
         Args:
             reserved: borrow the reserved connection (lease renewals) instead of one of the
                 main pool.
+            plan_once: borrow one of the pool that plans each prepared statement once, its
+                generic plan (``plan_cache_mode = force_generic_plan``). Only for statements
+                whose generic plans are checked (tests/store/test_query_plan.py): a generic
+                plan cannot use a parameter's value to choose an index.
 
         Raises:
             DatabaseUnavailable: no connection could be had, or it broke in the block; the
@@ -293,18 +336,22 @@ class Database:
         """
         if self._suspect:
             await self._recover()
-        pool = self._reserve if reserved and self._reserve is not None else self._pool
+        pool = (
+            self._reserve if reserved and self._reserve is not None
+            else self._plan_once if plan_once and self._plan_once is not None
+            else self._pool
+        )  # fmt: skip
         try:
             with translated_errors(self.dsn):
                 async with pool.connection() as conn:
                     yield conn
         except DatabaseUnavailable as exc:
-            current = pool in (self._pool, self._reserve)
+            current = pool in (self._pool, self._reserve, self._plan_once)
             if current and not isinstance(exc.__cause__, psycopg_pool.PoolTimeout):
                 self._suspect = True  # a pool merely exhausted is no reason to replace it
             await self._discard_broken(pool)
             raise
-        if pool is self._pool:
+        if pool in (self._pool, self._plan_once):
             self._suspect = False
 
     async def _recover(self) -> None:
@@ -328,11 +375,11 @@ class Database:
             except DatabaseUnavailable as exc:
                 self._last_probe_error = str(exc)
                 raise
-            pool, reserve = self._new_pools()
-            await pool.open(wait=False)
-            await reserve.open(wait=False)
-            old = [self._pool, self._reserve]
-            self._pool, self._reserve = pool, reserve
+            fresh = self._new_pools()
+            for pool in fresh:
+                await pool.open(wait=False)
+            old = [self._pool, self._reserve, self._plan_once]
+            self._pool, self._reserve, self._plan_once = fresh
             self._suspect = False
             logger.debug(
                 "the database answers again; connection pools replaced",
@@ -369,6 +416,7 @@ class Database:
         *,
         reserved: bool = False,
         prepare: bool | None = None,
+        plan_once: bool = False,
     ) -> list[DictRow]:
         """Run a named query and return every row as a dict.
 
@@ -379,8 +427,10 @@ class Database:
             prepare: False for a statement whose plan must fit each call's values (the
                 task filter's optional terms); None lets psycopg prepare it once it has run
                 a few times on a connection.
+            plan_once: run it on a connection of the pool that plans once (see
+                :meth:`connection`).
         """
-        async with self.connection(reserved=reserved) as conn:
+        async with self.connection(reserved=reserved, plan_once=plan_once) as conn:
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(query(name), params or {}, prepare=prepare)
             return await cursor.fetchall()

@@ -275,7 +275,8 @@ class Leases:
         claimed: list[Any] = []
         if self._one_tenant is not None:
             claimed = self._summarised(await self._db.fetch_all(
-                "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant}
+                "claim_tasks_one_tenant", {**params, "tenant": self._one_tenant},
+                plan_once=True,
             ))  # fmt: skip
             if not claimed:
                 self._one_tenant = None  # not alone any more, or nothing due: the fair claim
@@ -291,7 +292,7 @@ class Leases:
         Then what it leaves the rotation to do (:meth:`toolkit.store.rotation.Rotation.settle`).
         """
         if not self._limits:
-            rows = await self._db.fetch_all("claim_tasks", params)
+            rows = await self._db.fetch_all("claim_tasks", params, plan_once=True)
         else:
             async with self._db.transaction() as conn:
                 cursor = conn.cursor(row_factory=dict_row)
@@ -444,7 +445,7 @@ class Leases:
         ending = [w.fence.task_id for w in writes if w.ends_child]
         if not waits and not parking and not ending and not distributed:
             statement = "commit_step" if all(map(_step_only, writes)) else "commit_fenced"
-            rows = await self._db.fetch_all(statement, params)  # the hot path
+            rows = await self._db.fetch_all(statement, params, plan_once=True)  # the hot path
             return {row["id"]: TaskState(row["state"]) for row in rows}
         unwoken: dict[str, int] = {}
         async with self._db.transaction() as conn:

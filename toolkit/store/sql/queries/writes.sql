@@ -348,12 +348,13 @@ budget_use AS (
       AND s.task_id = g.id AND s.occurrence = r.occurrence
       AND s.tenant = g.tenant AND (%(tenant)s::text IS NULL OR s.tenant = %(tenant)s)
     RETURNING s.name, s.scope
-), limit_woken AS (
+), limit_waiters AS MATERIALIZED (
     -- Each released slot makes the first task waiting for its limit and scope due now: of
     -- any tenant, or of %(wake_within)s alone (a store distributed by tenant routes the
-    -- statement to one shard: limits_unwoken tells the caller what is left to wake).
-    UPDATE toolkit_tasks t
-    SET run_at = statement_timestamp()
+    -- statement to one shard: limits_unwoken tells the caller what is left to wake). Chosen
+    -- once, here: read again for each row an UPDATE joined them with (a plan may do that),
+    -- the waiter just updated was skipped and the next one taken too.
+    SELECT x.id, r.name, r.scope
     FROM (SELECT name, scope, count(*) AS n FROM released_slots GROUP BY name, scope) r
     CROSS JOIN LATERAL (
         SELECT x.id
@@ -367,8 +368,13 @@ budget_use AS (
         LIMIT r.n
         FOR NO KEY UPDATE SKIP LOCKED
     ) x
-    WHERE t.id = x.id AND (%(wake_within)s::text IS NULL OR t.tenant = %(wake_within)s)
-    RETURNING t.id, t.tenant, t.run_at, r.name, r.scope
+), limit_woken AS (
+    UPDATE toolkit_tasks t
+    SET run_at = statement_timestamp()
+    FROM limit_waiters x
+    WHERE t.id = x.id AND t.id = ANY(ARRAY(SELECT id FROM limit_waiters))
+      AND (%(wake_within)s::text IS NULL OR t.tenant = %(wake_within)s)
+    RETURNING t.id, t.tenant, t.run_at, x.name, x.scope
 ), limits_unwoken AS (
     -- With %(wake_within)s set: the global limits whose released slots found fewer waiters
     -- of this tenant to wake, and how many more each may wake. After the commit, the caller
