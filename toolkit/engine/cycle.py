@@ -43,6 +43,8 @@ STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
 #: A run of pure steps yields to the event loop at least this often, seconds of its work.
 PACE_YIELD = 0.005
+#: The lock of a cycle's writes when no branches run: its one coroutine writes in turn.
+_ALONE = contextlib.nullcontext()
 
 
 class CycleOutcome(enum.StrEnum):
@@ -216,10 +218,10 @@ class Cycle:
 
     @functools.cached_property
     def lock(self) -> anyio.Lock:
-        """Writes take turns (see :meth:`commit`).
+        """Writes take turns while branches run (see :meth:`commit`).
 
-        Taken at every write and rarely held by another branch, so a free lock is taken
-        without a turn of the event loop.
+        Taken at every write of a branch and rarely held by another, so a free lock is taken
+        without a turn of the event loop. Made when branches first write.
         """
         return anyio.Lock(fast_acquire=True)
 
@@ -412,7 +414,8 @@ class Cycle:
         with shield:
             self._commits_asked += 1
             asked = self._commits_asked
-            async with self.lock:
+            # (one write at a time is a given without branches: the lock is for those)
+            async with self.lock if self.fanning_out else _ALONE:
                 if self._unapplied is not None:
                     await self._send(self._unapplied)
                 if not fields and self._commits_written >= asked:
