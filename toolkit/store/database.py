@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import anyio
@@ -176,37 +176,20 @@ def _pools(dsn: str, min_size: int, max_size: int, timeout: float) -> _Pools:
     # A connection attempt to a host that does not answer gives up after this long, so
     # the pool's reconnection during an outage never hangs on one attempt.
     kwargs = {"application_name": "runifold", "connect_timeout": max(1, round(timeout))}
-    pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-        dsn,
-        min_size=min_size,
-        max_size=max_size,
-        open=False,
-        configure=_configure,
-        kwargs=kwargs,
-        timeout=timeout,
-        name="runifold",
+
+    def pool(
+        name: str, sizes: tuple[int, int], configure: Callable[[Any], Awaitable[None]]
+    ) -> _Pool:
+        return psycopg_pool.AsyncConnectionPool(
+            dsn, min_size=sizes[0], max_size=sizes[1], open=False, configure=configure,
+            kwargs=kwargs, timeout=timeout, name=name,
+        )  # fmt: skip
+
+    return (
+        pool("runifold", (min_size, max_size), _configure),
+        pool("runifold-reserve", (0, 1), _configure),
+        pool("runifold-plan-once", (0, PLAN_ONCE_CONNECTIONS), _configure_plan_once),
     )
-    reserve: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-        dsn,
-        min_size=0,
-        max_size=1,
-        open=False,
-        configure=_configure,
-        kwargs=kwargs,
-        timeout=timeout,
-        name="runifold-reserve",
-    )
-    plan_once: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
-        dsn,
-        min_size=0,
-        max_size=PLAN_ONCE_CONNECTIONS,
-        open=False,
-        configure=_configure_plan_once,
-        kwargs=kwargs,
-        timeout=timeout,
-        name="runifold-plan-once",
-    )
-    return pool, reserve, plan_once
 
 
 #: Seconds between two direct probes of a database that was found unreachable.
