@@ -4,6 +4,7 @@ write that cannot be sent fails alone, writes of one task apply in order, a rese
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import anyio
 import pytest
@@ -13,12 +14,13 @@ from psycopg.types.json import Jsonb
 from tests.helpers.inprocess import sql, submit
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import StoreError
-from toolkit.lifecycle import TaskState
+from toolkit.lifecycle import EventKind, TaskState
 from toolkit.store import Store
+from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
 from toolkit.store.leases import ClaimedTask, _step_only
 from toolkit.store.queries import query
-from toolkit.store.writes import Event, EvidenceRecord, FencedWrite, write_json
+from toolkit.store.writes import Event, EvidenceRecord, FencedWrite, write_json, writes_param
 
 pytestmark = pytest.mark.anyio
 
@@ -71,6 +73,39 @@ async def test_group_commit_writer_survives_a_write_the_driver_cannot_send(store
         failed = FencedWrite(b.fence("w"), b.checkpoint, state="failed", error={"name": "X"})
         assert await writer.commit(failed) == "failed"
         tg.cancel_scope.cancel()
+
+
+async def test_a_value_orjson_refuses_is_written_as_the_standard_encoder_writes_it(
+    store: Store,
+) -> None:
+    """The writes are encoded by orjson, which refuses integers past 64 bits and keys that
+    are not strings; such a write is encoded by the standard encoder, stored exactly."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}])
+    (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
+    big = 2**70 + 1
+    checkpoint = {**task.checkpoint, "x": {1: "key not a string"}}
+    write = FencedWrite(task.fence("w"), checkpoint, state="succeeded", result={"n": big})
+    assert await store.leases.commit(write) == "succeeded"
+    ((result, stored),) = await sql(
+        store, "SELECT result, checkpoint -> 'x' FROM toolkit_tasks WHERE id = %s", task.id
+    )
+    assert result == {"n": big}, result
+    assert stored == {"1": "key not a string"}, stored
+
+
+def test_the_writes_parameter_holds_what_the_standard_encoder_would_send() -> None:
+    """orjson's text differs from json.dumps's in spacing only (states are strings)."""
+    write = FencedWrite(
+        Fence("w", 7, "acme", 3), {"cursor": "b", "outputs": {"a": [1, 2.5, None, True]}},
+        state=TaskState.LEASED, write_id="3:1",
+        evidence=(EvidenceRecord("a", "a", "noop", True, "7:a", "completed", 1, {"é": "☃"}),),
+        events=(Event(EventKind.RETRY_SCHEDULED, {"step": "a"}),),
+    )  # fmt: skip
+    param = writes_param([write, write])
+    text = param.dumps(param.obj)
+    assert isinstance(text, bytes)  # orjson's
+    assert json.loads(text) == json.loads(json.dumps([write_json(write)] * 2))
 
 
 async def test_two_writes_of_one_task_in_one_batch_apply_in_order(store: Store) -> None:

@@ -32,7 +32,7 @@ from toolkit.store.distributed_leases import (
 from toolkit.store.distribution import is_distributed
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
-from toolkit.store.writes import FencedWrite, write_json
+from toolkit.store.writes import FencedWrite, writes_param
 
 #: Waits that something sent from outside ends (a signal, a callback completion): the commit
 #: of such a wait looks for what was sent while it queued for the task's row (see
@@ -423,7 +423,7 @@ class Leases:
         tenant = tenants[0] if len(tenants) == 1 else None
         params = {
             "worker_id": worker_id,
-            "writes": Jsonb([write_json(w) for w in writes]),
+            "writes": writes_param(writes),
             # the tenant whose rows the statement touches, to route it on a distributed
             # store; null on one server, where a released limit slot may make a task of any
             # tenant due, and the rotation's marks (due_marks) must cover that tenant too

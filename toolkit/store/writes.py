@@ -8,8 +8,12 @@ its :class:`~toolkit.store.fence.Fence` holds (``Leases.commit``).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
+
+import orjson
+from psycopg.types.json import Jsonb
 
 from toolkit.lifecycle import EventKind, TaskState, WaitReason
 from toolkit.store.fence import Fence
@@ -144,6 +148,32 @@ class FencedWrite:
     branches_ended: Sequence[str] = ()
     ends_child: bool = False
     trace_attempt: str | None = None
+
+
+def writes_param(writes: Sequence[FencedWrite]) -> Jsonb:
+    """The ``writes`` parameter of the fenced-write statements: the writes as one JSON array.
+
+    Encoded by orjson, about ten times as fast as the standard library's encoder on a
+    write (10 µs against 1 µs each, docs/decisions.md, "The writes are encoded by orjson"),
+    with the same text but for spacing. A value orjson refuses and the standard encoder
+    takes (an integer past 64 bits, a key that is not a string, a lone surrogate) is encoded
+    by the standard encoder, so a write sends what it sent before.
+
+    Args:
+        writes: the fenced writes of one statement.
+
+    Returns:
+        A psycopg ``Jsonb`` wrapper of the list of :func:`write_json` objects.
+    """
+    return Jsonb([write_json(write) for write in writes], dumps=_encoded)
+
+
+def _encoded(value: Any) -> bytes | str:
+    """``value`` as JSON text: orjson's, or the standard encoder's for what orjson refuses."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # orjson.JSONEncodeError
+        return json.dumps(value)
 
 
 def write_json(write: FencedWrite) -> dict[str, Any]:
