@@ -155,6 +155,24 @@ def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps
     assert code == 1 and "at most a third of the lease" in err
 
 
+def test_an_app_that_fails_to_import_is_named_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A syntax error in the app's module, or an exception its code raises at import, gives
+    one line naming the file and line, not the import machinery's traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "three.yaml").write_text(THREE_STEPS)
+    (tmp_path / "app_with_typo.py").write_text("import toolkit\n\ndef broken(:\n    pass\n")
+    (tmp_path / "app_that_raises.py").write_text("x = 1\nraise RuntimeError('config missing')\n")
+    for module, message in [
+        ("app_with_typo", f"{tmp_path / 'app_with_typo.py'}:3: SyntaxError: "),
+        ("app_that_raises", "raised RuntimeError: config missing ("
+                            f"{tmp_path / 'app_that_raises.py'}:2)"),
+    ]:  # fmt: skip
+        code, _, err = invoke("validate", "--app", module, str(tmp_path / "three.yaml"))
+        assert code == 1 and message in err and "Traceback" not in err, err
+
+
 def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
     invoke("deploy", str(three_steps), dsn=dsn)
     for n in range(3):

@@ -112,6 +112,7 @@ def test_bulk_previews_a_plan_then_applies_it_once(dsn: str, hold: Path) -> None
     assert code == 1 and f"error: bulk plan {plan[1]} was applied already" in err
     code, out, err = invoke("bulk", "show", plan[1], dsn=dsn)
     assert "signal by " in out and "3 tasks; 3 acted on" in out
+    assert 'filter:   {"tags": {"customer": "acme"}}' in out, out  # JSON, not a Python dict
     _run(dsn, hold)
     code, out, _ = invoke("tasks", "--state", "succeeded", "--count", dsn=dsn)
     assert out.strip() == str(len(ids))
@@ -128,6 +129,13 @@ def test_bulk_cancel_with_yes_applies_at_once(dsn: str, hold: Path) -> None:
     assert "cancelled at once: 2 queued or waiting tasks" in out
     assert re.search(r"plan \d+ applied: 2 acted on", out), out
     assert invoke("tasks", "--state", "cancelled", "--count", dsn=dsn)[1].strip() == "2"
+    # A preview's examples are tasks it acts on, not the ended ones its filter also matched.
+    queued = _submit(dsn, "acme")
+    code, out, err = invoke("bulk", "cancel", "--tag", "customer=acme", dsn=dsn)
+    assert code == 0, err
+    assert "3 tasks match" in out and "1 of them" in out, out
+    examples = re.findall(r"e\.g\. task (\d+): (\w+)", out)
+    assert examples == [(str(queued), "queued")], out
 
 
 def test_wait_prints_the_output_or_the_error_with_its_exit_status(dsn: str, hold: Path) -> None:

@@ -49,6 +49,13 @@ def test_deploy_makes_the_declared_schedules_and_edits_are_refused(
     code, _, err = invoke("schedules", "delete", "report.nightly", dsn=dsn)
     assert code != 0 and "remove it from that YAML" in err, err
     assert invoke("schedules", "pause", "report.nightly", dsn=dsn)[0] == 0
+    # The input shows as JSON (as --input takes it); a pause without a reason, as "paused".
+    code, out, err = invoke("schedules", "show", "report.nightly", dsn=dsn)
+    assert code == 0, err
+    assert 'input: {"day": "${ context.scheduled_at }"}' in " ".join(out.split()), out
+    assert "paused: paused" not in out and "paused (paused)" not in out, out
+    code, out, _ = invoke("schedules", "list", dsn=dsn)
+    assert out.splitlines()[1].endswith("  paused"), out
 
 
 def test_a_deploy_that_would_break_a_schedule_is_refused_naming_it(

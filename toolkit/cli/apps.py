@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -26,7 +27,9 @@ def load_app(spec: str) -> App:
     """Import ``MODULE[:ATTR]`` (default attribute ``app``) and return the :class:`App`.
 
     Raises:
-        ConfigError: the module cannot be imported or the attribute is not an App.
+        ConfigError: the module cannot be imported (not found, a syntax error, or an
+            exception its code raised: one line naming the file and line), or the attribute
+            is not an App.
     """
     module_name, _, attr = spec.partition(":")
     if os.getcwd() not in sys.path:
@@ -35,6 +38,18 @@ def load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--app {spec}: cannot import {module_name!r}: {exc}") from exc
+    except SyntaxError as exc:
+        where = f"{exc.filename}:{exc.lineno}: " if exc.filename else ""
+        raise ConfigError(
+            f"--app {spec}: cannot import {module_name!r}: {where}{type(exc).__name__}: "
+            f"{exc.msg}"
+        ) from exc
+    except Exception as exc:  # the module's own code raised while it was imported
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        raise ConfigError(
+            f"--app {spec}: importing {module_name!r} raised {type(exc).__name__}: {exc} "
+            f"({frame.filename}:{frame.lineno})"
+        ) from exc
     name = attr or "app"
     if not hasattr(module, name):
         apps = sorted(key for key, value in vars(module).items() if isinstance(value, App))

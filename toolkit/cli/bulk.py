@@ -8,6 +8,7 @@ are still those the plan recorded (docs/many-tasks.md).
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import sys
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ import click
 
 from toolkit.cli.filters import filter_fields, filter_options, task_filter
 from toolkit.cli.options import duration_option, json_option
+from toolkit.cli.output import json_line
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.cli.tasks import chosen_outcome, outcome_options
 from toolkit.counts import counted
@@ -63,7 +65,10 @@ def _preview_or_apply(
 
     async def planned(store: Store) -> None:
         plan = await make(store, where)
-        sample = await store.tasks.list(where, limit=_SAMPLE) if plan.planned else []
+        # the examples are tasks the plan acts on: of the states it planned, not those it
+        # leaves alone (an ended task matched by a cancel's filter)
+        acted = dataclasses.replace(where, state=sorted({row[0] for row in plan.planned_counts}))
+        sample = await store.tasks.list(acted, limit=_SAMPLE) if plan.planned else []
         _print_preview(plan, where, sample)
         if yes and plan.planned:
             await _apply(store, plan.id)
@@ -260,9 +265,9 @@ def bulk_show(settings: Settings, plan_id: int) -> None:
             plan.applied or plan.moved or plan.gone or plan.refused) else "applied in part")
         click.echo(f"plan {plan.id}: {plan.action} by {plan.operator}, {state}")
         click.echo(f"  made:     {plan.created_at:%Y-%m-%d %H:%M:%S %Z}")
-        click.echo(f"  filter:   {plan.filter}")
+        click.echo(f"  filter:   {json_line(plan.filter)}")
         shown = {k: v for k, v in plan.arguments.items() if k != "payloads"}
-        click.echo(f"  action:   {shown}")
+        click.echo(f"  action:   {json_line(shown)}")
         click.echo(f"  planned:  {plan.planned:,} tasks; {plan.summary()}")
 
     run_in_store(settings, show)

@@ -13,10 +13,15 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str, ensure_ascii=False))
 
 
+def json_line(value: Any) -> str:
+    """``value`` as one line of JSON (as ``--input`` takes it); dates and decimals as text."""
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
 def clip(value: Any, limit: int) -> str:
     """``value`` as one line of JSON, cut to ``limit`` characters with an ellipsis.
 
     The ``--json`` output has it whole.
     """
-    text = json.dumps(value, default=str, ensure_ascii=False)
+    text = json_line(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"

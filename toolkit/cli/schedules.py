@@ -10,7 +10,7 @@ import click
 
 from toolkit.cli.filters import tag_options
 from toolkit.cli.options import json_option, time_option
-from toolkit.cli.output import echo_json
+from toolkit.cli.output import echo_json, json_line
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition.schedules import OVERLAPS, parse_catchup
 from toolkit.errors import ConfigError
@@ -99,6 +99,14 @@ def update(settings: Settings, /, name: str, **options: Any) -> None:
     click.echo(f"schedule {schedule.name}: {schedule.describe()}")
 
 
+def _state(schedule: Schedule) -> str:
+    """``active``, or ``paused`` with the note saying why when there is one."""
+    if not schedule.paused:
+        return "active"
+    note = schedule.pause_note
+    return f"paused ({note})" if note and note != "paused" else "paused"
+
+
 @schedules.command("list")
 @click.option("--definition", help="Only the schedules of this definition.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -112,7 +120,7 @@ def list_schedules(settings: Settings, definition: str | None, as_json: bool) ->
     click.echo(f"{'NAME':<24} {'DEFINITION':<20} {'OWNER':<8} {'CADENCE':<34} {'NEXT TICK':<20} "
                "LIVE  STATE")  # fmt: skip
     for s in found:
-        state = f"paused ({s.pause_note})" if s.paused else "active"
+        state = _state(s)
         click.echo(
             f"{s.name:<24} {s.definition_name:<20} {s.owner:<8} {s.cadence.describe():<34} "
             f"{s.next_tick:%Y-%m-%d %H:%M:%S} {s.live:>5}  {state}"
@@ -138,9 +146,9 @@ def show(settings: Settings, name: str, as_json: bool) -> None:
     rows = [
         ("owner", schedule.owner + (f" ({schedule.definition_name} v{schedule.owner_version})"
                                     if schedule.owner_version else "")),
-        ("state", f"paused: {schedule.pause_note}" if schedule.paused else "active"),
+        ("state", _state(schedule)),
         ("next tick", f"{schedule.next_tick:%Y-%m-%d %H:%M:%S %Z}"),
-        ("input", str(schedule.input)),
+        ("input", json_line(schedule.input)),
         ("ticks", f"fired {schedule.fired}, skipped {schedule.skipped}, missed "
                   f"{schedule.missed}, caught up {schedule.caught_up}"),
         ("failures", f"{schedule.consecutive_failures} in a row"
