@@ -261,7 +261,8 @@ version: 1
 start: a
 steps:
   a: {effect: count.work, idempotent: true, args: {nope: 1}, next: b}
-  b: {effect: count.missing, idempotent: true}
+  b: {effect: count.missing, idempotent: true, next: c}
+  c: {effect: count.wrok, idempotent: true}
 """
 
 
@@ -279,6 +280,8 @@ def test_validate_and_deploy_with_app_refuse_what_run_refuses(dsn: str, tmp_path
         "has no parameter 'nope'",
         f"error: {path}: $.steps.b.effect: no handler 'count.missing' is registered in app "
         "'counting'",
+        f"error: {path}: $.steps.c.effect: no handler 'count.wrok' is registered in app "
+        "'counting'; did you mean 'count.work'?",
     ]
     code, out, err = invoke("validate", str(path), *app)
     assert (code, out, err) == (1, "", refused)

@@ -21,6 +21,7 @@ from toolkit.definition import (
     Step,
     WorkflowDefinition,
 )
+from toolkit.definition.wording import suggest
 from toolkit.errors import ConfigError, HandlerNotFound, MissingHandlers, MissingLimits
 from toolkit.store.limits import LimitSpec, parse_rate
 
@@ -231,9 +232,10 @@ class App:
                 for at, name, args in needed:
                     handler = self._handlers.get(name)
                     if handler is None:
+                        hint = suggest(name, sorted(self._handlers), _HANDLER_LIKENESS)
                         lines.append(
                             f"{where}: {at}.effect: no handler {name!r} is registered in app"
-                            f" {self.name!r}"
+                            f" {self.name!r}{hint}"
                         )
                         continue
                     # The keys of args are known before it renders; an expression is not.
@@ -247,6 +249,11 @@ class App:
                             )
         if lines:
             raise MissingHandlers("\n".join(lines))
+
+
+#: How alike a registered handler's name must be to a missing one to be suggested: dotted
+#: names share their prefix, so the default would offer ``count.fail`` for ``count.missing``.
+_HANDLER_LIKENESS = 0.8
 
 
 def _effect_steps(definition: WorkflowDefinition) -> Iterator[tuple[str, EffectStep]]:

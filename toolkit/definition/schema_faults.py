@@ -228,5 +228,11 @@ def _translate_step(
         return problems or [Problem(path, f"invalid {present[0]} step")]
     if present:
         return [Problem(path, f"a step has exactly one kind, this one has {', '.join(present)}")]
+    known = {key for kind_def in kinds.defs for key in kind_def.get("properties", {})}
+    unknown = [key for key in step if key not in known]
+    named = (
+        f"; unknown field {unknown[0]!r}" if len(unknown) == 1
+        else f"; unknown fields {', '.join(map(repr, unknown))}" if unknown else ""
+    )  # fmt: skip
     hint = next((suggest(key, kinds.all) for key in step if suggest(key, kinds.all)), "")
-    return [Problem(path, f"a step needs one of {', '.join(kinds.all)}{hint}")]
+    return [Problem(path, f"a step needs one of {', '.join(kinds.all)}{named}{hint}")]

@@ -23,15 +23,18 @@ def short(value: Any) -> str:
     return _short.repr(value)
 
 
-def closest(word: str, choices: Iterator[str] | list[str]) -> str | None:
-    """The choice closest to ``word`` (a likely misspelling of it), or None."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+def closest(word: str, choices: Iterator[str] | list[str], cutoff: float = 0.6) -> str | None:
+    """The choice closest to ``word`` (a likely misspelling of it), or None.
+
+    ``cutoff``: the least similarity (difflib's ratio, 0 to 1) of a choice to suggest.
+    """
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
     return close[0] if close else None
 
 
-def suggest(word: str, choices: Iterator[str] | list[str]) -> str:
-    """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""``."""
-    meant = closest(word, choices)
+def suggest(word: str, choices: Iterator[str] | list[str], cutoff: float = 0.6) -> str:
+    """Return ``"; did you mean 'x'?"`` for the closest choice, or ``""`` (see `closest`)."""
+    meant = closest(word, choices, cutoff)
     return f"; did you mean {meant!r}?" if meant else ""
 
 
