@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers.workflows import THREE_STEPS
+from tests.helpers.workflows import MINIMAL, THREE_STEPS
 from toolkit.cli import cli
 
 UNREACHABLE = "postgresql://user:hunter2@127.0.0.1:1/nowhere?connect_timeout=2"
@@ -188,6 +188,25 @@ def test_run_until_idle_drains_the_queue(dsn: str, three_steps: Path) -> None:
     assert "(three-steps@1)" in start and "concurrency 8" in start, start
     assert "on PostgreSQL at " in start and "exits when idle" in start, start
     assert "password" not in start.lower()
+
+
+def test_tasks_no_worker_can_run_are_named_by_until_idle_and_a_timed_out_wait(
+    dsn: str, three_steps: Path, tmp_path: Path
+) -> None:
+    """Regression: a worker that drained its own definitions exited with `claimed 0` and a
+    wait timed out saying only `queued`, with a task of a version nobody had loaded."""
+    other = tmp_path / "demo.yaml"
+    other.write_text(MINIMAL)
+    assert invoke("deploy", str(three_steps), str(other), dsn=dsn)[0] == 0
+    code, out, err = invoke("submit", "demo", "--wait", "--wait-timeout", "100ms", dsn=dsn)
+    assert code == 5, err
+    assert "queued after 0.1 s of waiting; it goes on; no live worker has loaded demo v1" in err
+    code, out, err = invoke(
+        "run", "--app", "tests.apps.counting", "--definitions", str(three_steps), "--until-idle",
+        dsn=dsn,
+    )  # fmt: skip
+    assert code == 0 and "claimed 0" in out, err
+    assert "note: live tasks of definition versions no live worker has loaded: demo v1 (1)" in err
 
 
 def test_a_worker_id_held_by_a_live_process_is_one_clear_error(dsn: str, three_steps: Path) -> None:

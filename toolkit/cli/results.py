@@ -50,10 +50,19 @@ async def await_and_print(
         echo_json(exc.error)
         return EXIT_FAILED
     except WaitTimedOut as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        click.echo(f"error: {exc.message}{await _unserved(store, task_id, tenant)}", err=True)
         return EXIT_TIMED_OUT
     echo_json(output)
     return 0
+
+
+async def _unserved(store: Store, task_id: int, tenant: str | None) -> str:
+    """Why a task waited for nothing, when that is why: no live worker has its definition."""
+    task = await store.tasks.get(task_id, tenant=tenant)
+    version = (task.definition_name, task.definition_version)
+    if version not in await store.definitions.unavailable():
+        return ""
+    return f"; no live worker has loaded {version[0]} v{version[1]} (`toolkit doctor`)"
 
 
 @click.command()

@@ -13,6 +13,7 @@ import click
 from toolkit.cli.apps import load_app
 from toolkit.cli.definitions import load_by_line
 from toolkit.cli.session import Settings, run_in_store
+from toolkit.definition import WorkflowDefinition
 from toolkit.errors import ConfigError, ToolkitError
 from toolkit.metrics import WorkerMetrics
 from toolkit.runtime.collector import worker_collector
@@ -150,6 +151,8 @@ def run(
     # anew with such a fault is refused when the worker deploys its definitions.
     definitions = load_by_line([definitions_path], accept_new_only=True)
 
+    unserved: list[str] = []  # --until-idle: the versions nobody ran (see `_unserved`)
+
     async def serve(store: Store) -> SupervisorReport:
         worker = Worker(store, app, definitions, worker_id=worker_id)
         shutdown = CancellationToken()
@@ -173,6 +176,8 @@ def run(
                 tg.start_soon(_announce, supervisor, start_line, summary_every)
                 await supervisor.run(shutdown)
                 tg.cancel_scope.cancel()
+        if until_idle:
+            unserved.extend(await _unserved(store, definitions))
         if supervisor.report.abandoned:
             # A handler that ignores cancellation cannot be stopped, and would hold the
             # interpreter's exit up (its task is cancelled again and again): the process
@@ -190,11 +195,31 @@ def run(
 
     report = run_in_store(settings, serve, pool_size=concurrency + 2)
     _print_report(report)
+    if unserved:  # --until-idle: why some tasks did not run here
+        click.echo(
+            f"note: live tasks of definition versions no live worker has loaded: "
+            f"{', '.join(unserved)}; run a worker with their definitions (`toolkit doctor`)",
+            err=True,
+        )
     if report.registration_lost:
         raise ToolkitError(
             f"worker id {report.worker_id!r} was taken over by another process while this one "
             "was stalled; this worker stopped (give each worker its own --worker-id)"
         )
+
+
+async def _unserved(store: Store, definitions: list[WorkflowDefinition]) -> list[str]:
+    """Live tasks of versions this worker did not load and no live worker has loaded.
+
+    As ``NAME vVERSION (N)``; none when the store cannot say (the run's outcome stands).
+    """
+    loaded = {(d.name, d.version) for d in definitions}
+    try:
+        counts = await store.definitions.unavailable()
+    except ToolkitError:
+        return []
+    return [f"{name} v{version} ({n})" for (name, version), n in sorted(counts.items())
+            if (name, version) not in loaded]  # fmt: skip
 
 
 def _print_report(report: SupervisorReport) -> None:
