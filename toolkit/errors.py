@@ -17,7 +17,7 @@ code.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,10 +127,19 @@ class DefinitionError(ToolkitError):
     Attributes:
         faults: Every fault found, in report order. ``str(error)`` is one
             ``FILE:LINE: PATH: message`` line per fault.
+        loaded: The definitions of the other files, which loaded (``load_definitions``):
+            a check of their handlers can report beside these faults (``toolkit validate``).
     """
 
-    def __init__(self, faults: Iterable[DefinitionFault], message: str | None = None) -> None:
+    def __init__(
+        self,
+        faults: Iterable[DefinitionFault],
+        message: str | None = None,
+        *,
+        loaded: Sequence[Any] = (),
+    ) -> None:
         self.faults: tuple[DefinitionFault, ...] = tuple(faults)
+        self.loaded: tuple[Any, ...] = tuple(loaded)
         super().__init__(message or "\n".join(map(str, self.faults)) or None)
 
 

@@ -285,6 +285,27 @@ steps:
 """
 
 
+def test_validate_with_app_lists_handler_faults_beside_another_file_s_schema_faults(
+    tmp_path: Path,
+) -> None:
+    """Regression: the handlers were checked only once every file passed the schema, so a
+    folder with one bad file hid the missing handlers of the others."""
+    (tmp_path / "a-bad.yaml").write_text(THREE_STEPS.replace("name: three-steps", "name: 7"))
+    (tmp_path / "b-unfit.yaml").write_text(UNFIT)
+    code, out, err = invoke("validate", str(tmp_path), "--app", "tests.apps.counting")
+    assert code == 1 and out == "", out
+    lines = err.splitlines()
+    assert lines[0].startswith(f"error: {tmp_path / 'a-bad.yaml'}:"), err
+    assert lines[1:] == [
+        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.a.args: handler 'count.work' cannot take "
+        "these arguments: it has no parameter 'nope'",
+        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.b.effect: no handler 'count.missing' is "
+        "registered in app 'counting'",
+        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.c.effect: no handler 'count.wrok' is "
+        "registered in app 'counting'; did you mean 'count.work'?",
+    ], err
+
+
 def test_validate_and_deploy_with_app_refuse_what_run_refuses(dsn: str, tmp_path: Path) -> None:
     """Regression: validate and deploy accepted handlers the worker refuses; only run said so."""
     path = tmp_path / "unfit.yaml"

@@ -22,7 +22,13 @@ from toolkit.definition import (
     WorkflowDefinition,
 )
 from toolkit.definition.wording import suggest
-from toolkit.errors import ConfigError, HandlerNotFound, MissingHandlers, MissingLimits
+from toolkit.errors import (
+    ConfigError,
+    DefinitionFault,
+    HandlerNotFound,
+    MissingHandlers,
+    MissingLimits,
+)
 from toolkit.store.limits import LimitSpec, parse_rate
 
 F = TypeVar("F", bound=HandlerFunc)
@@ -221,7 +227,18 @@ class App:
         Raises:
             MissingHandlers: one line per missing or unfit handler, naming the file and step.
         """
-        lines = []
+        faults = self.handler_faults(definitions)
+        if faults:
+            raise MissingHandlers("\n".join(map(str, faults)))
+
+    def handler_faults(self, definitions: Iterable[WorkflowDefinition]) -> list[DefinitionFault]:
+        """What :meth:`check` refuses, as faults: a handler missing, or one unfit for ``args``.
+
+        Returns:
+            One fault per effect or compensation, in definition and step order, naming the
+            definition's file (or ``NAME vVERSION``) and the step's path; no line.
+        """
+        faults = []
         for definition in definitions:
             where = definition.source or f"{definition.name} v{definition.version}"
             for path, step in _effect_steps(definition):
@@ -233,22 +250,21 @@ class App:
                     handler = self._handlers.get(name)
                     if handler is None:
                         hint = suggest(name, sorted(self._handlers), _HANDLER_LIKENESS)
-                        lines.append(
-                            f"{where}: {at}.effect: no handler {name!r} is registered in app"
-                            f" {self.name!r}{hint}"
-                        )
+                        faults.append(DefinitionFault(
+                            where, None, f"{at}.effect",
+                            f"no handler {name!r} is registered in app {self.name!r}{hint}",
+                        ))  # fmt: skip
                         continue
                     # The keys of args are known before it renders; an expression is not.
                     if isinstance(args, dict) or args is None:
                         shape = None if args is None else dict.fromkeys(args)
                         fault = handler.arguments_fault(shape)
                         if fault is not None:
-                            lines.append(
-                                f"{where}: {at}.args: handler {name!r} cannot take these"
-                                f" arguments: {fault}"
-                            )
-        if lines:
-            raise MissingHandlers("\n".join(lines))
+                            faults.append(DefinitionFault(
+                                where, None, f"{at}.args",
+                                f"handler {name!r} cannot take these arguments: {fault}",
+                            ))  # fmt: skip
+        return faults
 
 
 #: How alike a registered handler's name must be to a missing one to be suggested: dotted

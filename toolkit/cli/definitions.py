@@ -8,11 +8,11 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.apps import check_option, checked_app
+from toolkit.cli.apps import check_option, checked_app, load_app
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition import WorkflowDefinition, load_definitions
-from toolkit.errors import DefinitionError
+from toolkit.errors import ConfigError, DefinitionError, DefinitionFault
 from toolkit.store import Store
 from toolkit.store.definitions import DeployOutcome
 from toolkit.store.schedules import Schedule
@@ -35,7 +35,8 @@ def load_by_line(
     except DefinitionError as exc:
         files = list(dict.fromkeys(fault.file for fault in exc.faults))
         raise DefinitionError(
-            sorted(exc.faults, key=lambda fault: (files.index(fault.file), fault.line or 0))
+            sorted(exc.faults, key=lambda fault: (files.index(fault.file), fault.line or 0)),
+            loaded=exc.loaded,
         ) from None
 
 
@@ -44,13 +45,38 @@ def load_by_line(
 @check_option()
 def validate(paths: Sequence[Path], app_spec: str | None) -> None:
     """Validate workflow definitions (files or folders); list every fault."""
-    definitions = load_by_line(paths)
+    try:
+        definitions = load_by_line(paths)
+    except DefinitionError as exc:
+        # the files that did load are checked against the app too: every fault at once
+        faults = [*exc.faults, *_handler_faults(app_spec, exc.loaded)]
+        files = list(dict.fromkeys(fault.file for fault in faults))
+        raise DefinitionError(
+            sorted(faults, key=lambda fault: (files.index(fault.file), fault.line or 0))
+        ) from None
     checked_app(app_spec, definitions)
     for definition in definitions:
         click.echo(
             f"ok: {definition.source}: {definition.name} v{definition.version} "
             f"{definition.digest[:12]}"
         )
+
+
+def _handler_faults(
+    app_spec: str | None, definitions: Sequence[WorkflowDefinition]
+) -> list[DefinitionFault]:
+    """The handler faults of ``definitions`` against the app of ``--app``.
+
+    None without the option, or when the app cannot be loaded: that error comes once the
+    definitions' own faults are fixed.
+    """
+    if app_spec is None or not definitions:
+        return []
+    try:
+        app = load_app(app_spec)
+    except ConfigError:
+        return []
+    return app.handler_faults(definitions)
 
 
 @click.command()

@@ -121,7 +121,7 @@ def load_definitions(
 
     Raises:
         DefinitionError: With the faults of all files together (a folder without a
-            definition file is one).
+            definition file is one), and the definitions of the other files (``loaded``).
     """
     files: list[pathlib.Path] = []
     faults: list[DefinitionFault] = []
@@ -165,7 +165,7 @@ def load_definitions(
         first_file[name_version] = str(file)
         definitions.append(definition)
     if faults:
-        raise DefinitionError(faults)
+        raise DefinitionError(faults, loaded=definitions)
     return definitions
 
 
