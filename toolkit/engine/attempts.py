@@ -17,7 +17,6 @@ import time
 from typing import Any, TypeVar
 
 import anyio
-import anyio.lowlevel
 
 from toolkit import faults, tracing
 from toolkit.application import EffectContext, Handler, SpendMeter
@@ -186,7 +185,7 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
         _tags_set=tags,
         _publish=functools.partial(services.store.streams.publish, cycle.fence, occurrence),
         _progress=functools.partial(services.store.streams.progress, task.id),
-        _loop=anyio.lowlevel.current_token(),
+        _loop=cycle.loop_token,
     )
     started = time.monotonic()
     outcome = "error"

@@ -226,6 +226,15 @@ class Cycle:
         return anyio.Lock(fast_acquire=True)
 
     @functools.cached_property
+    def loop_token(self) -> anyio.lowlevel.EventLoopToken:
+        """The event loop's token, for a handler's code in a thread (``EffectContext``).
+
+        Asked of anyio once per cycle rather than at each call: it finds the running
+        library anew each time.
+        """
+        return anyio.lowlevel.current_token()
+
+    @functools.cached_property
     def signal_lock(self) -> anyio.Lock:
         """Branches look for a signal one at a time (see :attr:`signals_taken`).
 
