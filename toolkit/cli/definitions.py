@@ -33,11 +33,18 @@ def load_by_line(
     try:
         return load_definitions(paths, accept_new_only=accept_new_only)
     except DefinitionError as exc:
-        files = list(dict.fromkeys(fault.file for fault in exc.faults))
-        raise DefinitionError(
-            sorted(exc.faults, key=lambda fault: (files.index(fault.file), fault.line or 0)),
-            loaded=exc.loaded,
-        ) from None
+        raise _by_line(exc.faults, exc.loaded) from None
+
+
+def _by_line(
+    faults: Sequence[DefinitionFault], loaded: Sequence[WorkflowDefinition] = ()
+) -> DefinitionError:
+    """The faults file by file (in the order the files first appear), each file's by line."""
+    files = list(dict.fromkeys(fault.file for fault in faults))
+    return DefinitionError(
+        sorted(faults, key=lambda fault: (files.index(fault.file), fault.line or 0)),
+        loaded=loaded,
+    )
 
 
 @click.command()
@@ -49,11 +56,7 @@ def validate(paths: Sequence[Path], app_spec: str | None) -> None:
         definitions = load_by_line(paths)
     except DefinitionError as exc:
         # the files that did load are checked against the app too: every fault at once
-        faults = [*exc.faults, *_handler_faults(app_spec, exc.loaded)]
-        files = list(dict.fromkeys(fault.file for fault in faults))
-        raise DefinitionError(
-            sorted(faults, key=lambda fault: (files.index(fault.file), fault.line or 0))
-        ) from None
+        raise _by_line([*exc.faults, *_handler_faults(app_spec, exc.loaded)]) from None
     checked_app(app_spec, definitions)
     for definition in definitions:
         click.echo(

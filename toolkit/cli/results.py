@@ -16,7 +16,7 @@ import click
 from toolkit.cli.options import duration_option, task_tenant_option
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
-from toolkit.errors import TaskCancelled, TaskFailed, WaitTimedOut
+from toolkit.errors import TaskCancelled, TaskFailed, ToolkitError, WaitTimedOut
 from toolkit.store import Store
 
 #: The exit status when the awaited task failed.
@@ -57,10 +57,16 @@ async def await_and_print(
 
 
 async def _unserved(store: Store, task_id: int, tenant: str | None) -> str:
-    """Why a task waited for nothing, when that is why: no live worker has its definition."""
-    task = await store.tasks.get(task_id, tenant=tenant)
-    version = (task.definition_name, task.definition_version)
-    if version not in await store.definitions.unavailable():
+    """Why a task waited for nothing, when that is why: no live worker has its definition.
+
+    Empty when a worker has it, or when the store cannot say (the timeout is the news).
+    """
+    try:
+        task = await store.tasks.get(task_id, tenant=tenant)
+        version = (task.definition_name, task.definition_version)
+        if version not in await store.definitions.unavailable():
+            return ""
+    except ToolkitError:
         return ""
     return f"; no live worker has loaded {version[0]} v{version[1]} (`toolkit doctor`)"
 
