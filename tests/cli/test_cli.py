@@ -137,7 +137,7 @@ def test_run_refuses_missing_handlers_naming_file_and_step(dsn: str, three_steps
         "run", "--app", "toolkit.examples", "--definitions", str(three_steps), dsn=dsn
     )
     assert code == 1
-    assert f"{three_steps}: $.steps.first.effect: no handler 'count.work'" in err
+    assert f"{three_steps}:8: $.steps.first.effect: no handler 'count.work'" in err
     code, _, err = invoke(
         "run", "--app", "no.such.module", "--definitions", str(three_steps), dsn=dsn
     )
@@ -297,11 +297,11 @@ def test_validate_with_app_lists_handler_faults_beside_another_file_s_schema_fau
     lines = err.splitlines()
     assert lines[0].startswith(f"error: {tmp_path / 'a-bad.yaml'}:"), err
     assert lines[1:] == [
-        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.a.args: handler 'count.work' cannot take "
-        "these arguments: it has no parameter 'nope'",
-        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.b.effect: no handler 'count.missing' is "
-        "registered in app 'counting'",
-        f"error: {tmp_path / 'b-unfit.yaml'}: $.steps.c.effect: no handler 'count.wrok' is "
+        f"error: {tmp_path / 'b-unfit.yaml'}:6: $.steps.a.args: handler 'count.work' cannot "
+        "take these arguments: it has no parameter 'nope'",
+        f"error: {tmp_path / 'b-unfit.yaml'}:7: $.steps.b.effect: no handler 'count.missing' "
+        "is registered in app 'counting'",
+        f"error: {tmp_path / 'b-unfit.yaml'}:8: $.steps.c.effect: no handler 'count.wrok' is "
         "registered in app 'counting'; did you mean 'count.work'?",
     ], err
 
@@ -316,11 +316,11 @@ def test_validate_and_deploy_with_app_refuse_what_run_refuses(dsn: str, tmp_path
     code, _, refused = invoke("run", *app, "--definitions", str(path), "--until-idle", dsn=dsn)
     assert code == 1
     assert refused.splitlines() == [
-        f"error: {path}: $.steps.a.args: handler 'count.work' cannot take these arguments: it "
-        "has no parameter 'nope'",
-        f"error: {path}: $.steps.b.effect: no handler 'count.missing' is registered in app "
+        f"error: {path}:6: $.steps.a.args: handler 'count.work' cannot take these arguments: "
+        "it has no parameter 'nope'",
+        f"error: {path}:7: $.steps.b.effect: no handler 'count.missing' is registered in app "
         "'counting'",
-        f"error: {path}: $.steps.c.effect: no handler 'count.wrok' is registered in app "
+        f"error: {path}:8: $.steps.c.effect: no handler 'count.wrok' is registered in app "
         "'counting'; did you mean 'count.work'?",
     ]
     code, out, err = invoke("validate", str(path), *app)

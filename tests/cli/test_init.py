@@ -78,6 +78,6 @@ def test_validate_with_app_finds_a_handler_the_project_lacks(tmp_path: Path) -> 
     )  # fmt: skip
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (
-        "error: definitions/hello.yaml: $.steps.greet.effect: no handler 'hello.great' is "
+        "error: definitions/hello.yaml:15: $.steps.greet.effect: no handler 'hello.great' is "
         "registered in app 'hello'; did you mean 'hello.greet'?\n"
     )

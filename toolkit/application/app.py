@@ -21,6 +21,7 @@ from toolkit.definition import (
     Step,
     WorkflowDefinition,
 )
+from toolkit.definition.paths import JsonPath, format_path
 from toolkit.definition.wording import suggest
 from toolkit.errors import (
     ConfigError,
@@ -32,6 +33,10 @@ from toolkit.errors import (
 from toolkit.store.limits import LimitSpec, parse_rate
 
 F = TypeVar("F", bound=HandlerFunc)
+
+
+#: The line of a JSON path in a definition's file, or None (see `App.check`).
+LineOf = Callable[[WorkflowDefinition, JsonPath], int | None]
 
 
 class App:
@@ -193,8 +198,9 @@ class App:
             for path, step in _effect_steps(definition):
                 for name in getattr(step, "limits", ()):
                     if name not in known:
+                        at = format_path((*path, "limits"))
                         lines.append(
-                            f"{where}: {path}.limits: limit {name!r} is not declared in app "
+                            f"{where}: {at}: limit {name!r} is not declared in app "
                             f"{self.name!r} (app.limit) nor set in the store (toolkit limits set)"
                         )
         if lines:
@@ -218,51 +224,65 @@ class App:
                 f"no handler registered as {name!r} in app {self.name!r}"
             ) from None
 
-    def check(self, definitions: Iterable[WorkflowDefinition]) -> None:
+    def check(
+        self, definitions: Iterable[WorkflowDefinition], line_of: LineOf | None = None
+    ) -> None:
         """Check that every effect and compensation has a handler here that takes its args.
 
         The handler's signature is checked against the step's ``args`` when its keys are
         known before it renders (a mapping, or no ``args``).
 
+        Args:
+            definitions: the definitions to check.
+            line_of: the line of a path in a definition's file, when known (the CLI reads
+                the files again); default: no lines.
+
         Raises:
             MissingHandlers: one line per missing or unfit handler, naming the file and step.
         """
-        faults = self.handler_faults(definitions)
+        faults = self.handler_faults(definitions, line_of)
         if faults:
             raise MissingHandlers("\n".join(map(str, faults)))
 
-    def handler_faults(self, definitions: Iterable[WorkflowDefinition]) -> list[DefinitionFault]:
+    def handler_faults(
+        self, definitions: Iterable[WorkflowDefinition], line_of: LineOf | None = None
+    ) -> list[DefinitionFault]:
         """What :meth:`check` refuses, as faults: a handler missing, or one unfit for ``args``.
 
         Returns:
             One fault per effect or compensation, in definition and step order, naming the
-            definition's file (or ``NAME vVERSION``) and the step's path; no line.
+            definition's file (or ``NAME vVERSION``), the line (with ``line_of``) and the
+            path of the step's ``effect`` or ``args``.
         """
+        def fault(definition: WorkflowDefinition, path: JsonPath, message: str) -> DefinitionFault:
+            where = definition.source or f"{definition.name} v{definition.version}"
+            line = None if line_of is None else line_of(definition, path)
+            return DefinitionFault(where, line, format_path(path), message)
+
         faults = []
         for definition in definitions:
-            where = definition.source or f"{definition.name} v{definition.version}"
             for path, step in _effect_steps(definition):
                 needed = [(path, step.handler, step.args.source)]
                 if step.compensate is not None:
                     undo = step.compensate
-                    needed.append((f"{path}.compensate", undo.handler, undo.args.source))
+                    needed.append(((*path, "compensate"), undo.handler, undo.args.source))
                 for at, name, args in needed:
                     handler = self._handlers.get(name)
                     if handler is None:
                         hint = suggest(name, sorted(self._handlers), _HANDLER_LIKENESS)
-                        faults.append(DefinitionFault(
-                            where, None, f"{at}.effect",
+                        faults.append(fault(
+                            definition, (*at, "effect"),
                             f"no handler {name!r} is registered in app {self.name!r}{hint}",
                         ))  # fmt: skip
                         continue
                     # The keys of args are known before it renders; an expression is not.
                     if isinstance(args, dict) or args is None:
                         shape = None if args is None else dict.fromkeys(args)
-                        fault = handler.arguments_fault(shape)
-                        if fault is not None:
-                            faults.append(DefinitionFault(
-                                where, None, f"{at}.args",
-                                f"handler {name!r} cannot take these arguments: {fault}",
+                        unfit = handler.arguments_fault(shape)
+                        if unfit is not None:
+                            faults.append(fault(
+                                definition, (*at, "args"),
+                                f"handler {name!r} cannot take these arguments: {unfit}",
                             ))  # fmt: skip
         return faults
 
@@ -272,24 +292,26 @@ class App:
 _HANDLER_LIKENESS = 0.8
 
 
-def _effect_steps(definition: WorkflowDefinition) -> Iterator[tuple[str, EffectStep]]:
+def _effect_steps(definition: WorkflowDefinition) -> Iterator[tuple[JsonPath, EffectStep]]:
     """Every effect step of a definition, branches (nested ones too) included, with its path."""
-    return _effects_in(definition.steps, "$.steps")
+    return _effects_in(definition.steps, ("steps",))
 
 
-def _effects_in(steps: Mapping[str, Step], where: str) -> Iterator[tuple[str, EffectStep]]:
+def _effects_in(
+    steps: Mapping[str, Step], where: JsonPath
+) -> Iterator[tuple[JsonPath, EffectStep]]:
     """The effect steps of ``steps`` (at JSON path ``where``) and of their branches."""
     for step in steps.values():
         if isinstance(step, EffectStep):
-            yield f"{where}.{step.id}", step
+            yield (*where, step.id), step
         if isinstance(step, DistributedMapStep) and step.items_from.page is not None:
-            yield f"{where}.{step.id}.map.items_from", step.items_from.page
+            yield (*where, step.id, "map", "items_from"), step.items_from.page
         branches: Mapping[str, Branch] = {}
         if isinstance(step, ParallelStep):
             branches = step.branches
-            inner = f"{where}.{step.id}.parallel.branches"
+            inner: JsonPath = (*where, step.id, "parallel", "branches")
         elif isinstance(step, MapStep):
             branches = {"branch": step.branch}
-            inner = f"{where}.{step.id}.map"
+            inner = (*where, step.id, "map")
         for name, branch in branches.items():
-            yield from _effects_in(branch.steps, f"{inner}.{name}.steps")
+            yield from _effects_in(branch.steps, (*inner, name, "steps"))

@@ -7,8 +7,10 @@ definition the worker would refuse (a handler missing, or one that cannot take i
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
+import pathlib
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -18,6 +20,8 @@ import click
 
 from toolkit.application import App
 from toolkit.definition import WorkflowDefinition
+from toolkit.definition.paths import JsonPath
+from toolkit.definition.yaml_source import YamlSource, load_yaml
 from toolkit.errors import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,8 +85,25 @@ def checked_app(spec: str | None, definitions: Sequence[WorkflowDefinition]) -> 
     if spec is None:
         return None
     app = load_app(spec)
-    app.check(definitions)
+    app.check(definitions, yaml_line)
     return app
+
+
+def yaml_line(definition: WorkflowDefinition, path: JsonPath) -> int | None:
+    """The line of ``path`` in the YAML file ``definition`` was loaded from, or None.
+
+    The file is read again (once per run of a command): a definition keeps no line map.
+    """
+    return None if definition.source is None else _yaml_lines(definition.source).line_of(path)
+
+
+@functools.cache
+def _yaml_lines(file: str) -> YamlSource:
+    """The parsed file's lines by path (empty when it cannot be read any more)."""
+    try:
+        return load_yaml(pathlib.Path(file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return YamlSource()
 
 
 def check_option(*, limits: bool = False) -> Callable[[F], F]:

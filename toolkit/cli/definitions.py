@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from toolkit.cli.apps import check_option, checked_app, load_app
+from toolkit.cli.apps import check_option, checked_app, load_app, yaml_line
 from toolkit.cli.output import echo_json
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition import WorkflowDefinition, load_definitions
@@ -79,7 +79,7 @@ def _handler_faults(
         app = load_app(app_spec)
     except ConfigError:
         return []
-    return app.handler_faults(definitions)
+    return app.handler_faults(definitions, yaml_line)
 
 
 @click.command()

@@ -10,7 +10,7 @@ from pathlib import Path
 import anyio
 import click
 
-from toolkit.cli.apps import load_app
+from toolkit.cli.apps import load_app, yaml_line
 from toolkit.cli.definitions import load_by_line
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition import WorkflowDefinition
@@ -150,6 +150,7 @@ def run(
     # A version registered before a check was made stricter still runs; registering one
     # anew with such a fault is refused when the worker deploys its definitions.
     definitions = load_by_line([definitions_path], accept_new_only=True)
+    app.check(definitions, yaml_line)  # as the worker does, with the files' lines
 
     unserved: list[str] = []  # --until-idle: the versions nobody ran (see `_unserved`)
 
