@@ -249,6 +249,11 @@ class App:
     ) -> list[DefinitionFault]:
         """What :meth:`check` refuses, as faults: a handler missing, or one unfit for ``args``.
 
+        Args:
+            definitions: the definitions to check.
+            line_of: the line of a path in a definition's file (as for :meth:`check`);
+                default: no lines.
+
         Returns:
             One fault per effect or compensation, in definition and step order, naming the
             definition's file (or ``NAME vVERSION``), the line (with ``line_of``) and the
