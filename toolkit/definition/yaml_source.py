@@ -98,7 +98,8 @@ class YamlSource:
 
     Attributes:
         data: The document as plain JSON data; None when it could not be built (see
-            ``problems``) or when the document is empty.
+            ``problems``) or when the document is empty. A document whose only faults are
+            duplicate keys is built, the last value of each such key kept.
         lines: 1-based line of each path: a mapping entry maps to its key's line, a list
             item to the line where the item starts.
         problems: Faults found while loading, in document order.
@@ -148,8 +149,12 @@ def load_yaml(text: str) -> YamlSource:
     finally:
         if loader is not None:
             loader.dispose()
+    # Duplicate keys are the only faults a finished walk records: the document is still
+    # built (the last value of a key wins) so that its other faults are checked and listed
+    # with them; a value JSON cannot hold leaves nothing to check.
+    walked = len(source.problems)
     data = _to_json(raw, (), source)
-    if not source.problems:
+    if len(source.problems) == walked:
         source.data = data
     return source
 
