@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import anyio
+import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from tests.helpers.inprocess import expire_leases
+from tests.helpers.processes import eventually, lock_waits
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
@@ -15,6 +19,7 @@ from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.migrations import migrate, schema_status
+from toolkit.store.queries import query
 from toolkit.store.writes import Event, EvidenceRecord, FencedWrite
 
 pytestmark = pytest.mark.anyio
@@ -154,6 +159,40 @@ async def test_deploy_same_digest_is_noop_and_changed_digest_is_refused(store: S
     assert (await store.definitions.get("three-steps")).digest == d.digest
     with pytest.raises(UnknownDefinition):
         await store.definitions.get("three-steps", 2)
+
+
+@pytest.mark.one_postgresql  # (the lock wait is watched on this server)
+async def test_a_registration_waiting_on_another_changes_nothing_on_any_unique_key(
+    store: Store, dsn: str
+) -> None:
+    """Regression: three workers started at once with the same new version; one exited with
+    "duplicate key value violates unique constraint toolkit_definitions_digest_key". Its
+    insert had passed the (name, version) check before another's row existed, then met that
+    row in the digest's unique index once the other committed. The statement now treats a
+    conflict on any unique key as "registered meanwhile". (The interleaving is forced here
+    with a row that shares the digest alone: an insert waits on it in the digest's index.)"""
+    d = definition(THREE_STEPS)
+    params = {"name": d.name, "version": d.version, "digest": d.digest,
+              "body": Jsonb(d.body), "source": None}  # fmt: skip
+    inserted: list[object] = []
+
+    async def second() -> None:
+        async with store.db.connection() as conn:
+            cursor = await conn.execute(query("insert_definition"), params)
+            inserted.append(await cursor.fetchone())
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            async with store.db.transaction() as first:
+                await first.execute(query("insert_definition"), {**params, "name": "other"})
+                tg.start_soon(second)
+                async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as probe:
+                    await eventually(lambda: _waits(probe), what="the second insert to wait")
+    assert inserted == [None]
+
+
+async def _waits(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await lock_waits(conn) > 0
 
 
 async def test_submit_validates_input_before_writing(store: Store) -> None:

@@ -1,8 +1,12 @@
 -- name: insert_definition
 -- Registers a definition version; a second insert of the same (name, version) changes nothing.
+-- Every unique key is an arbiter (no conflict target): the digest's too. Two workers that
+-- start together register the same version at once; with (name, version) alone the second
+-- could pass that key's check before the first inserted and then fail on the digest's
+-- unique index once the first committed (a worker's start ended by a 23505).
 INSERT INTO toolkit_definitions (name, version, digest, body, source)
 VALUES (%(name)s, %(version)s, %(digest)s, %(body)s, %(source)s)
-ON CONFLICT (name, version) DO NOTHING
+ON CONFLICT DO NOTHING
 RETURNING name;
 
 -- name: get_definition
