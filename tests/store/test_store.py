@@ -204,6 +204,17 @@ async def test_submit_validates_input_before_writing(store: Store) -> None:
     assert await store.tasks.counts_by_state() == {}
 
 
+async def test_one_input_given_as_inputs_is_refused(store: Store) -> None:
+    """Regression: a dict given as ``inputs`` made a task per key, a string one per
+    character, silently (a definition without an input schema took them)."""
+    d = await _deployed(store)
+    for one in ({"n": 1, "m": 2}, "ab", b"ab"):
+        with pytest.raises(InputError, match=r"inputs must be a list of task inputs.*\[value\]"):
+            await store.tasks.submit(d, one)  # type: ignore[arg-type]
+    assert await store.tasks.counts_by_state() == {}
+    assert len(await store.tasks.submit(d, ({"n": n} for n in range(2)))) == 2  # type: ignore[arg-type]
+
+
 async def test_unreachable_database_is_one_clear_error() -> None:
     from toolkit.errors import DatabaseUnavailable
 

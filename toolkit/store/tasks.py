@@ -122,8 +122,9 @@ class Tasks(TaskReads):
             The new task ids, in input order.
 
         Raises:
-            InputError: an input is over the payload limits, is not storable JSON, or fails
-                the input schema; ``path`` locates the fault (nothing written). Also for a
+            InputError: ``inputs`` is a mapping or a string, not a list of inputs; an input is
+                over the payload limits, is not storable JSON, or fails the input schema;
+                ``path`` locates the fault (nothing written). Also for a
                 budget override over the tenant's budget, and for tags that break the tag
                 rules or limits, and for a concurrency key the input does not give.
             ConcurrencyKeyBusy: the definition's ``concurrency`` says ``on_conflict: skip``
@@ -140,6 +141,7 @@ class Tasks(TaskReads):
         ``start_at`` or ``delay``.
         """
         check_tenant(tenant)
+        _check_inputs(inputs)
         validated = [checked_input(self._db, definition, value) for value in inputs]
         if not validated:
             return []
@@ -543,3 +545,19 @@ def cancel_params(task_id: int, tenant: str | None, reason: str) -> dict[str, An
         "plan_id": None,
         "operator": None,
     }
+
+
+def _check_inputs(inputs: Sequence[Any]) -> None:
+    """Refuse ``inputs`` that is one input rather than a list of them.
+
+    A dict or a string iterates too: submitted as such, it made one task per key or per
+    character.
+
+    Raises:
+        InputError: ``inputs`` is a mapping, a string or bytes.
+    """
+    if isinstance(inputs, (str, bytes, bytearray, Mapping)):
+        raise InputError(
+            f"inputs must be a list of task inputs, one task each; got a "
+            f"{type(inputs).__name__}: pass [value] to submit one task"
+        )
