@@ -40,7 +40,7 @@ def test_parse_duration(value: str | int | float, seconds: float) -> None:
     [
         ("", "invalid duration ''"),
         ("30", "add a unit"),
-        ("5 minutes", "expected a number of seconds or a string like 500ms"),
+        ("5 minutes", "expected a number and a unit, like 500ms"),
         ("1m30h", "invalid duration '1m30h'"),  # units must decrease
         ("1h1h", "invalid duration"),
         ("-5s", "invalid duration"),
@@ -55,9 +55,9 @@ def test_parse_duration(value: str | int | float, seconds: float) -> None:
         ("9" * 400 + "d", "not a finite"),
         ("1000000h", "longer than 100 years"),
         (1e10, "longer than 100 years"),
-        (True, "expected a number of seconds"),
-        (None, "expected a number of seconds"),
-        ([1], "expected a number of seconds"),
+        (True, "expected a number and a unit"),
+        (None, "expected a number and a unit"),
+        ([1], "expected a number and a unit"),
     ],
 )
 def test_invalid_durations(value: object, fragment: str) -> None:

@@ -1,9 +1,10 @@
-"""Durations as written in workflow definitions.
+"""Durations as written in workflow definitions and on the command line.
 
-A duration is either a number of seconds (``30``, ``0.5``) or a string of one
-or more ``<number><unit>`` parts with units in decreasing order, without
-spaces: ``500ms``, ``30s``, ``5m``, ``2h``, ``2d``, ``1h30m``, ``1.5h``.
-Units: ``d`` (days of 24 hours), ``h``, ``m`` (minutes), ``s``, ``ms``.
+A duration is a string of one or more ``<number><unit>`` parts with units in decreasing
+order, without spaces: ``500ms``, ``30s``, ``5m``, ``2h``, ``2d``, ``1h30m``, ``1.5h``.
+Units: ``d`` (days of 24 hours), ``h``, ``m`` (minutes), ``s``, ``ms``. A number of seconds
+(``30``, ``0.5``) still parses: definition versions registered with one keep running, while
+new registrations must name the unit (docs/decisions.md, "Durations name a unit").
 
 The JSON Schema of the definition format (``$defs/duration``) uses the same
 grammar as `DURATION_PATTERN`, so a string the schema accepts always parses.
@@ -50,15 +51,15 @@ def parse_duration(value: str | int | float) -> float:
     """
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(
-            f"invalid duration {value!r}: expected a number of seconds or a string like {_EXAMPLES}"
+            f"invalid duration {value!r}: expected a number and a unit, like {_EXAMPLES}"
         )
     if isinstance(value, str):
         match = _DURATION.fullmatch(value)
         if match is None:
-            hint = " (add a unit, e.g. 's')" if _is_plain_number(value) else ""
+            hint = f": add a unit, e.g. '{value}s'" if _is_plain_number(value) else ""
             raise ValueError(
-                f"invalid duration {value!r}{hint}: expected a number of seconds or a string"
-                f" like {_EXAMPLES}"
+                f"invalid duration {value!r}{hint}: expected a number and a unit, like"
+                f" {_EXAMPLES}"
             )
         seconds = sum(
             float(part) * unit

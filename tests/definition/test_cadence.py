@@ -595,14 +595,14 @@ ERRORS = [
     ({"every": 0.5}, "$.every", "every 0.5s: a schedule's interval is at least 1 second"),
     ({"every": 0}, "$.every", "every 0s: a schedule's interval is at least 1 second"),
     ({"every": "5 minutes"}, "$.every",
-     "every: invalid duration '5 minutes': expected a number of seconds or a string like 500ms,"
-     " 30s, 5m, 2h, 2d, 1h30m"),
+     "every: invalid duration '5 minutes': expected a number and a unit, like 500ms, 30s, 5m,"
+     " 2h, 2d, 1h30m"),
     ({"every": "15"}, "$.every",
-     "every: invalid duration '15' (add a unit, e.g. 's'): expected a number of seconds or a"
-     " string like 500ms, 30s, 5m, 2h, 2d, 1h30m"),
+     "every: invalid duration '15': add a unit, e.g. '15s': expected a number and a unit, like"
+     " 500ms, 30s, 5m, 2h, 2d, 1h30m"),
     ({"every": True}, "$.every",
-     "every: invalid duration True: expected a number of seconds or a string like 500ms, 30s,"
-     " 5m, 2h, 2d, 1h30m"),
+     "every: invalid duration True: expected a number and a unit, like 500ms, 30s, 5m, 2h, 2d,"
+     " 1h30m"),
     ({"every": float("inf")}, "$.every",
      "every: invalid duration inf: not a finite number of seconds"),
     ({"every": "1h", "offset": "1h"}, "$.offset",
@@ -612,8 +612,8 @@ ERRORS = [
     ({"every": "1h", "offset": -5}, "$.offset",
      "offset: invalid duration -5: durations cannot be negative"),
     ({"every": "1h", "offset": "-5m"}, "$.offset",
-     "offset: invalid duration '-5m': expected a number of seconds or a string like 500ms, 30s,"
-     " 5m, 2h, 2d, 1h30m"),
+     "offset: invalid duration '-5m': expected a number and a unit, like 500ms, 30s, 5m, 2h,"
+     " 2d, 1h30m"),
 ]  # fmt: skip
 
 

@@ -251,9 +251,10 @@ def _unitless(where: JsonPath, value: Any) -> list[Problem]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return []
     shown = f"{value:g}"
+    seconds = "second" if value == 1 else "seconds"
     return [Problem(
         where,
-        f"write a unit on durations: {shown} would be {shown} seconds; write '{shown}s' for "
+        f"write a unit on durations: {shown} would be {shown} {seconds}; write '{shown}s' for "
         f"seconds, '{shown}ms' for milliseconds (or m, h, d)",
         new_only=True,
     )]  # fmt: skip
