@@ -40,7 +40,10 @@ def emit(settings: Settings, name: str, payload: str | None, key: str | None, te
     for task_id in done.ended:
         click.echo(f"  task {task_id} has the trigger's key and has ended: nothing started")
     if not (done.started or done.delivered or done.ended or done.cancelled):
-        click.echo("  no trigger started a task, and no waiting task matched it")
+        click.echo(
+            "  no trigger started a task, and no task waiting for it now matched; a task "
+            "submitted before it takes it when it reaches its wait"
+        )
 
 
 @click.group()
