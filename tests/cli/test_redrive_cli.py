@@ -46,6 +46,10 @@ def test_redrive_previews_refuses_and_acts(dsn: str, tmp_path: Path) -> None:
     assert code == 1
     assert "refused: not idempotent, would be called again: 1" in out
     assert "name it with --rerun charge" in err
+    # the dry run of a refused redrive fails as the redrive does (a script can test it)
+    code, out, err = invoke("redrive", str(task_id), "--from", "hold", "--dry-run", dsn=dsn)
+    assert code == 1, (out, err)
+    assert "refused: not idempotent" in out and "dry run: nothing was changed" in out
 
     code, out, err = invoke(
         "redrive", str(task_id), "--from", "hold", "--rerun", "charge", "--reason", "retry",

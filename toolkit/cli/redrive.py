@@ -52,7 +52,8 @@ def redrive(
     Completed steps keep their recorded results; the failed step runs again with a fresh
     attempt budget. With --from, the steps from STEP on run again, and a completed effect
     that is not idempotent is refused unless named with --rerun. The plan is printed
-    first: what is called again, what is not, what is refused.
+    first: what is called again, what is not, what is refused. --dry-run exits 1 when the
+    redrive would be refused, as the redrive does.
     """
     timeout = duration_option(timeout_text, "--timeout") if timeout_text else None
 
@@ -73,5 +74,7 @@ def redrive(
         click.echo(line)
     if dry_run:
         click.echo("dry run: nothing was changed")
+        if plan.refusals:  # as the redrive itself would: a script can use the dry run
+            raise click.exceptions.Exit(1)
     else:
         click.echo(f"task {task_id} redriven; it is queued")
