@@ -62,6 +62,24 @@ def test_unreachable_database_is_one_line_without_the_password(three_steps: Path
     assert "hunter2" not in err
 
 
+@pytest.mark.parametrize("bad", ["not a dsn", "mysql://user:hunter2@db/app"])
+def test_a_malformed_dsn_names_the_option_and_hides_the_password(bad: str) -> None:
+    """Regression: ``error: database error: missing "=" after "not" in connection info
+    string`` named neither --dsn nor TOOLKIT_DSN (and quoted a password given in it)."""
+    code, _, err = invoke("tasks", dsn=bad)
+    assert code == 2, err
+    assert "--dsn (TOOLKIT_DSN): not a PostgreSQL connection string" in err, err
+    assert "postgresql://USER@HOST:PORT/DATABASE" in err and "hunter2" not in err, err
+
+
+def test_an_empty_input_is_refused_not_taken_for_the_empty_object(
+    dsn: str, three_steps: Path
+) -> None:
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    code, out, err = invoke("submit", "three-steps", "--input", "", dsn=dsn)
+    assert (code, out) == (1, "") and err.startswith("error: --input: not valid JSON"), err
+
+
 def test_submit_and_show_and_tasks(dsn: str, three_steps: Path) -> None:
     assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
     code, out, err = invoke("deploy", str(three_steps), dsn=dsn)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psycopg
 from click.core import ParameterSource
+from psycopg.conninfo import conninfo_to_dict
 
 from toolkit.cli import (
     bulk,
@@ -69,6 +71,28 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
     return found
 
 
+def _checked_dsn(value: str | None) -> str | None:
+    """``value`` when it parses as a libpq connection string (or is None).
+
+    Raises:
+        click.BadParameter: naming the option and its variable, with libpq's reason.
+    """
+    if value is None:
+        return None
+    try:
+        conninfo_to_dict(value)
+    except psycopg.Error as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        # (libpq's reason may quote the string, a password with it: then it is left out)
+        said = "" if value in reason else f" ({reason})"
+        raise click.BadParameter(
+            f"not a PostgreSQL connection string{said}; write "
+            "postgresql://USER@HOST:PORT/DATABASE or 'host=HOST dbname=DATABASE'",
+            param_hint="--dsn (TOOLKIT_DSN)",
+        ) from None
+    return value
+
+
 def _print_errors(errors: Sequence[BaseException]) -> None:
     """Each error's lines on stderr as ``error: ...`` (its class name when it has no text)."""
     for exc in errors:
@@ -81,6 +105,7 @@ def _print_errors(errors: Sequence[BaseException]) -> None:
     "--dsn",
     envvar="TOOLKIT_DSN",
     show_envvar=True,
+    callback=lambda _ctx, _param, value: _checked_dsn(value),
     help="PostgreSQL connection string. Default: the embedded server under TOOLKIT_HOME.",
 )
 @click.option(

@@ -43,7 +43,7 @@ from toolkit.store import Store
     show_envvar=True,
     default="definitions",
     show_default=True,
-    type=click.Path(path_type=Path),
+    type=click.Path(exists=True, path_type=Path),
     help="Definition files or folder this worker runs.",
 )
 @click.option("--concurrency", default=8, show_default=True, help="Cycles running steps at most.")

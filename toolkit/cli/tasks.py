@@ -142,7 +142,10 @@ def submit(
     if timeout_text is not None:
         timeout = duration_option(timeout_text, f"--timeout {timeout_text}")
     source = "--input-file" if input_file is not None else "--input"
-    text = input_file.read() if input_file is not None else (input_json or "{}")
+    if input_file is not None:
+        text = input_file.read()
+    else:  # (an empty --input is a mistake, not the empty object: refused as not JSON)
+        text = "{}" if input_json is None else input_json
     value = json_option(text, source)
     flow = FlowOverrides(
         max_active=max_active,
