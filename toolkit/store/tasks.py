@@ -122,11 +122,11 @@ class Tasks(TaskReads):
             The new task ids, in input order.
 
         Raises:
-            InputError: ``inputs`` is a mapping or a string, not a list of inputs; an input is
-                over the payload limits, is not storable JSON, or fails the input schema;
-                ``path`` locates the fault (nothing written). Also for a
-                budget override over the tenant's budget, and for tags that break the tag
-                rules or limits, and for a concurrency key the input does not give.
+            InputError: ``inputs`` is a dict or a string, not a list; an input is over the
+                payload limits, is not storable JSON, or fails the input schema; ``path``
+                locates the fault (nothing written). Also for a budget override over the
+                tenant's budget, for tags that break the tag rules or limits, and for a
+                concurrency key the input does not give.
             ConcurrencyKeyBusy: the definition's ``concurrency`` says ``on_conflict: skip``
                 and a key has ``max_active`` live tasks (nothing written;
                 docs/flow-control.md). The other policies: ``queue`` parks the task until
@@ -141,8 +141,7 @@ class Tasks(TaskReads):
         ``start_at`` or ``delay``.
         """
         check_tenant(tenant)
-        _check_inputs(inputs)
-        validated = [checked_input(self._db, definition, value) for value in inputs]
+        validated = _checked_inputs(self._db, definition, inputs)
         if not validated:
             return []
         if definition.debounce is not None or definition.throttle is not None:
@@ -547,17 +546,20 @@ def cancel_params(task_id: int, tenant: str | None, reason: str) -> dict[str, An
     }
 
 
-def _check_inputs(inputs: Sequence[Any]) -> None:
-    """Refuse ``inputs`` that is one input rather than a list of them.
+def _checked_inputs(
+    db: Database, definition: WorkflowDefinition, inputs: Sequence[Any]
+) -> list[Any]:
+    """Each input checked (``checked_input``), once ``inputs`` is known to be a list of them.
 
     A dict or a string iterates too: submitted as such, it made one task per key or per
     character.
 
     Raises:
-        InputError: ``inputs`` is a mapping, a string or bytes.
+        InputError: ``inputs`` is a mapping, a string or bytes; or an input is refused.
     """
     if isinstance(inputs, (str, bytes, bytearray, Mapping)):
         raise InputError(
             f"inputs must be a list of task inputs, one task each; got a "
             f"{type(inputs).__name__}: pass [value] to submit one task"
         )
+    return [checked_input(db, definition, value) for value in inputs]
