@@ -72,6 +72,19 @@ def test_a_malformed_dsn_names_the_option_and_hides_the_password(bad: str) -> No
     assert "postgresql://USER@HOST:PORT/DATABASE" in err and "hunter2" not in err, err
 
 
+def test_show_gives_a_live_tasks_deadline(dsn: str, three_steps: Path) -> None:
+    """Regression: neither ``show`` nor ``show --json`` said when a task would time out."""
+    assert invoke("deploy", str(three_steps), dsn=dsn)[0] == 0
+    code, out, err = invoke("submit", "three-steps", "--input", '{"n": 1}', "--timeout", "1h",
+                            dsn=dsn)  # fmt: skip
+    assert code == 0, err
+    task_id = out.strip()
+    code, out, err = invoke("show", task_id, dsn=dsn)
+    assert code == 0 and "  deadline:   " in out and "fails with Timeout" in out, (out, err)
+    shown = json.loads(invoke("show", task_id, "--json", dsn=dsn)[1])
+    assert shown["task"]["deadline_at"] is not None, shown["task"]
+
+
 def test_an_empty_input_is_refused_not_taken_for_the_empty_object(
     dsn: str, three_steps: Path
 ) -> None:

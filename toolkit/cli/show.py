@@ -80,6 +80,8 @@ def show(settings: Settings, task_id: int, as_json: bool, tenant: str | None) ->
         click.echo(f"  starts at:  {task['run_at']} (debounced: unless its key is submitted again)")
     if data["queue"] is not None and data["queue"]["due"]:
         click.echo(f"  due:        {_queue_text(data['queue'])}")
+    if task["deadline_at"] is not None and task["state"] in ("queued", "leased", "waiting"):
+        click.echo(f"  deadline:   {task['deadline_at']} (fails with Timeout if not ended by then)")
     if task["priority"]:
         p = task["priority"]
         click.echo(f"  priority:   {p} (claimed as if due {p} min sooner)")

@@ -70,6 +70,9 @@ class TaskRecord:
     parent_occurrence: str | None = None
     #: a distributed map's child: the index of its first item (docs/composition.md)
     map_index: int | None = None
+    #: the workflow deadline (its ``timeout``, or ``submit --timeout``): the task fails with
+    #: ``Timeout`` if it has not ended by then; None: no deadline
+    deadline_at: datetime.datetime | None = None
 
 
 class TaskReads:

@@ -126,7 +126,7 @@ SELECT t.id, t.tenant, t.definition_name, t.definition_version, t.definition_dig
        t.idempotency_key, t.tags, t.schedule_name, t.scheduled_at, t.created_at,
        t.updated_at, t.finished_at, t.concurrency_key,
        t.key_held AND t.state IN ('queued', 'leased', 'waiting') AS key_held, t.priority,
-       t.stream_seq, t.parent_id, t.parent_occurrence, t.map_index
+       t.stream_seq, t.parent_id, t.parent_occurrence, t.map_index, t.deadline_at
 
 -- fragment: task_filter
 -- The TaskFilter (toolkit/store/filters.py): each term holds when its parameter is null.
