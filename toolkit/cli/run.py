@@ -173,7 +173,7 @@ def run(
         )
         with worker_collector():  # what is loaded by now stays: out of the collector's way
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope)
+                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope, supervisor, grace)
                 tg.start_soon(_announce, supervisor, start_line, summary_every)
                 await supervisor.run(shutdown)
                 tg.cancel_scope.cancel()
@@ -256,11 +256,21 @@ async def _announce(supervisor: WorkflowSupervisor, start_line: str, every: floa
         before = now
 
 
-async def _stop_on_signals(shutdown: CancellationToken, scope: anyio.CancelScope) -> None:
-    """First SIGINT/SIGTERM: graceful shutdown. A second one: stop at once."""
+async def _stop_on_signals(
+    shutdown: CancellationToken, scope: anyio.CancelScope, supervisor: WorkflowSupervisor,
+    grace: float,
+) -> None:  # fmt: skip
+    """First SIGINT/SIGTERM: graceful shutdown, said on stderr. A second one: stop at once."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
             if shutdown.cancelled:
                 scope.cancel()
                 return
             shutdown.cancel()
+            click.echo(
+                f"worker {supervisor.report.worker_id}: stopping: no more claims; the "
+                f"{supervisor.in_flight} cycle(s) running get up to {grace:g} s to end "
+                "(--grace), then are cancelled and release their tasks; a second Ctrl-C "
+                "stops at once",
+                err=True,
+            )
