@@ -25,7 +25,7 @@ def test_emit_starts_delivers_and_de_duplicates(dsn: str) -> None:
     assert invoke(*run, dsn=dsn)[0] == 0
     code, out, _ = invoke("show", "1", dsn=dsn)
     assert "waits for:  event 'payment.settled'" in out, out
-    assert "started by  event 1 (order.placed" in out, out
+    assert "started by: event 1 (order.placed" in out, out
     paid = json.dumps({"order_id": "o-1", "amount": 30})
     code, out, err = invoke("emit", "payment.settled", "--payload", paid, dsn=dsn)
     assert out.splitlines()[1:] == ["  delivered to: task 1"], out
