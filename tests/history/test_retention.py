@@ -123,6 +123,11 @@ def test_cli_prune(dsn: str, tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.output.startswith("error: ") and "--exported-to" in result.output
     out = tmp_path / "hist"
+    # a folder that is not there is named as such (it was "does not hold their history")
+    result = runner.invoke(
+        cli, ["--dsn", dsn, "prune", "--older-than", "1h", "--exported-to", str(out)]
+    )
+    assert result.exit_code == 2 and f"'{out}' does not exist" in result.output, result.output
     assert runner.invoke(cli, ["--dsn", dsn, "export", str(out)]).exit_code == 0
     result = runner.invoke(
         cli, ["--dsn", dsn, "prune", "--older-than", "1h", "--exported-to", str(out)]

@@ -71,7 +71,7 @@ def stats(out_dir: Path, bucket: str) -> None:
 )
 @click.option(
     "--exported-to",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="Export folder that must hold each task's whole history.",
 )
 @click.option("--force", is_flag=True, help="Delete old terminal tasks even if not exported.")

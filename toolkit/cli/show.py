@@ -132,7 +132,8 @@ def show(settings: Settings, task_id: int, as_json: bool, tenant: str | None) ->
             f"{'' if outcome is None else clip(outcome, 160)}"
         )
     for emitted in data["emitted"]:
-        how = {"started": "started by:", "cancelled": "cancelled:"}.get(emitted["how"], "delivered:")
+        labels = {"started": "started by:", "cancelled": "cancelled:"}
+        how = labels.get(emitted["how"], "delivered:")
         click.echo(
             f"  {how:<11} event {emitted['id']} ({emitted['name']}, "
             f"{emitted['emitted_at']:%Y-%m-%d %H:%M:%S})"
