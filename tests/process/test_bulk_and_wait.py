@@ -135,6 +135,25 @@ def test_submit_wait_answers_for_each_ending(dsn: str, worker: subprocess.Popen[
     assert cancelled.returncode == 4 and json.loads(out)["name"] == "Cancelled", err
 
 
+def test_ctrl_c_stops_the_wait_and_says_the_task_goes_on(dsn: str) -> None:
+    """Regression: Ctrl-C on ``toolkit wait`` printed "Aborted!" and exited 1, the status of
+    a refused command, without saying that the task was not stopped."""
+    (task_id,) = submit_tasks(dsn, HOLD, [{}])
+    waiting = toolkit_process(dsn, "wait", str(task_id))
+    wait_for(
+        lambda: query(dsn, "SELECT awaited FROM toolkit_tasks WHERE id = %s", (task_id,))
+        == [(True,)],
+        what=f"toolkit wait to await task {task_id}",
+    )  # fmt: skip
+    waiting.send_signal(signal.SIGINT)
+    out, err = waiting.communicate(timeout=30)
+    assert (waiting.returncode, out) == (130, ""), err
+    assert err == f"stopped waiting (Ctrl-C); task {task_id} goes on (`toolkit show`)\n", err
+    assert query(dsn, "SELECT state FROM toolkit_tasks WHERE id = %s", (task_id,)) == [
+        ("queued",)
+    ]
+
+
 def _cli(dsn: str, *args: str) -> tuple[int, str, str]:
     process = toolkit_process(dsn, *args)
     out, err = process.communicate(timeout=60)

@@ -3,13 +3,15 @@
 ``watch`` follows the task's stream too (docs/progress.md).
 
 The output is printed as JSON (exit 0), or the task's error (exit :data:`EXIT_FAILED` or
-:data:`EXIT_CANCELLED`); a wait that timed out exits :data:`EXIT_TIMED_OUT`. These do not
-collide with the CLI's own 1 (an error of the command) and 2 (a usage error).
+:data:`EXIT_CANCELLED`); a wait that timed out exits :data:`EXIT_TIMED_OUT`, one stopped by
+Ctrl-C :data:`EXIT_INTERRUPTED`. These do not collide with the CLI's own 1 (an error of the
+command) and 2 (a usage error).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 import click
 
@@ -25,6 +27,21 @@ EXIT_FAILED = 3
 EXIT_CANCELLED = 4
 #: The exit status when the wait timed out and the task goes on.
 EXIT_TIMED_OUT = 5
+#: The exit status when Ctrl-C stopped the wait and the task goes on (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+def run_waiting(settings: Settings, act: Callable[[Store], Awaitable[int]], what: str) -> int:
+    """``run_in_store(settings, act)`` for a command that waits for a task.
+
+    Ctrl-C stops the wait, not the task: it says so on stderr (click said only "Aborted!")
+    and returns :data:`EXIT_INTERRUPTED`. ``what`` names the task, e.g. ``task 7``.
+    """
+    try:
+        return run_in_store(settings, act)
+    except KeyboardInterrupt:
+        click.echo(f"stopped waiting (Ctrl-C); {what} goes on (`toolkit show`)", err=True)
+        return EXIT_INTERRUPTED
 
 
 def wait_timeout(text: str | None, option: str) -> float | None:
@@ -85,12 +102,16 @@ def wait(ctx: click.Context, task_id: int, timeout_text: str | None, tenant: str
     """Wait for task TASK_ID to end; print its output as JSON.
 
     Exit status: 0 it succeeded (the output on stdout); 3 it failed and 4 it was cancelled
-    (the error as JSON on stdout, a line on stderr); 5 the timeout passed first.
+    (the error as JSON on stdout, a line on stderr); 5 the timeout passed first; 130 Ctrl-C
+    stopped the wait (the task goes on).
     """
     settings: Settings = ctx.obj
     timeout = wait_timeout(timeout_text, "--timeout")
     ctx.exit(
-        run_in_store(settings, lambda store: await_and_print(store, task_id, timeout, tenant))
+        run_waiting(
+            settings, lambda store: await_and_print(store, task_id, timeout, tenant),
+            f"task {task_id}",
+        )
     )
 
 
@@ -132,4 +153,4 @@ def watch(
                     echo_json(event.detail.get("result" if code == 0 else "error"))
         return code
 
-    ctx.exit(run_in_store(settings, follow))
+    ctx.exit(run_waiting(settings, follow, f"task {task_id}"))

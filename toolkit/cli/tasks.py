@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import IO, Any, Literal, TypeVar
@@ -21,7 +22,7 @@ from toolkit.cli.options import (
     time_option,
 )
 from toolkit.cli.output import echo_json
-from toolkit.cli.results import await_and_print, wait_timeout
+from toolkit.cli.results import await_and_print, run_waiting, wait_timeout
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition.flow_overrides import FlowOverrides
 from toolkit.errors import ConfigError, UnknownSignal
@@ -174,7 +175,8 @@ def submit(
         click.echo(f"task {task_id} submitted; waiting for it to end", err=True)
         return await await_and_print(store, task_id, wait_timeout_seconds, tenant)
 
-    ctx.exit(run_in_store(settings, submit_task))
+    run = functools.partial(run_waiting, what="the task submitted") if wait_for else run_in_store
+    ctx.exit(run(settings, submit_task))
 
 
 @click.command()
