@@ -247,15 +247,29 @@ steps:
 """,
         source="<hist-timers>",
     )
-    for d in (first_event, timers):
+    event = parse_definition(
+        """
+name: hist-event
+version: 1
+input: {type: object}
+start: hold
+steps:
+  hold: {wait: {event: paid, match: {order: "${ input.order }"}}}
+""",
+        source="<hist-event>",
+    )
+    for d in (first_event, timers, event):
         await store.definitions.deploy(d)
-        await store.tasks.submit(d, [{}])
-    await run_until_idle(store, [first_event, timers])
+        await store.tasks.submit(d, [{"order": "o-1"}])
+    await run_until_idle(store, [first_event, timers, event])
     assert {t.wait_reason for t in await store.tasks.list(state="waiting")} == {"signal", "timer"}
     await export_history(store.db, tmp_path)
     with history.open(tmp_path) as h:
         reasons = {(r[1], r[0]) for r in h.waits().fetchall()}
-    assert reasons == {("hist-first-event", "signal"), ("hist-timers", "timer")}
+    # (an event wait was "other", though its task waits with reason signal)
+    assert reasons == {
+        ("hist-first-event", "signal"), ("hist-timers", "timer"), ("hist-event", "signal")
+    }
 
 
 async def test_lease_losses_count_takeovers(store: Store, tmp_path: Path) -> None:

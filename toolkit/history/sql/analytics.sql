@@ -147,6 +147,8 @@ WITH marked AS (
     SELECT *,
            CASE
                WHEN kind = 'waiting' AND json_exists(detail, '$.signal') THEN 'signal'
+               -- (an event wait is a signal wait to its task: wait_reason signal)
+               WHEN kind = 'waiting' AND json_exists(detail, '$.event') THEN 'signal'
                WHEN kind = 'waiting' AND json_exists(detail, '$.timer') THEN 'timer'
                WHEN kind = 'waiting' AND json_exists(detail, '$.child') THEN 'child'
                WHEN kind = 'waiting' AND json_exists(detail, '$.callback') THEN 'callback'
