@@ -19,6 +19,7 @@ from toolkit.errors import HistoryError
 from toolkit.history.export import (
     EXPORT_COLUMNS,
     EXPORT_SCHEMA_VERSION,
+    TABLES,
     export_history,
     read_manifest,
 )
@@ -215,6 +216,7 @@ async def test_every_answer_is_a_relation_with_its_columns(store: Store, tmp_pat
 
         summary = dict((r[0], r[1]) for r in answers["summary"].fetchall())
         assert summary["tasks"] == 5 and summary["checkpoints"] == 5
+        assert list(summary) == list(TABLES), summary  # every exported table (not 5 of 7)
 
         assert answers["lease_losses"].fetchall() == []
 

@@ -326,4 +326,8 @@ SELECT 'effects', count(*), min(recorded_at), max(recorded_at) FROM effects
 UNION ALL
 SELECT 'checkpoints', count(*), min(updated_at), max(updated_at) FROM checkpoints
 UNION ALL
-SELECT 'schedules', count(*), min(created_at), max(exported_at) FROM schedules;
+SELECT 'schedules', count(*), min(created_at), max(exported_at) FROM schedules
+UNION ALL
+SELECT 'emitted', count(*), min(emitted_at), max(emitted_at) FROM emitted
+UNION ALL
+SELECT 'stream', count(*), min(published_at), max(published_at) FROM stream;
