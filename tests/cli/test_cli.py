@@ -62,6 +62,14 @@ def test_unreachable_database_is_one_line_without_the_password(three_steps: Path
     assert "hunter2" not in err
 
 
+def test_a_database_that_does_not_exist_is_named_as_refused(dsn: str) -> None:
+    """Regression: it was "cannot reach PostgreSQL at ...", though the server answered."""
+    missing = dsn.replace("dbname=", "dbname=nowhere_") if "dbname=" in dsn else dsn + "_nowhere"
+    code, _, err = invoke("tasks", dsn=missing)
+    assert code == 1 and err.startswith("error: PostgreSQL at ") and err.count("\n") == 1, err
+    assert "refused the connection: database " in err and "does not exist" in err, err
+
+
 @pytest.mark.parametrize("bad", ["not a dsn", "mysql://user:hunter2@db/app"])
 def test_a_malformed_dsn_names_the_option_and_hides_the_password(bad: str) -> None:
     """Regression: ``error: database error: missing "=" after "not" in connection info

@@ -100,6 +100,11 @@ def translated_errors(dsn: str) -> Iterator[None]:
                 "(every connection of the pool is in use or the server is unreachable)"
             ) from exc
         if is_unavailable(exc):
+            refused = _refusal(exc)
+            if refused is not None:  # reached: it refused the connection (no such database)
+                raise DatabaseUnavailable(
+                    f"PostgreSQL at {redact_dsn(dsn)} refused the connection: {refused}"
+                ) from exc
             raise DatabaseUnavailable(
                 f"cannot reach PostgreSQL at {redact_dsn(dsn)}: {_first_line(exc)}"
             ) from exc
@@ -113,6 +118,15 @@ def translated_errors(dsn: str) -> Iterator[None]:
             ) from exc
         what = f"database error {sqlstate}" if sqlstate else "database error"
         raise StoreError(f"{what}: {_first_line(exc)}") from exc
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """The server's reason when it answered a connection with a FATAL error, else None.
+
+    E.g. a database or a role that does not exist, or a password refused.
+    """
+    _, fatal, reason = _first_line(exc).partition("FATAL:")
+    return (reason.strip() or None) if fatal else None
 
 
 def _first_line(exc: BaseException) -> str:
