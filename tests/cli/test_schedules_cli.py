@@ -56,6 +56,11 @@ def test_deploy_makes_the_declared_schedules_and_edits_are_refused(
     assert "paused: paused" not in out and "paused (paused)" not in out, out
     code, out, _ = invoke("schedules", "list", dsn=dsn)
     assert out.splitlines()[1].endswith("  paused"), out
+    # columns as wide as their cells: an owner "definition" or a long cadence pushed the
+    # next columns out of line
+    lines = out.splitlines()
+    column = lines[0].index("NEXT TICK")
+    assert all(line[column : column + 4].isdigit() for line in lines[1:]), out
 
 
 def test_a_deploy_that_would_break_a_schedule_is_refused_naming_it(

@@ -10,7 +10,7 @@ import click
 
 from toolkit.cli.filters import tag_options
 from toolkit.cli.options import json_option, time_option
-from toolkit.cli.output import echo_json, json_line
+from toolkit.cli.output import aligned, echo_json, json_line
 from toolkit.cli.session import Settings, run_in_store
 from toolkit.definition.schedules import OVERLAPS, parse_catchup
 from toolkit.errors import ConfigError
@@ -117,14 +117,13 @@ def list_schedules(settings: Settings, definition: str | None, as_json: bool) ->
     if as_json:
         echo_json([_json(s) for s in found])
         return
-    click.echo(f"{'NAME':<24} {'DEFINITION':<20} {'OWNER':<8} {'CADENCE':<34} {'NEXT TICK':<20} "
-               "LIVE  STATE")  # fmt: skip
-    for s in found:
-        state = _state(s)
-        click.echo(
-            f"{s.name:<24} {s.definition_name:<20} {s.owner:<8} {s.cadence.describe():<34} "
-            f"{s.next_tick:%Y-%m-%d %H:%M:%S} {s.live:>5}  {state}"
-        )
+    rows = [["NAME", "DEFINITION", "OWNER", "CADENCE", "NEXT TICK", "LIVE", "STATE"]] + [
+        [s.name, s.definition_name, s.owner, s.cadence.describe(),
+         f"{s.next_tick:%Y-%m-%d %H:%M:%S}", str(s.live), _state(s)]
+        for s in found
+    ]  # fmt: skip
+    for line in aligned(rows, right={5}):
+        click.echo(line)
 
 
 @schedules.command("show")
