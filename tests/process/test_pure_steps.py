@@ -126,7 +126,7 @@ def test_a_loop_of_pure_steps_commits_its_progress_and_stops_at_sigterm(
         raise AssertionError(f"SIGTERM was not honoured: {worker.communicate()[1]}") from None
     assert worker.returncode == 0, err
     # the operator is told what the first signal does (it printed nothing before)
-    assert "stopping: no more claims; the 1 cycle(s) running get up to 2 s" in err, err
+    assert "stopping: no more claims; the cycles running get up to 2 s" in err, err
     row = task_row(dsn, task_id)
     assert row["state"] == "queued", _diagnosis(dsn, task_id)  # released, progress kept
     assert row["checkpoint"]["steps_run"] > 0

@@ -269,8 +269,7 @@ async def _stop_on_signals(
             shutdown.cancel()
             click.echo(
                 f"worker {supervisor.report.worker_id}: stopping: no more claims; the "
-                f"{supervisor.in_flight} cycle(s) running get up to {grace:g} s to end "
-                "(--grace), then are cancelled and release their tasks; a second Ctrl-C "
-                "stops at once",
+                f"cycles running get up to {grace:g} s to end (--grace), then are cancelled "
+                "and release their tasks; a second Ctrl-C stops at once",
                 err=True,
             )

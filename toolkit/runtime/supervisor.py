@@ -175,11 +175,6 @@ class WorkflowSupervisor:
             )
         return self.report
 
-    @property
-    def in_flight(self) -> int:
-        """The cycles running now (claimed tasks not yet written back or given up)."""
-        return self._in_flight
-
     def _refused(self, action: str, message: str, exc: ToolkitError) -> None:
         """Log a refused statement as a warning, but the same refusal again only at DEBUG."""
         text = str(exc)
