@@ -173,7 +173,8 @@ def run(
         )
         with worker_collector():  # what is loaded by now stays: out of the collector's way
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope, supervisor, grace)
+                tg.start_soon(_stop_on_signals, shutdown, tg.cancel_scope, worker.worker_id,
+                              grace)  # fmt: skip
                 tg.start_soon(_announce, supervisor, start_line, summary_every)
                 await supervisor.run(shutdown)
                 tg.cancel_scope.cancel()
@@ -257,9 +258,8 @@ async def _announce(supervisor: WorkflowSupervisor, start_line: str, every: floa
 
 
 async def _stop_on_signals(
-    shutdown: CancellationToken, scope: anyio.CancelScope, supervisor: WorkflowSupervisor,
-    grace: float,
-) -> None:  # fmt: skip
+    shutdown: CancellationToken, scope: anyio.CancelScope, worker_id: str, grace: float
+) -> None:
     """First SIGINT/SIGTERM: graceful shutdown, said on stderr. A second one: stop at once."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for _ in signals:
@@ -268,7 +268,7 @@ async def _stop_on_signals(
                 return
             shutdown.cancel()
             click.echo(
-                f"worker {supervisor.report.worker_id}: stopping: no more claims; the "
+                f"worker {worker_id}: stopping: no more claims; the "
                 f"cycles running get up to {grace:g} s to end (--grace), then are cancelled "
                 "and release their tasks; a second Ctrl-C stops at once",
                 err=True,

@@ -16,6 +16,9 @@ from toolkit.lifecycle import cursor_text, received_signal, received_text
 from toolkit.store import Store
 from toolkit.store.concurrency_keys import live_tasks
 
+#: How an emitted event touched the task, as ``show`` labels it (else it was delivered).
+_EMITTED_LABELS = {"started": "started by:", "cancelled": "cancelled:"}
+
 
 @click.command()
 @click.argument("task_id", type=int)
@@ -132,8 +135,7 @@ def show(settings: Settings, task_id: int, as_json: bool, tenant: str | None) ->
             f"{'' if outcome is None else clip(outcome, 160)}"
         )
     for emitted in data["emitted"]:
-        labels = {"started": "started by:", "cancelled": "cancelled:"}
-        how = labels.get(emitted["how"], "delivered:")
+        how = _EMITTED_LABELS.get(emitted["how"], "delivered:")
         click.echo(
             f"  {how:<11} event {emitted['id']} ({emitted['name']}, "
             f"{emitted['emitted_at']:%Y-%m-%d %H:%M:%S})"
