@@ -356,7 +356,16 @@ async def test_an_outage_longer_than_the_lease_cancels_cycles_which_write_nothin
     warnings = toolkit_records(caplog, logging.WARNING)
     assert [r.__dict__["action"] for r in warnings] == ["database_unavailable"]
     (back,) = [r for r in caplog.records if r.__dict__.get("action") == "database_back"]
-    assert back.getMessage().endswith(f"leases lost meanwhile: {report.lease_lost}")
+    # The line counts the leases lost during the outage. On a loaded machine a lease of a
+    # task claimed again can be lost after it too (the pool's first reconnects outlast the
+    # lease): the report counts that one, and a record after the line names it.
+    log = [r.getMessage() for r in caplog.records]
+    meanwhile = int(back.getMessage().rpartition("leases lost meanwhile: ")[2])
+    assert 2 <= meanwhile <= report.lease_lost, log
+    later = caplog.records[caplog.records.index(back) :]
+    assert meanwhile == report.lease_lost or any(
+        r.__dict__.get("action") == "lease_lost" for r in later
+    ), log
     presumed = [r for r in caplog.records if "presumed lost" in r.getMessage()]
     assert len(presumed) == 1 and f"tasks {ids[0]}" in presumed[0].getMessage()
 

@@ -8,7 +8,9 @@ stderr and exit status 1.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib.util
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -18,12 +20,26 @@ import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from toolkit.errors import ConfigError
 from toolkit.payload import DEFAULT_MAX_BYTES
 from toolkit.store import Store
 from toolkit.store.database import Database
 from toolkit.store.embedded import HOME_NAME, find_home, is_initialised, start_embedded
 
 T = TypeVar("T")
+
+
+EventLoop = Literal["uvloop", "asyncio"]
+"""The event loop a command runs on (``--event-loop``): uvloop's, on libuv, or asyncio's
+own. Both are asyncio's API; uvloop's costs a worker less CPU per task (docs/decisions.md)."""
+
+
+def default_event_loop() -> EventLoop:
+    """The default loop: uvloop where it is installed, else asyncio's own.
+
+    uvloop is a dependency on Linux and macOS (``pyproject.toml``).
+    """
+    return "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
 
 
 HomeOrigin = Literal["--home", "TOOLKIT_HOME", "found", "default"]
@@ -57,12 +73,14 @@ class Settings:
         home: the embedded server's folder (``--home``, else the nearest ``.toolkit``).
         max_payload_bytes: the size limit of one stored JSON value (``--max-payload-bytes``).
         home_origin: how ``home`` was chosen (what the note of a new server says).
+        event_loop: the event loop the command runs on (``--event-loop``).
     """
 
     dsn: str | None
     home: Path
     max_payload_bytes: int = DEFAULT_MAX_BYTES
     home_origin: HomeOrigin = "--home"
+    event_loop: EventLoop = dataclasses.field(default_factory=default_event_loop)
 
     @property
     def embedded(self) -> bool:
@@ -138,16 +156,30 @@ class Settings:
         return store
 
 
-def run_async(command: Callable[[], Awaitable[T]]) -> T:
-    """Run ``command`` in a fresh event loop (asyncio) and return its result.
+def run_async(command: Callable[[], Awaitable[T]], event_loop: EventLoop | None = None) -> T:
+    """Run ``command`` in a fresh event loop and return its result.
 
     Args:
         command: a coroutine function without arguments.
+        event_loop: which loop (see :data:`EventLoop`); None for :func:`default_event_loop`.
 
     Returns:
         What ``command`` returned; what it raised propagates.
+
+    Raises:
+        ConfigError: ``event_loop`` is ``uvloop`` and uvloop is not installed.
     """
-    return anyio.run(command, backend="asyncio")
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if (event_loop or default_event_loop()) == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            raise ConfigError(
+                "--event-loop uvloop (TOOLKIT_EVENT_LOOP): uvloop is not installed here; "
+                "install it (pip install uvloop) or choose asyncio"
+            ) from exc
+        factory = uvloop.new_event_loop
+    return anyio.run(command, backend="asyncio", backend_options={"loop_factory": factory})
 
 
 def run_in_store(
@@ -172,7 +204,7 @@ def run_in_store(
         async with await settings.open_store(pool_size=pool_size) as store:
             return await command(store)
 
-    return run_async(session)
+    return run_async(session, settings.event_loop)
 
 
 def run_in_database(settings: Settings, command: Callable[[Database], Awaitable[T]]) -> T:
@@ -197,4 +229,4 @@ def run_in_database(settings: Settings, command: Callable[[Database], Awaitable[
         finally:
             await database.close()
 
-    return run_async(session)
+    return run_async(session, settings.event_loop)

@@ -42,7 +42,7 @@ def doctor(settings: Settings, as_json: bool) -> None:
     if settings.embedded:  # every other command migrates the embedded server: so does this
         run_in_store(settings, _opened)
     dsn = settings.resolve_dsn()
-    findings = run_async(lambda: diagnose(dsn))
+    findings = run_async(lambda: diagnose(dsn), settings.event_loop)
     if as_json:
         echo_json([dataclasses.asdict(f) for f in findings])
     else:

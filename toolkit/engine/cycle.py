@@ -8,6 +8,7 @@ the lease surely holds and the database is unreachable.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import dataclasses
@@ -16,6 +17,7 @@ import functools
 import json
 import math
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -43,6 +45,10 @@ STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
 #: A run of pure steps yields to the event loop at least this often, seconds of its work.
 PACE_YIELD = 0.005
+#: anyio's token of each running event loop (`Cycle.loop_token`).
+_LOOP_TOKENS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, anyio.lowlevel.EventLoopToken
+] = weakref.WeakKeyDictionary()
 #: The lock of a cycle's writes when no branches run: its one coroutine writes in turn.
 _ALONE = contextlib.nullcontext()
 
@@ -225,14 +231,18 @@ class Cycle:
         """
         return anyio.Lock(fast_acquire=True)
 
-    @functools.cached_property
+    @property
     def loop_token(self) -> anyio.lowlevel.EventLoopToken:
         """The event loop's token, for a handler's code in a thread (``EffectContext``).
 
-        Asked of anyio once per cycle rather than at each call: it finds the running
-        library anew each time.
+        Asked of anyio once per event loop rather than at each call or cycle: it finds the
+        running library anew each time.
         """
-        return anyio.lowlevel.current_token()
+        loop = asyncio.get_running_loop()
+        token = _LOOP_TOKENS.get(loop)
+        if token is None:
+            token = _LOOP_TOKENS[loop] = anyio.lowlevel.current_token()
+        return token
 
     @functools.cached_property
     def signal_lock(self) -> anyio.Lock:

@@ -79,6 +79,7 @@ class WorkflowSupervisor:
         #: Cycles given up: their handler call ignored its cancellation (see `_give_up`).
         self._abandoned: set[asyncio.Task[None]] = set()
         self._in_flight = 0
+        self.metrics.in_flight.set_function(lambda: self._in_flight)  # read when scraped
         #: Cycles whose last write is on its way: their slots are free to claim (`_commit`).
         self._ending = 0
         self._wake = anyio.Event()
@@ -256,7 +257,6 @@ class WorkflowSupervisor:
         metrics = self.metrics
         metrics.child(metrics.queue_delay, name).observe(max(task.queue_delay, 0.0))
         metrics.child(metrics.claimed, name, "true" if task.recovered else "false").inc()
-        self.metrics.in_flight.inc()
         self._in_flight += 1
         self._drained = anyio.Event() if self._drained.is_set() else self._drained
         control = CycleControl(
@@ -287,7 +287,7 @@ class WorkflowSupervisor:
     ) -> None:
         outcome = CycleOutcome.RELEASED
         definition = self.worker.definition(task.digest)
-        started = anyio.current_time()
+        started = time.monotonic()  # a duration for the metrics (anyio's clock costs more)
         try:
             with scope:
                 outcome = await self._interpreter.execute(task, definition, control)
@@ -315,7 +315,7 @@ class WorkflowSupervisor:
         if held is not None and held.fence.token == task.token:
             del self._held[task.id]  # not a newer cycle's entry for the same task
         self.report.count(outcome)
-        self._observe(definition, outcome, anyio.current_time() - started)
+        self._observe(definition, outcome, time.monotonic() - started)
         self._free_slot()
 
     def _free_slot(self) -> None:
@@ -368,7 +368,6 @@ class WorkflowSupervisor:
         entry.control.lease_lost = True
         entry.control.abandoned = True
         self._abandoned.add(entry.runner)
-        self.metrics.in_flight.dec()
         self.report.abandoned += 1
         self._free_slot()
         logger.error(
@@ -381,7 +380,6 @@ class WorkflowSupervisor:
 
     def _observe(self, definition: str, outcome: CycleOutcome, seconds: float) -> None:
         metrics = self.metrics
-        metrics.in_flight.dec()
         metrics.child(metrics.cycles, definition, outcome.value).inc()
         metrics.child(metrics.cycle_duration, definition, outcome.value).observe(seconds)
         if outcome is CycleOutcome.FAILED:
