@@ -49,6 +49,43 @@ async def test_shutdown_waits_for_started_cycles_then_releases(store: Store) -> 
     assert all(after[key] <= count + 1 for key, count in before.items())
 
 
+async def test_a_stopping_worker_starts_no_call_of_an_effect_that_is_not_idempotent(
+    store: Store,
+) -> None:
+    """Within the grace a cycle finishes its call in flight, then releases its task before
+    the next step that is not idempotent, rather than start a call that the end of the grace
+    would cut off and leave for reconciliation.
+
+    Regression: the cycle went on into ``s2`` (not idempotent) during the grace; on a
+    slower server (a Citus cluster) SIGTERM came while ``s1`` ended, and every task of a
+    worker stopped with ``--grace 0.2`` went to reconciliation at ``s2``.
+    """
+    (task_id,) = await submit(store, FIVE_SLOW_STEPS, [{"seconds": 0.3}])
+    worker = Worker(store, app, [definition(FIVE_SLOW_STEPS)])
+    shutdown = CancellationToken()
+    config = SupervisorConfig(concurrency=1, grace=30.0, **FAST)  # s1 ends well within it
+
+    async def stop_when_s1_runs() -> None:
+        async def running() -> bool:
+            return f"{task_id}:s1#1" in await calls(store)
+
+        await eventually(running, what="s1's call running")
+        shutdown.cancel()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(stop_when_s1_runs)
+        report = await WorkflowSupervisor(worker, config).run(shutdown)
+    task = await store.tasks.get(task_id)
+    history = (task.state, task.checkpoint, await store.tasks.events(task_id))
+    assert report.released == 1, history
+    assert task.state == "queued" and task.checkpoint["cursor"] == "s2", history
+    assert list(await calls(store)) == [f"{task_id}:s1#1"], "s1 ended; s2 was never called"
+    evidence = [(e["step"], e["record"]) for e in await store.tasks.evidence(task_id)]
+    assert evidence == [("s1", "completed")], evidence
+    released = [e for e in await store.tasks.events(task_id) if e["kind"] == "released"]
+    assert [e["detail"] for e in released] == [{"reason": "worker stopping"}], history
+
+
 async def test_a_worker_that_takes_over_its_own_task_keeps_the_new_lease_alive(
     store: Store,
 ) -> None:

@@ -23,7 +23,7 @@ from toolkit.application import EffectContext, Handler, SpendMeter
 from toolkit.checkpoint import CallbackState, Compensable, Frame
 from toolkit.definition import EffectStep
 from toolkit.engine.callbacks import callback_outcome
-from toolkit.engine.cycle import Cycle
+from toolkit.engine.cycle import Cycle, WorkerStopping
 from toolkit.engine.failures import NEVER_RETRIED, Error, error_data
 from toolkit.engine.limits import take_limits
 from toolkit.engine.protocol import StepContext
@@ -75,6 +75,22 @@ class TimedOut(Exception):
     """The step's timeout passed before the handler returned."""
 
 
+async def _stop_before_intent(cycle: Cycle) -> None:
+    """The worker stops: start no call whose cut-off would need reconciliation.
+
+    Such a call would be cut off at the end of the grace (docs/operations.md, "Graceful
+    shutdown"). The task is released at this step (`WorkerStopping`). A branch waits
+    instead, so that its siblings' calls may still end within the grace; the cycle is then
+    cancelled and releases the task as usual.
+
+    Raises:
+        WorkerStopping: not within branches.
+    """
+    if not cycle.fanning_out:
+        raise WorkerStopping
+    await anyio.sleep_forever()
+
+
 async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attempt:
     """One attempt at an effect in ``ctx.frame`` (the task's graph or a branch's).
 
@@ -110,6 +126,8 @@ async def attempt(ctx: StepContext, step: EffectStep, args: Any = None) -> Attem
             tried = frame.attempts.get(occurrence, 1)
             return Attempt(AttemptKind.FAILED, occurrence, tried, error=resolution.error)
         # "retry": call again below, with a new intent record and the same key.
+    if not step.idempotent and cycle.control.stopping:
+        await _stop_before_intent(cycle)  # before any limit's slot is taken
     handler = services.app.handler(step.handler)
     limits = services.app.step_limits(step)
     if limits:  # downstream limits: taken before the intent, released with the evidence

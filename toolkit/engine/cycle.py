@@ -66,6 +66,13 @@ class CycleOutcome(enum.StrEnum):
     DATABASE_UNAVAILABLE = "database_unavailable"
 
 
+class WorkerStopping(Exception):
+    """The worker stops, and the cycle was about to call an effect that is not idempotent.
+
+    It releases the task at that step instead (`CycleControl.stopping`).
+    """
+
+
 @dataclasses.dataclass
 class CycleControl:
     """Why a cycle is being cancelled, set by the supervisor before it cancels the scope.
@@ -97,6 +104,9 @@ class CycleControl:
             counted against the task (`TaskGraph`).
         checkpoint_window: idempotent outcomes may wait this long, seconds, for a later
             write of the cycle (`Cycle.may_defer_write`); 0 writes each before the next call.
+        stopping: the worker is shutting down: the cycle starts no new call of an effect
+            that is not idempotent, whose cut-off at the end of the grace would need
+            reconciliation; it releases the task there instead (`WorkerStopping`).
     """
 
     cancel_requested: dict[str, Any] | None = None
@@ -110,6 +120,7 @@ class CycleControl:
     progress_every: float = 1.0
     outage_seen: bool = False
     checkpoint_window: float = 0.0
+    stopping: bool = False
 
     def new_call(self) -> StopFlag:
         """A fresh stop flag for the next handler call."""

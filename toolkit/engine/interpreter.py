@@ -18,7 +18,14 @@ import anyio
 from toolkit import tracing
 from toolkit.application import App
 from toolkit.definition import WorkflowDefinition
-from toolkit.engine.cycle import Cycle, CycleControl, CycleOutcome, Services, retrying
+from toolkit.engine.cycle import (
+    Cycle,
+    CycleControl,
+    CycleOutcome,
+    Services,
+    WorkerStopping,
+    retrying,
+)
 from toolkit.engine.failures import storable_text
 from toolkit.engine.kinds import KINDS
 from toolkit.engine.task import TaskGraph
@@ -116,6 +123,9 @@ class Interpreter:
                 return await graph.cancel(task.cancel_requested)
             outcome = await graph.run()
             return CycleOutcome.CANCELLED if cycle.cancelled_at_commit else outcome
+        except WorkerStopping:
+            await self._end_interrupted(graph, control)
+            return CycleOutcome.RELEASED
         except LeaseLost:
             logger.warning(
                 "lease lost; the task will be resumed by its next claim",

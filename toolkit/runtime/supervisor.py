@@ -185,6 +185,8 @@ class WorkflowSupervisor:
 
     def _on_shutdown(self) -> None:
         self._wake.set()
+        for entry in self._held.values():  # no new call that a cut-off would leave uncertain
+            entry.control.stopping = True
         # A claim waiting for a connection during an outage would hold shutdown up until the
         # pool gives up. When the database is known away, stop waiting: were the claim to
         # have gone through, its leases lapse and other workers recover the tasks.
@@ -265,7 +267,7 @@ class WorkflowSupervisor:
             # a takeover writes every outcome: a second crash then names its step
             checkpoint_window=0.0 if task.recovered else self.config.checkpoint_window,
             outage_seen=self._outage.seen_within(self.config.lease),
-        )  # fmt: skip
+            stopping=self._shutdown.cancelled)  # fmt: skip
         if task.deadline_in is not None and task.deadline_in > 0:
             # The workflow deadline (database time, as seconds left at the claim) stops a
             # running cycle like a cancellation; the next claim applies it.
