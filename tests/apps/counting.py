@@ -163,6 +163,16 @@ async def stream(ctx: EffectContext, count: int = 5, seconds: float = 0.05) -> d
     return {"tokens": count}
 
 
+@app.effect("count.stream_sync")
+def stream_sync(ctx: EffectContext, count: int = 3) -> dict[str, Any]:
+    """A sync handler (run in a thread): publish ``count`` values and progress through the
+    event loop's token (``ctx.publish_sync``, ``ctx.progress_sync``)."""
+    for n in range(count):
+        ctx.progress_sync({"at": n})
+        ctx.publish_sync({"token": n})
+    return {"tokens": count}
+
+
 @app.effect("count.pages")
 async def pages(
     ctx: EffectContext,

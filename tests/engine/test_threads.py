@@ -8,8 +8,10 @@ import threading
 import anyio
 import pytest
 
+from tests.helpers.inprocess import run_until_idle, submit
 from tests.helpers.processes import wait_for
 from toolkit.engine.threads import DaemonThreads, in_thread
+from toolkit.store import Store
 
 
 def test_sequential_calls_reuse_one_daemon_thread() -> None:
@@ -68,3 +70,27 @@ async def test_an_abandoned_call_does_not_block_the_next() -> None:
     assert scope.cancelled_caught, "the call was meant to be abandoned at its deadline"
     assert await in_thread(lambda: "next") == "next"
     release.set()
+
+
+SYNC_STREAM = """
+name: sync-stream
+version: 1
+input: {type: object}
+start: s
+steps:
+  s: {effect: count.stream_sync, idempotent: true, args: {count: 3}}
+"""
+
+
+@pytest.mark.anyio
+async def test_a_sync_handler_publishes_through_the_event_loops_token(store: Store) -> None:
+    """``ctx.publish_sync`` and ``ctx.progress_sync`` reach the event loop from the handler's
+    thread by the loop's token (`Cycle.loop_token`, kept per loop); twice, so that the
+    second cycle takes the kept token."""
+    for round_ in range(2):
+        (task_id,) = await submit(store, SYNC_STREAM, [{}])
+        report = await run_until_idle(store, SYNC_STREAM)
+        task = await store.tasks.get(task_id)
+        assert (report.succeeded, task.state) == (1, "succeeded"), (round_, task)
+        items = [event.value for event in await store.streams.items(task_id)]
+        assert items == [{"token": n} for n in range(3)], (round_, items)

@@ -17,7 +17,6 @@ import functools
 import json
 import math
 import random
-import weakref
 from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
@@ -45,10 +44,8 @@ STORE_RETRY_MIN = 0.05
 STORE_RETRY_MAX = 2.0
 #: A run of pure steps yields to the event loop at least this often, seconds of its work.
 PACE_YIELD = 0.005
-#: anyio's token of each running event loop (`Cycle.loop_token`).
-_LOOP_TOKENS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, anyio.lowlevel.EventLoopToken
-] = weakref.WeakKeyDictionary()
+#: anyio's token of the event loop that asked last, and that loop (`Cycle.loop_token`).
+_LOOP_TOKEN: list[tuple[asyncio.AbstractEventLoop, anyio.lowlevel.EventLoopToken]] = []
 #: The lock of a cycle's writes when no branches run: its one coroutine writes in turn.
 _ALONE = contextlib.nullcontext()
 
@@ -250,10 +247,9 @@ class Cycle:
         running library anew each time.
         """
         loop = asyncio.get_running_loop()
-        token = _LOOP_TOKENS.get(loop)
-        if token is None:
-            token = _LOOP_TOKENS[loop] = anyio.lowlevel.current_token()
-        return token
+        if not _LOOP_TOKEN or _LOOP_TOKEN[0][0] is not loop:
+            _LOOP_TOKEN[:] = [(loop, anyio.lowlevel.current_token())]
+        return _LOOP_TOKEN[0][1]
 
     @functools.cached_property
     def signal_lock(self) -> anyio.Lock:
