@@ -113,6 +113,19 @@ def task_events(dsn: str, task_id: int) -> list[dict[str, Any]]:
     return [dict(zip(keys, row, strict=True)) for row in rows]
 
 
+def task_diagnosis(dsn: str, task_id: int) -> str:
+    """What a failed assertion about a task shows: its state, wait, lease owner, error,
+    checkpoint cursor and steps run, and its events (kind, worker, detail)."""
+    row = task_row(dsn, task_id)
+    shown = {key: row[key] for key in ("state", "wait_reason", "lease_owner", "error")}
+    checkpoint = row["checkpoint"] or {}
+    events = [(e["kind"], e["worker_id"], e["detail"]) for e in task_events(dsn, task_id)]
+    return (
+        f"task {task_id}: {shown}, cursor {checkpoint.get('cursor')}, "
+        f"steps_run {checkpoint.get('steps_run')}, events {events}"
+    )
+
+
 def task_evidence(dsn: str, task_id: int) -> list[dict[str, Any]]:
     """The task's effect evidence, oldest first."""
     rows = query(

@@ -19,6 +19,7 @@ import pytest
 from tests.helpers.processes import (
     backdate_leases,
     submit_tasks,
+    task_diagnosis,
     task_events,
     task_row,
     toolkit_process,
@@ -61,13 +62,6 @@ def _worker(dsn: str, tmp_path: Path, text: str, *extra: str) -> subprocess.Pope
     )  # fmt: skip
 
 
-def _diagnosis(dsn: str, task_id: int) -> str:
-    row = task_row(dsn, task_id)
-    shown = {key: row[key] for key in ("state", "wait_reason", "lease_owner", "error")}
-    kinds = [(e["kind"], e["worker_id"]) for e in task_events(dsn, task_id)]
-    return f"task {task_id}: {shown}, steps_run {row['checkpoint'].get('steps_run')}, {kinds}"
-
-
 def _stop(*workers: subprocess.Popen[str]) -> list[str]:
     errors = []
     for worker in workers:
@@ -96,10 +90,10 @@ def test_max_steps_ends_a_loop_of_pure_steps_without_a_lease_lapsing(
             timeout=120, what="the loop to reach max_steps",
         )  # fmt: skip
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {_diagnosis(dsn, task_id)}\n{_stop(*workers)}") from None
+        raise AssertionError(f"{exc}: {task_diagnosis(dsn, task_id)}\n{_stop(*workers)}") from None
     errors = _stop(*workers)
     row = task_row(dsn, task_id)
-    assert row["error"]["name"] == "MaxStepsExceeded", _diagnosis(dsn, task_id)
+    assert row["error"]["name"] == "MaxStepsExceeded", task_diagnosis(dsn, task_id)
     kinds = [event["kind"] for event in task_events(dsn, task_id)]
     assert kinds.count("claimed") == 1 and "recovered" not in kinds, (kinds, errors)
     assert [worker.returncode for worker in workers] == [0, 0], errors
@@ -117,7 +111,7 @@ def test_a_loop_of_pure_steps_commits_its_progress_and_stops_at_sigterm(
             timeout=30, what="a progress commit of the loop",
         )  # fmt: skip
     except AssertionError as exc:
-        raise AssertionError(f"{exc}: {_diagnosis(dsn, task_id)}\n{_stop(worker)}") from None
+        raise AssertionError(f"{exc}: {task_diagnosis(dsn, task_id)}\n{_stop(worker)}") from None
     worker.send_signal(signal.SIGTERM)
     try:
         _, err = worker.communicate(timeout=15)  # --grace 2, then the cycle is cancelled
@@ -128,7 +122,7 @@ def test_a_loop_of_pure_steps_commits_its_progress_and_stops_at_sigterm(
     # the operator is told what the first signal does (it printed nothing before)
     assert "stopping: no more claims; the cycles running get up to 2 s" in err, err
     row = task_row(dsn, task_id)
-    assert row["state"] == "queued", _diagnosis(dsn, task_id)  # released, progress kept
+    assert row["state"] == "queued", task_diagnosis(dsn, task_id)  # released, progress kept
     assert row["checkpoint"]["steps_run"] > 0
     assert "released" in [event["kind"] for event in task_events(dsn, task_id)]
 
@@ -142,19 +136,19 @@ def test_a_pure_step_that_crashes_every_worker_fails_its_task_after_a_bounded_co
     (task_id,) = submit_tasks(dsn, text, [{"stop": False}])
     crashes = 0
     while task_row(dsn, task_id)["state"] not in ("failed", "succeeded"):
-        assert crashes <= MAX_LAPSES, _diagnosis(dsn, task_id)
+        assert crashes <= MAX_LAPSES, task_diagnosis(dsn, task_id)
         worker = _worker(dsn, tmp_path, text, "--until-idle")
         _, err = worker.communicate(timeout=60)
         if worker.returncode == FAULT_EXIT_CODE:
             crashes += 1
-            assert backdate_leases(dsn, [task_id]) == 1, _diagnosis(dsn, task_id)
+            assert backdate_leases(dsn, [task_id]) == 1, task_diagnosis(dsn, task_id)
         else:
             assert worker.returncode == 0, err
     row = task_row(dsn, task_id)
-    assert row["state"] == "failed" and row["error"]["name"] == "LeasesLapsed", _diagnosis(
+    assert row["state"] == "failed" and row["error"]["name"] == "LeasesLapsed", task_diagnosis(
         dsn, task_id
     )
     assert f"{MAX_LAPSES} times in a row at step 'ping'" in row["error"]["message"], row
     # The first claim crashed unrecovered; each takeover after it counts one lapse.
-    assert crashes == MAX_LAPSES, _diagnosis(dsn, task_id)
+    assert crashes == MAX_LAPSES, task_diagnosis(dsn, task_id)
 

@@ -11,8 +11,7 @@ from tests.helpers.processes import (
     call_counts,
     query,
     submit_tasks,
-    task_events,
-    task_row,
+    task_diagnosis,
     toolkit_process,
     wait_for,
 )
@@ -28,16 +27,6 @@ def _completed_steps(dsn: str, task_id: int) -> set[str]:
         (task_id,),
     )
     return {str(r[0]) for r in rows}
-
-
-def _histories(dsn: str, ids: list[int]) -> list[dict[str, object]]:
-    """Each task's state, wait and events: what a failed assertion shows."""
-    keep = ("state", "run_at", "wait_reason", "checkpoint", "error", "lease_token")
-    return [
-        {**{k: v for k, v in task_row(dsn, i).items() if k in keep},
-         "events": [(e["kind"], e.get("detail")) for e in task_events(dsn, i)]}
-        for i in ids
-    ]  # fmt: skip
 
 
 @pytest.fixture
@@ -102,7 +91,7 @@ def test_sigterm_during_work_exits_zero_and_loses_nothing(dsn: str, definitions_
     _, err = finisher.communicate(timeout=60)
     assert finisher.returncode == 0, err
     states = query(dsn, "SELECT state FROM toolkit_tasks WHERE id = ANY(%s)", (ids,))
-    assert [s for (s,) in states] == ["succeeded"] * 3, (err, _histories(dsn, ids))
+    assert [s for (s,) in states] == ["succeeded"] * 3, (err, [task_diagnosis(dsn, i) for i in ids])
     # A released task resumes from its checkpoint: at most the in-flight idempotent step repeats.
     assert all(n <= 2 for n in call_counts(dsn).values())
     assert sum(1 for n in call_counts(dsn).values() if n == 2) <= 3
