@@ -22,12 +22,15 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
 from toolkit.definition import WorkflowDefinition
+from toolkit.errors import StoreError
 from toolkit.store import Store
 from toolkit.store.queries import query
 
@@ -514,3 +517,58 @@ async def test_the_fair_claim_compares_its_candidates_a_bounded_number_of_times(
     }  # fmt: skip
     due = 32 * 16
     assert max(handled.values()) <= 4 * due, sorted(handled.items(), key=lambda kv: -kv[1])
+
+
+async def test_the_fair_claim_reads_a_tenants_backlog_in_claim_order_as_the_worker_runs_it(
+    store: Store,
+) -> None:
+    """Regression (issue 22): on the worker's connections (generic plans from the first
+    execution, the parameters typed as psycopg sends them), the fair claim read each tenant
+    of its window off a bitmap of the claim index: every due task of the tenant, sorted, to
+    take 16. With 100 tenants of 200 due tasks each, 23 ms a claim against 7 ms for an index
+    scan in claim order, and it grows with a tenant's backlog. Those connections now plan
+    without bitmap scans. The claim is run as the worker runs it, and its plan read from
+    auto_explain (rolled back; bench/tenant_scale.py seeds its tasks the same way)."""
+    d = definition(THREE_STEPS)
+    await store.definitions.deploy(d)
+    async with store.db.connection() as conn:
+        await conn.execute(
+            "INSERT INTO toolkit_tenants (tenant)"
+            " SELECT format('t%%s', n) FROM generate_series(0, %s - 1) n",
+            (100,),
+        )
+        await conn.execute(
+            "INSERT INTO toolkit_tasks (tenant, definition_name, definition_version,"
+            " definition_digest, input, checkpoint)"
+            " SELECT format('t%%s', i %% 100), %s, %s, %s, '{}', %s"
+            " FROM generate_series(0, 19999) i",
+            (d.name, d.version, d.digest, Jsonb(Checkpoint.initial(d.start).to_json())),
+        )
+        await conn.execute("ANALYZE")
+    plans: list[str] = []
+
+    def explained(notice: psycopg.errors.Diagnostic) -> None:
+        plans.append(notice.message_primary or "")
+
+    try:
+        async with store.db.connection(plan_once=True) as conn:
+            await conn.execute("LOAD 'auto_explain'")
+            for setting in ("log_analyze = on", "log_level = notice", "log_min_duration = 0"):
+                await conn.execute(f"SET auto_explain.{setting}")
+            conn.add_notice_handler(explained)
+            try:
+                async with conn.transaction(force_rollback=True):
+                    cursor = await conn.execute(
+                        query("claim_tasks"), {**_claim_params(d), "locked": []}, prepare=True
+                    )
+                    assert len(await cursor.fetchall()) == 16
+            finally:
+                conn.remove_notice_handler(explained)
+                await conn.execute("SET auto_explain.log_min_duration = -1")
+    except StoreError as exc:
+        if "auto_explain" not in str(exc):
+            raise
+        pytest.skip(f"no auto_explain on this server (the embedded one ships without): {exc}")
+    (plan,) = [each for each in plans if "Claims up to" in each]
+    reads = [line.strip() for line in plan.splitlines() if "toolkit_tasks_tenant_due" in line]
+    assert reads and all(line.startswith("->  Index Scan") for line in reads), plan

@@ -158,9 +158,16 @@ async def _configure_plan_once(conn: psycopg.AsyncConnection[Any]) -> None:
     executions, and then for as long as the generic plan's estimate stays above the custom
     plans' average: the claim's ``LIMIT`` parameter, guessed at a tenth of the due rows when
     unknown, kept it planned at every call, as costly as running it (docs/decisions.md).
+
+    Without bitmap scans: a generic plan of the fair claim, not knowing how many due tasks a
+    tenant has, may read each tenant's due tasks off a bitmap of the claim index and sort
+    them, every one of them, where an index scan in claim order stops at the batch; with 200
+    due tasks per tenant that made the claim three times as slow, and it grows with a
+    tenant's backlog. The statements of these connections read by key or in index order.
     """
     await _configure(conn)
     await conn.execute("SET plan_cache_mode = force_generic_plan")
+    await conn.execute("SET enable_bitmapscan = off")
 
 
 async def _probe(dsn: str, timeout: float) -> None:
