@@ -185,6 +185,7 @@ def probe_statements(
         "deferring": False,
         "locked": [],  # no limited tenant locked: the claim's one-statement path
         "window": rotation.window(CLAIM_BATCH),
+        "per_tenant": rotation.per_tenant(CLAIM_BATCH),
         "tenant": None,
     }
     claim_ms: list[float] = []

@@ -217,6 +217,7 @@ class Worker:
             "deferring": False,
             "locked": [],  # the engine's claim: no limited tenant locked (the one-statement path)
             "window": rotation.window(self.batch),
+            "per_tenant": rotation.per_tenant(self.batch),
             "tenant": None,
         }
 

@@ -56,7 +56,8 @@ class SupervisorConfig:
         concurrency: cycles running steps at most (this process only; DESIGN §2). A cycle
             whose last write (the one that releases its lease) is on its way no longer
             counts: its slot is claimed again while that write is applied.
-        claim_batch: tasks claimed per claim statement at most.
+        claim_batch: tasks claimed per claim statement at most (a claim across tenants reads
+            at most 16 due tasks of each of at most 32 tenants: docs/tenants.md).
         lease: lease duration.
         heartbeat: interval between lease renewals; at most a third of ``lease``.
         idle_backoff_min: first idle wait after an empty claim.

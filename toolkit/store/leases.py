@@ -210,6 +210,7 @@ class Leases:
             "deferring": deferring,
             "locked": [],
             "window": rotation.window(limit),
+            "per_tenant": rotation.per_tenant(limit),
             "tenant": None,  # every tenant (a claim for one names it: due_tasks)
         }
         admitted = await self.admit_keys() if self._key_wakes else 0

@@ -31,11 +31,21 @@ logger = logging.getLogger("toolkit.store.rotation")
 
 #: Tenants in a claim's window per task it may claim (the window of a batch of 16: 32).
 WINDOW_PER_TASK = 2
+#: Due tasks the fair claim reads per tenant at most, and the batch its window is sized for,
+#: whatever the claim's batch: it reads up to this many tasks of each tenant of its window,
+#: so its reads grow with the square of this (512 rows for 16). A larger batch takes more of
+#: the rows read, at no more reads (docs/tenants.md).
+FAIR_READ = 16
 
 
 def window(limit: int) -> int:
     """The number of ready tenants a claim of ``limit`` tasks reads at most."""
-    return max(WINDOW_PER_TASK * limit, 2)
+    return max(WINDOW_PER_TASK * per_tenant(limit), 2)
+
+
+def per_tenant(limit: int) -> int:
+    """The due tasks a fair claim of ``limit`` tasks reads per tenant at most."""
+    return min(limit, FAIR_READ)
 
 
 class Rotation:

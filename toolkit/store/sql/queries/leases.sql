@@ -129,8 +129,9 @@ ORDER BY c.id
 -- (docs/tenants.md), reading only the tenants it picks (docs/decisions.md, "The fair claim
 -- at any number of tenants"). The window: the %(window)s ready, unpaused tenants of lowest
 -- vtime, and those promoted by this claim (not ready, their next_due come: at most
--- %(window)s, soonest first). For each, its due tasks (due_tasks) up to the batch or to the
--- tenant's free slots; a tenant with a max_active is read only when it is in %(locked)s
+-- %(window)s, soonest first). For each, its due tasks (due_tasks) up to %(per_tenant)s (the
+-- batch, at most rotation.FAIR_READ: the reads stay those of that batch) or to the tenant's
+-- free slots; a tenant with a max_active is read only when it is in %(locked)s
 -- (this transaction holds its row, see lock_limited_tenants), its free slots max_active
 -- minus its unexpired leases (an expired lease holds no slot). The batch then goes to the
 -- tenants of lowest vtime plus unexpired leases per unit of weight, counting the tasks of
@@ -180,7 +181,7 @@ WITH promoted AS (
     FROM (
         SELECT tn.*,
                -- least() ignores the NULL of a tenant without a limit
-               greatest(least(%(limit)s::bigint, tn.max_active - tn.active), 0) AS slots
+               greatest(least(%(per_tenant)s::bigint, tn.max_active - tn.active), 0) AS slots
         FROM tn
     ) tn
     CROSS JOIN LATERAL (
@@ -189,10 +190,7 @@ WITH promoted AS (
 ), best AS (
     -- The due tasks in the order the batch takes them, four batches at most: the rows past
     -- those serve only when more than three claims running at once hold the rows before
-    -- them (such a claim then takes fewer, and the next one the rest). Without this cut the
-    -- join below, planned for a handful of rows, compared every due row with every other:
-    -- a window of 32 tenants with 16 due tasks each made 512 rows and 13 ms of a 15 ms
-    -- claim (docs/decisions.md, "The fair claim's candidates, cut before they are locked").
+    -- them (such a claim then takes fewer, and the next one the rest).
     SELECT id, vtime + (active + rank - 1)::float8 / weight AS share, claim_at
     FROM due
     ORDER BY share, claim_at, id
@@ -203,15 +201,18 @@ WITH promoted AS (
            extract(epoch FROM statement_timestamp()
                               - CASE WHEN t.state = 'leased' THEN t.lease_expires_at
                                      ELSE t.run_at END)::float8 AS queue_delay
-    FROM best
-    JOIN toolkit_tasks t ON t.id = best.id
+    FROM toolkit_tasks t
     -- Read by key, never a scan of the live tasks: the ids as an array, and "not ended"
-    -- spelled so that the planner cannot use the claim index's predicate instead.
+    -- spelled so that the planner cannot use the claim index's predicate instead. Not
+    -- joined with the CTE: planned for a handful of rows, such a join compared every row
+    -- with every other (512 with 512, 13 ms of a 15 ms claim over 32 busy tenants); each
+    -- row's place in the array orders them instead (docs/decisions.md, "The fair claim's
+    -- candidates, cut before they are locked").
     WHERE t.id = ANY(ARRAY(SELECT id FROM best))
       AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
       AND CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END
           <= statement_timestamp()
-    ORDER BY best.share, best.claim_at, best.id
+    ORDER BY array_position(ARRAY(SELECT id FROM best ORDER BY share, claim_at, id), t.id)
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), summary AS (
