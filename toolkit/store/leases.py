@@ -58,9 +58,11 @@ class Renewal:
     ended: frozenset[int] = frozenset()
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class ClaimedTask:
     """A task this worker now leases.
+
+    Not changed once claimed, though not frozen (as a `toolkit.store.writes.EvidenceRecord`).
 
     Attributes:
         id: task id.

@@ -31,10 +31,11 @@ logger = logging.getLogger("toolkit.store.rotation")
 
 #: Tenants in a claim's window per task it may claim (the window of a batch of 16: 32).
 WINDOW_PER_TASK = 2
-#: Due tasks the fair claim reads per tenant at most, and the batch its window is sized for,
-#: whatever the claim's batch: it reads up to this many tasks of each tenant of its window,
-#: so its reads grow with the square of this (512 rows for 16). A larger batch takes more of
-#: the rows read, at no more reads (docs/tenants.md).
+#: Due tasks the fair claim reads per tenant, and the batch its window is sized for, whatever
+#: the claim's batch: it reads up to this many tasks of each tenant of its window (or the
+#: tenant's share of the batch, when fewer tenants are ready than that needs), so its reads
+#: grow with the square of this (512 rows for 16). A larger batch takes more of the rows
+#: read (docs/tenants.md).
 FAIR_READ = 16
 
 

@@ -23,9 +23,12 @@ from toolkit.store.fence import Fence
 NEVER = "9999-12-31T00:00:00+00:00"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class EvidenceRecord:
     """One effect evidence record to append (``started``, ``completed`` or ``failed``).
+
+    Not changed once made, though not frozen: a frozen dataclass is five times as costly to
+    make, and one is made for every outcome (docs/decisions.md, issue 22).
 
     ``limited``: the call took downstream-limit slots, which a ``completed`` or ``failed``
     record releases (docs/limits.md); True unless the caller knows it took none.
@@ -84,9 +87,11 @@ class BranchRow:
     seen: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(slots=True)
 class FencedWrite:
     """Everything one fenced statement writes for one task.
+
+    Not changed once made, though not frozen (as an `EvidenceRecord`).
 
     Attributes:
         fence: the lease the writer holds.
