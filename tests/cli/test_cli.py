@@ -141,13 +141,20 @@ def test_demo_without_its_definitions_folder_says_where_to_run_it(tmp_path: Path
     assert (code, out) == (1, "") and "run it from the repository's root" in err
 
 
-def test_submit_refuses_a_budget_without_a_resource_or_a_number() -> None:
+@pytest.mark.parametrize("command", [("submit", "x"), ("tenants", "set", "acme")])
+def test_a_budget_without_a_resource_or_an_amount_is_refused_naming_the_option(
+    command: tuple[str, ...],
+) -> None:
+    """Regression: ``tenants set --budget tokens=-5`` said "budget 'tokens' of tenant 'acme'
+    must be at least 0", not which option; ``submit`` took a negative amount."""
     for text, message in [
         ("=5", "error: --budget =5: expected RESOURCE=AMOUNT"),
         ("tokens=", "error: --budget tokens=: expected RESOURCE=AMOUNT"),
-        ("tokens=lots", "error: --budget tokens=lots: 'lots' is not a number"),
+        ("tokens=lots", "error: --budget tokens=lots: the amount must be a number, not 'lots'"),
+        ("tokens=-5", "error: --budget tokens=-5: the amount must be at least 0, not '-5'"),
+        ("tokens=inf", "error: --budget tokens=inf: the amount must be a finite number"),
     ]:
-        code, out, err = invoke("submit", "x", "--budget", text, dsn=UNREACHABLE)
+        code, out, err = invoke(*command, "--budget", text, dsn=UNREACHABLE)
         assert (code, out) == (1, "") and err.startswith(message), err
 
 

@@ -434,7 +434,7 @@ def test_cli_sets_and_lists_tenants(dsn: str, tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--budget", "tokens"], "error: --budget tokens: expected RESOURCE=AMOUNT"),
-        (["--budget", "tokens=many"], "error: budget 'tokens' of tenant 'acme' must be a number"),
+        (["--budget", "tokens=many"], "error: --budget tokens=many: the amount must be a number"),
         (["--max-active", "3", "--no-max-active"], "error: give --max-active or --no-max-active"),
         (["--budget", "t=1", "--clear-budget", "t"], "error: budget 't': given to --budget and"),
     ],

@@ -12,6 +12,7 @@ import click
 from toolkit.durations import parse_duration
 from toolkit.errors import ConfigError, PayloadRefused
 from toolkit.payload import parse_json
+from toolkit.store.tenants import budget_amount
 
 #: ``--tenant`` of the commands that act on one task by its id (``show``, ``signal``,
 #: ``cancel``, ``reconcile``, ``redrive``, ``wait``, ``watch``): without it the tenant is
@@ -90,13 +91,18 @@ def resource_amounts(texts: Sequence[str]) -> dict[str, str]:
     """``--budget RESOURCE=AMOUNT`` options as resource to amount text.
 
     Raises:
-        ConfigError: one is not of that form.
+        ConfigError: one is not of that form, or its amount is not a budget's (a number from
+            0 to 1e15: ``toolkit.store.tenants.budget_amount``), naming the option.
     """
     amounts = {}
     for text in texts:
         resource, sep, amount = text.partition("=")
         if not sep or not resource.strip() or not amount.strip():
             raise ConfigError(f"--budget {text}: expected RESOURCE=AMOUNT, e.g. tokens=10000")
+        try:
+            budget_amount(amount.strip())
+        except ValueError as exc:
+            raise ConfigError(f"--budget {text}: the amount {exc}") from None
         amounts[resource.strip()] = amount.strip()
     return amounts
 

@@ -135,10 +135,7 @@ def submit(
         raise ConfigError("give --input or --input-file, not both")
     budget: dict[str, float] = {}
     for resource, amount in resource_amounts(budgets).items():
-        try:
-            budget[resource] = float(amount)
-        except ValueError:
-            raise ConfigError(f"--budget {resource}={amount}: {amount!r} is not a number") from None
+        budget[resource] = float(amount)
     timeout = None
     if timeout_text is not None:
         timeout = duration_option(timeout_text, f"--timeout {timeout_text}")

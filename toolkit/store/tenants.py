@@ -200,21 +200,33 @@ def _positive(value: Any, what: str) -> None:
         raise ConfigError(f"{what} must be at most {2**31 - 1}, not {value}")
 
 
-def _amount(value: Amount, tenant: str, resource: str) -> Decimal:
-    what = f"budget {resource!r} of tenant {tenant!r}"
+def budget_amount(value: Amount) -> Decimal:
+    """A budget's amount, checked: a finite number from 0 to 1e15.
+
+    Raises:
+        ValueError: it is not; the message says what it must be (``must be at least 0, not
+            '-5'``), for the caller to name where the value came from.
+    """
     if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a number, not {value!r}")
+        raise ValueError(f"must be a number, not {value!r}")
     try:
         amount = Decimal(str(value)) if isinstance(value, float) else Decimal(value)
     except (decimal.InvalidOperation, TypeError, ValueError):
-        raise ConfigError(f"{what} must be a number, not {value!r}") from None
+        raise ValueError(f"must be a number, not {value!r}") from None
     if not amount.is_finite():
-        raise ConfigError(f"{what} must be a finite number, not {value!r}")
+        raise ValueError(f"must be a finite number, not {value!r}")
     if amount > Decimal("1e15"):
-        raise ConfigError(f"{what} must be at most 1e15, not {value!r}")
+        raise ValueError(f"must be at most 1e15, not {value!r}")
     if amount < 0:
-        raise ConfigError(f"{what} must be at least 0, not {value!r}")
+        raise ValueError(f"must be at least 0, not {value!r}")
     return amount
+
+
+def _amount(value: Amount, tenant: str, resource: str) -> Decimal:
+    try:
+        return budget_amount(value)
+    except ValueError as exc:
+        raise ConfigError(f"budget {resource!r} of tenant {tenant!r} {exc}") from None
 
 
 def _record(row: DictRow) -> TenantRecord:
