@@ -57,7 +57,7 @@ class SupervisorConfig:
             whose last write (the one that releases its lease) is on its way no longer
             counts: its slot is claimed again while that write is applied.
         claim_batch: tasks claimed per claim statement at most (a claim across tenants reads
-            at most 16 due tasks of each of at most 32 tenants: docs/tenants.md).
+            about what a batch of 16 reads, whatever the batch: docs/tenants.md).
         lease: lease duration.
         heartbeat: interval between lease renewals; at most a third of ``lease``.
         idle_backoff_min: first idle wait after an empty claim.

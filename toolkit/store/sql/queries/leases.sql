@@ -131,7 +131,8 @@ ORDER BY c.id
 -- vtime, and those promoted by this claim (not ready, their next_due come: at most
 -- %(window)s, soonest first). For each, its due tasks (due_tasks) up to %(per_tenant)s (the
 -- batch, at most rotation.FAIR_READ: the reads stay those of that batch) or its share of the
--- batch if more (fewer tenants than the batch needs at that), or to the tenant's free slots; a tenant with a max_active is read only when it is in %(locked)s
+-- batch if more (fewer tenants than the batch needs at that), or to the tenant's free
+-- slots; a tenant with a max_active is read only when it is in %(locked)s
 -- (this transaction holds its row, see lock_limited_tenants), its free slots max_active
 -- minus its unexpired leases (an expired lease holds no slot). The batch then goes to the
 -- tenants of lowest vtime plus unexpired leases per unit of weight, counting the tasks of
@@ -182,10 +183,11 @@ WITH promoted AS (
         SELECT tn.*,
                -- least() ignores the NULL of a tenant without a limit; with fewer tenants
                -- than the batch needs at %(per_tenant)s each, each is read for its share
-               greatest(least(%(limit)s::bigint,
-                              greatest(%(per_tenant)s::bigint,
-                                       ceil(%(limit)s::float8 / (SELECT count(*) FROM tn))::bigint),
-                              tn.max_active - tn.active), 0) AS slots
+               greatest(least(
+                   %(limit)s::bigint,
+                   greatest(%(per_tenant)s::bigint,
+                            ceil(%(limit)s::float8 / (SELECT count(*) FROM tn))::bigint),
+                   tn.max_active - tn.active), 0) AS slots
         FROM tn
     ) tn
     CROSS JOIN LATERAL (
