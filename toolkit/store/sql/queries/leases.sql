@@ -194,13 +194,14 @@ WITH promoted AS (
         -- include: due_tasks
     ) d
 ), best AS (
-    -- The due tasks in the order the batch takes them, four batches at most: the rows past
-    -- those serve only when more than three claims running at once hold the rows before
-    -- them (such a claim then takes fewer, and the next one the rest).
-    SELECT id, vtime + (active + rank - 1)::float8 / weight AS share, claim_at
-    FROM due
-    ORDER BY share, claim_at, id
-    LIMIT 4 * %(limit)s
+    -- The ids of the due tasks in the order the batch takes them, four batches at most: the
+    -- rows past those serve only when more than three claims running at once hold the rows
+    -- before them (such a claim then takes fewer, and the next one the rest).
+    SELECT ARRAY(
+        SELECT id FROM due
+        ORDER BY vtime + (active + rank - 1)::float8 / weight, claim_at, id
+        LIMIT 4 * %(limit)s
+    ) AS ids
 ), candidates AS (
     SELECT t.id, t.state AS previous_state, t.lease_owner AS previous_owner,
            t.lease_deferred AS previous_deferred,
@@ -214,11 +215,11 @@ WITH promoted AS (
     -- with every other (512 with 512, 13 ms of a 15 ms claim over 32 busy tenants); each
     -- row's place in the array orders them instead (docs/decisions.md, "The fair claim's
     -- candidates, cut before they are locked").
-    WHERE t.id = ANY(ARRAY(SELECT id FROM best))
+    WHERE t.id = ANY((SELECT ids FROM best)::bigint[])
       AND t.state NOT IN ('succeeded', 'failed', 'cancelled')
       AND CASE WHEN t.state = 'leased' THEN t.lease_expires_at ELSE t.run_at END
           <= statement_timestamp()
-    ORDER BY array_position(ARRAY(SELECT id FROM best ORDER BY share, claim_at, id), t.id)
+    ORDER BY array_position((SELECT ids FROM best), t.id)
     LIMIT %(limit)s
     FOR UPDATE OF t SKIP LOCKED
 ), summary AS (
