@@ -332,8 +332,8 @@ _SETS_DUE = re.compile(r"(?<![\w.])(?:state|run_at|lease_expires_at)\s*=", re.IG
 
 #: Statements that move a task's due time but never sooner: a claim takes due tasks and
 #: leases them until later; a renewal extends a lease; commit_step applies only writes that
-#: keep their lease (its one caller sends no other: Leases.commit_many's _step_only), and a
-#: leased task is due at its lease's expiry, which such a write leaves as it is.
+#: keep their lease or end their task (its one caller sends no other: Leases.commit_many's
+#: _lean), and a leased task is due at its lease's expiry, which such a write leaves as it is.
 NEVER_SOONER = {
     "claim_tasks", "claim_tasks_one_tenant", "claim_tenant_tasks", "renew_leases",
     "renew_tenant_leases", "commit_step",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import anyio
+import psycopg
 import pytest
 from anyio.abc import TaskGroup
 from psycopg.types.json import Jsonb
@@ -18,7 +20,7 @@ from toolkit.lifecycle import EventKind, TaskState
 from toolkit.store import Store
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
-from toolkit.store.leases import ClaimedTask, _step_only
+from toolkit.store.leases import ClaimedTask, _lean
 from toolkit.store.queries import query
 from toolkit.store.writes import Event, EvidenceRecord, FencedWrite, write_json, writes_param
 
@@ -205,12 +207,27 @@ async def test_a_step_write_that_keeps_its_lease_enters_no_index(store: Store) -
 # --- a step's write by the statement without the ends' parts ----------------------------------
 
 
-async def _run(store: Store, name: str, writes: list[FencedWrite]) -> list[tuple[int, str]]:
-    params = {"worker_id": "w", "writes": Jsonb([write_json(w) for w in writes]),
+async def _run(
+    store: Store, name: str, writes: list[FencedWrite]
+) -> list[tuple[int, str | None]]:
+    """Run ``name`` on ``writes`` (lean for commit_step); (id, state) of each row returned,
+    the state None for a write referred back."""
+    lean = name == "commit_step"
+    params = {"worker_id": "w", "writes": Jsonb([write_json(w, lean=lean) for w in writes]),
               "tenant": None, "wake_within": None}  # fmt: skip
     async with store.db.connection() as conn:
         cursor = await conn.execute(query(name), params)
         return [(row[0], row[1]) for row in await cursor.fetchall()]
+
+
+_STORED = (
+    "SELECT state, checkpoint, tags, run_at, lease_expires_at, result, error, finished_at,"
+    " lease_owner, (SELECT json_agg(json_build_array(occurrence, record, result, fencing_token))"
+    "  FROM toolkit_effect_evidence e WHERE e.task_id = t.id),"
+    " (SELECT json_agg(json_build_array(kind, detail, fencing_token) ORDER BY id)"
+    "  FROM toolkit_task_events v WHERE v.task_id = t.id)"
+    " FROM toolkit_tasks t WHERE id = ANY(%s) ORDER BY id = %s"
+)
 
 
 def _step_write(task: ClaimedTask, *, limited: bool = False) -> FencedWrite:
@@ -239,30 +256,106 @@ async def test_a_step_write_by_commit_step_stores_what_commit_fenced_stores(stor
     assert await _run(store, "commit_step", [_step_write(lean)]) == [(lean.id, "leased")]
     stale = dataclasses.replace(lean, token=lean.token - 1)
     assert await _run(store, "commit_step", [_step_write(stale)]) == []
-    rows = await sql(
-        store,
-        "SELECT state, checkpoint, tags, run_at, lease_expires_at, result, error, finished_at,"
-        " (SELECT json_agg(json_build_array(occurrence, record, result, fencing_token))"
-        "  FROM toolkit_effect_evidence e WHERE e.task_id = t.id),"
-        " (SELECT json_agg(json_build_array(kind, detail, fencing_token) ORDER BY id)"
-        "  FROM toolkit_task_events v WHERE v.task_id = t.id)"
-        " FROM toolkit_tasks t WHERE id = ANY(%s) ORDER BY id = %s",
-        [lean.id, full.id], lean.id,
-    )
+    rows = await sql(store, _STORED, [lean.id, full.id], lean.id)
     assert rows[0][1:4] == rows[1][1:4] and rows[0][5:] == rows[1][5:], rows
     assert rows[0][0] == "leased" and rows[0][4] is not None, rows
 
 
-async def test_only_a_write_that_keeps_its_lease_and_releases_no_slot_goes_by_commit_step(
+def _end_write(task: ClaimedTask, **changes: Any) -> FencedWrite:
+    """A one-step task's last write: its step's evidence and its end."""
+    step = _step_write(task)
+    return dataclasses.replace(
+        step, checkpoint={**task.checkpoint, "cursor": None, **changes}, state="succeeded",
+        result={"v": 1}, events=(Event("succeeded"),),
+    )  # fmt: skip
+
+
+@pytest.mark.one_postgresql  # (a store distributed by tenant writes by commit_fenced_on_shard)
+async def test_an_end_by_commit_step_stores_what_commit_fenced_stores(store: Store) -> None:
+    """commit_step (issue 22) also ends a task whose end does nothing beyond its row: the
+    same row, evidence and events as commit_fenced, a stale token refused, a write sent again
+    applied once."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
+    lean, full = await store.leases.claim("w", [d.digest], 2, 30.0)
+    stale = dataclasses.replace(lean, token=lean.token - 1)
+    assert await _run(store, "commit_step", [_end_write(stale)]) == []
+    assert await _run(store, "commit_step", [_end_write(lean)]) == [(lean.id, "succeeded")]
+    assert await _run(store, "commit_fenced", [_end_write(full)]) == [(full.id, "succeeded")]
+    assert await _run(store, "commit_step", [_end_write(lean)]) == [(lean.id, "succeeded")]
+    rows = await sql(store, _STORED, [lean.id, full.id], lean.id)
+    assert rows[0][:7] == rows[1][:7] and rows[0][8:] == rows[1][8:], rows
+    assert rows[0][0] == "succeeded" and rows[0][7] is not None, rows
+
+
+#: Row surgery giving a leased task an end that does more than its row (task_ended,
+#: woken_parents, budget_use), and what a write carries for it.
+_ENDS_THAT_DO_MORE = {
+    "awaited": ("UPDATE toolkit_tasks SET awaited = true WHERE id = %s", {}),
+    "key holder": (
+        "UPDATE toolkit_tasks SET concurrency_key = 'k', concurrency_limit = 1,"
+        " key_held = true WHERE id = %s", {},
+    ),
+    "scheduled run": ("UPDATE toolkit_tasks SET schedule_name = 's' WHERE id = %s", {}),
+    "child": (
+        "UPDATE toolkit_tasks SET parent_id = id + 1, parent_occurrence = 'call#1'"
+        " WHERE id = %s", {},
+    ),
+    "reservations": ("SELECT %s", {"fanout": {"reserved": {"tokens": 5}}}),
+}  # fmt: skip
+
+
+@pytest.mark.one_postgresql  # (a store distributed by tenant writes by commit_fenced_on_shard)
+@pytest.mark.parametrize("case", sorted(_ENDS_THAT_DO_MORE))
+async def test_commit_step_refers_back_an_end_that_does_more_than_its_row(
+    store: Store, case: str
+) -> None:
+    """commit_step leaves out what a task's end does beyond its row: a lean write that ends a
+    task whose end does more is referred back unapplied (for commit_fenced), read off the row
+    as locked: a task awaited after it was claimed too."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
+    task, bare = await store.leases.claim("w", [d.digest], 2, 30.0)
+    surgery, carried = _ENDS_THAT_DO_MORE[case]
+    await sql(store, surgery, task.id)
+    writes = [_end_write(task, **carried), _end_write(bare)]
+    assert await _run(store, "commit_step", writes) == [(bare.id, "succeeded"), (task.id, None)]
+    rows = await sql(store, _STORED, [task.id], task.id)
+    assert rows[0][0] == "leased" and rows[0][9] is None, rows  # no evidence
+    assert [event[0] for event in rows[0][10]] == ["submitted", "claimed"], rows
+
+
+async def test_an_awaited_tasks_lean_end_is_announced(store: Store, dsn: str) -> None:
+    """Leases.commit_many sends a lean batch by commit_step and what it refers back by
+    commit_fenced: the end of a task awaited while it ran is announced, the others applied."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
+    awaited, bare = await store.leases.claim("w", [d.digest], 2, 30.0)
+    await sql(store, "UPDATE toolkit_tasks SET awaited = true WHERE id = %s", awaited.id)
+    writes = [_end_write(awaited), _end_write(bare)]
+    assert all(map(_lean, writes))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as listener:
+        await listener.execute("LISTEN toolkit_task_ended")
+        applied = await store.leases.commit_many(writes)
+        heard = [n.payload async for n in listener.notifies(timeout=5.0, stop_after=1)]
+    assert applied == {awaited.id: "succeeded", bare.id: "succeeded"}
+    assert heard == [str(awaited.id)]
+    assert [len(await store.tasks.evidence(t.id)) for t in (awaited, bare)] == [1, 1]
+
+
+async def test_only_a_write_that_keeps_its_lease_or_ends_and_releases_no_slot_is_lean(
     store: Store,
 ) -> None:
     d = definition(THREE_STEPS)
     await submit(store, THREE_STEPS, [{"n": 1}])
     (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
     step = _step_write(task)
-    assert _step_only(step)
-    assert not _step_only(_step_write(task, limited=True))  # its slots are released
-    assert not _step_only(dataclasses.replace(step, state=TaskState.SUCCEEDED))
-    assert not _step_only(dataclasses.replace(step, signals=((1, "wait#1"),)))
-    assert not _step_only(dataclasses.replace(step, budget_delta={"usd": 1.0}))
-    assert not _step_only(dataclasses.replace(step, branches_ended=("fan#1",)))
+    assert _lean(step)
+    assert _lean(_end_write(task))
+    assert _lean(dataclasses.replace(step, state=TaskState.FAILED, error={"name": "X"}))
+    assert not _lean(_step_write(task, limited=True))  # its slots are released
+    assert not _lean(dataclasses.replace(step, state=TaskState.WAITING, wait_reason="timer"))
+    assert not _lean(dataclasses.replace(step, state=TaskState.QUEUED))
+    assert not _lean(dataclasses.replace(step, signals=((1, "wait#1"),)))
+    assert not _lean(dataclasses.replace(step, budget_delta={"usd": 1.0}))
+    assert not _lean(dataclasses.replace(step, branches_ended=("fan#1",)))

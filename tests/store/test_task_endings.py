@@ -174,10 +174,10 @@ def ending_statements(statements: dict[str, str]) -> set[str]:
 #: Ending statements whose transaction's next statement releases the keys (a statement routed
 #: to one shard of a distributed store cannot insert in a CTE): that statement, by name.
 KEYS_RELEASED_AFTER = {"commit_fenced_on_shard": "record_key_wake"}
-#: Statements that could end a task by their text but are sent none that does: commit_step
-#: applies writes that keep their lease (state leased; its one caller sends no other:
-#: Leases.commit_many's _step_only), and a cancel request ends only a queued or waiting one.
-NEVER_ENDS = {"commit_step"}
+#: Statements that end only tasks whose end does nothing beyond their row: commit_step refers
+#: back, unapplied, a lean write that ends any other (CTE locked's referred; its one caller
+#: sends it again by commit_fenced: Leases.commit_many).
+ENDS_ONLY_BARE = {"commit_step"}
 
 
 def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
@@ -187,10 +187,11 @@ def test_every_statement_that_ends_tasks_does_what_an_end_does() -> None:
     ending = ending_statements(statements)
     assert "commit_fenced" in ending and "request_cancel" in ending  # not vacuous
     assert "claim_tasks" not in ending and "redrive_task" not in ending
-    assert NEVER_ENDS <= ending
+    assert ENDS_ONLY_BARE <= ending
+    assert all("AND NOT l.referred" in statements[name] for name in ENDS_ONLY_BARE)
     missing = sorted(
         name
-        for name in ending - NEVER_ENDS
+        for name in ending - ENDS_ONLY_BARE
         if "ends_in_statement" not in statements[name]
         or "INSERT INTO toolkit_key_wakes" not in statements[KEYS_RELEASED_AFTER.get(name, name)]
     )

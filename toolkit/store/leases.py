@@ -17,7 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from toolkit.errors import LeaseLost
-from toolkit.lifecycle import TaskState, WaitReason
+from toolkit.lifecycle import TERMINAL_STATES, TaskState, WaitReason
 from toolkit.payload import PayloadLimits
 from toolkit.store import rotation
 from toolkit.store.database import Database
@@ -121,14 +121,15 @@ _BRANCH_WAKES: dict[bool, tuple[str, ...]] = {
 }
 
 
-def _step_only(write: FencedWrite) -> bool:
+def _lean(write: FencedWrite) -> bool:
     """Whether ``write`` may go by ``commit_step`` (writes.sql says why it leaves out the rest).
 
-    It keeps its lease and carries nothing but a checkpoint, evidence that releases no
-    downstream-limit slot, events, tags and branch rows.
+    It keeps its lease or ends its task, and carries nothing but a checkpoint, a result or
+    error, evidence that releases no downstream-limit slot, events, tags and branch rows.
+    (An end that does more than its task's row is referred back by the statement.)
     """
     return (
-        write.state == TaskState.LEASED
+        (write.state == TaskState.LEASED or write.state in TERMINAL_STATES)
         and not write.branches_ended and not write.signals
         and not write.budget_delta and not write.budget_released
         and not any(record.releases_slots for record in write.evidence)
@@ -424,9 +425,8 @@ class Leases:
             return applied
         (worker_id,) = {write.fence.worker_id for write in writes}
         tenant = tenants[0] if len(tenants) == 1 else None
-        params = {
+        params: dict[str, Any] = {
             "worker_id": worker_id,
-            "writes": writes_param(writes),
             # the tenant whose rows the statement touches, to route it on a distributed
             # store; null on one server, where a released limit slot may make a task of any
             # tenant due, and the rotation's marks (due_marks) must cover that tenant too
@@ -446,10 +446,13 @@ class Leases:
             or any(row.status == "waiting" for row in w.branches)
         ]  # fmt: skip
         ending = [w.fence.task_id for w in writes if w.ends_child]
-        if not waits and not parking and not ending and not distributed:
-            statement = "commit_step" if all(map(_step_only, writes)) else "commit_fenced"
-            rows = await self._db.fetch_all(statement, params, plan_once=True)  # the hot path
+        if not waits and not parking and not ending and not distributed:  # the hot path
+            if all(map(_lean, writes)):
+                return await self._commit_lean(writes, params)
+            params["writes"] = writes_param(writes)
+            rows = await self._db.fetch_all("commit_fenced", params, plan_once=True)
             return {row["id"]: TaskState(row["state"]) for row in rows}
+        params["writes"] = writes_param(writes)
         unwoken: dict[str, int] = {}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
@@ -487,6 +490,23 @@ class Leases:
         if unwoken:  # after the commit: a task made due finds its slot free
             assert tenant is not None
             await wake_other_tenants(self._db, tenant, unwoken)
+        return applied
+
+    async def _commit_lean(
+        self, writes: Sequence[FencedWrite], params: dict[str, Any]
+    ) -> dict[int, TaskState]:
+        """:meth:`commit_many` of lean writes (:func:`_lean`) by ``commit_step``; the ends it
+        refers back (an end that does more than its task's row) by ``commit_fenced``, in a
+        transaction of their own (the first left them as they were)."""
+        rows = await self._db.fetch_all(
+            "commit_step", {**params, "writes": writes_param(writes, lean=True)}, plan_once=True
+        )
+        applied = {row["id"]: TaskState(row["state"]) for row in rows if not row["referred"]}
+        referred = {row["id"] for row in rows if row["referred"]}
+        if referred:
+            params["writes"] = writes_param([w for w in writes if w.fence.task_id in referred])
+            rows = await self._db.fetch_all("commit_fenced", params, plan_once=True)
+            applied |= {row["id"]: TaskState(row["state"]) for row in rows}
         return applied
 
     async def next_signal(

@@ -44,23 +44,28 @@
 ;
 
 -- name: commit_step
--- commit_fenced for a batch whose every write keeps its task's lease (state leased: a
--- step's outcome within a cycle) and carries nothing that fenced_write_rest or task_ended
--- acts on: no branches ended, no signals consumed, no budget change, no evidence that
--- releases downstream-limit slots (the caller checks: Leases.commit_many). For such writes
--- every CTE of those fragments selects nothing (they act on tasks that end, wait or are
--- queued, on what a write carries, or on slots its evidence releases), so this statement
--- leaves them out: 9 CTEs and init plans where commit_fenced has 34, each started and run by
--- the server whether it selects anything or not. Same fencing, replay check, checkpoint,
--- evidence, branch rows, events and returned rows (id, state; the other columns null).
+-- commit_fenced for a batch of lean writes (each with lean true; the caller checks them:
+-- Leases.commit_many). A lean write keeps its task's lease (state leased: a step's outcome
+-- within a cycle) or ends the task, and carries nothing that fenced_write_rest acts on: no
+-- branches ended, no signals consumed, no budget change, no evidence that releases
+-- downstream-limit slots. A lean write that ends a task whose end does more than its own row
+-- (a key holder, an awaited task, a scheduled run, a child whose parent waits, a task that
+-- still holds reservations: task_ended, woken_parents, budget_use) is not applied but
+-- referred back (CTE locked), and the caller sends it again by commit_fenced. For the writes
+-- it applies, every CTE of those fragments and task_ended selects nothing (they act on
+-- tasks that wait or are queued, on what a write carries, on slots its evidence releases,
+-- or on such ends), so this statement leaves them out: 9 CTEs and init plans where
+-- commit_fenced has 34, each started and run by the server whether it selects anything or
+-- not. Same fencing, replay check, checkpoint, evidence, branch rows and events. Returns a
+-- row per write applied or referred (id, state: null when referred, referred), a missing
+-- id meaning LeaseLost.
 -- include: fenced_write
 -- include: fenced_write_inserts
-SELECT id, state, cancelling, NULL::text AS schedule_name, NULL::text AS released_definition,
-       NULL::text AS released_key, NULL::text AS notify_toolkit_wakeup,
-       NULL::text AS notify_toolkit_task_ended, NULL::jsonb AS limits_unwoken
-FROM guard
+SELECT id, state, false AS referred FROM guard
 UNION ALL
-SELECT id, state, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM replayed
+SELECT id, state, false FROM replayed
+UNION ALL
+SELECT id, NULL, true FROM locked WHERE referred
 ;
 
 -- name: commit_fenced_on_shard
@@ -149,7 +154,7 @@ WITH w AS (
         run_at timestamptz, delay_seconds float8, result jsonb, error jsonb,
         evidence jsonb, events jsonb, signals jsonb, write_id text, budget_delta jsonb,
         budget_released jsonb, clear_deadline boolean, tags jsonb, branches jsonb,
-        branches_ended jsonb, trace_attempt text)
+        branches_ended jsonb, trace_attempt text, lean boolean)
 ),
 -- include: ends_in_statement
 ,
@@ -174,7 +179,17 @@ WITH w AS (
            jsonb_build_object(
                'name', 'Cancelled',
                'message', coalesce(t.cancel_requested ->> 'reason', 'cancelled by request'),
-               'step', w.checkpoint ->> 'cursor') AS cancel_error
+               'step', w.checkpoint ->> 'cursor') AS cancel_error,
+           -- a lean write (commit_step's) that ends a task whose end does more than its own
+           -- row (task_ended, budget_use, woken_parents; the triggers of migration 0029) is
+           -- referred back to the caller, unapplied: read off the row as locked, its latest
+           -- version, so a task awaited since the snapshot is referred too
+           coalesce(w.lean, false) AND w.state IN ('succeeded', 'failed', 'cancelled')
+           AND (t.key_held OR t.awaited OR t.schedule_name IS NOT NULL
+                OR (t.parent_id IS NOT NULL AND t.map_index IS NULL)
+                OR coalesce(jsonb_typeof(coalesce(w.checkpoint, t.checkpoint)
+                                         #> '{fanout,reserved}') = 'object', false)
+           ) AS referred
     FROM toolkit_tasks t
     JOIN w ON t.id = w.task_id
     -- (by key: joined with the batch alone, which the planner expects a hundred writes in,
@@ -219,7 +234,7 @@ WITH w AS (
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = statement_timestamp()
     FROM w, locked l, ends_in_statement, due_in_statement
-    WHERE t.id = w.task_id AND l.id = w.task_id
+    WHERE t.id = w.task_id AND l.id = w.task_id AND NOT l.referred
       AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index,
               t.run_at, l.lease_due,
