@@ -18,9 +18,11 @@ Modes (how one batch's writes reach the server):
   one (implicit) transaction per batch-write.
 - ``commit-per-write``: the per-row UPDATE pipelined with a Sync after each, so every
   task-write is its own transaction, like the engine's one fenced statement per write.
-- ``engine-sql`` (a diagnostic, not a floor): the engine's own ``claim_tasks`` and
-  ``commit_fenced`` statements with the engine's parameters (evidence records and events
-  included), pipelined like ``commit-per-write``: the engine minus its Python.
+- ``engine-sql`` (a diagnostic, not a floor): the statements a worker sends on one tenant's
+  queue, ``claim_tasks_one_tenant`` and ``commit_step`` (its group commit of such writes:
+  each keeps the lease or ends a task whose end does nothing more), one per batch-write,
+  with the engine's parameters (evidence records and events included), on a connection
+  set as the worker's that plans once: the engine minus its Python.
 
 Run: ``.venv/bin/python bench/raw_floor.py [--dsn DSN] [--tasks N] [--steps S]
 [--non-idempotent] [--concurrency C] [--batch B] [--mode M]``.
@@ -49,6 +51,7 @@ from bench.noop_app import NOOP_HANDLER
 from bench.workload import Workload, bench_server, scratch_database, seed, task_states
 from toolkit.checkpoint import Checkpoint
 from toolkit.store import rotation
+from toolkit.store.database import PLAN_ONCE_SETTINGS, SESSION_SETTINGS
 from toolkit.store.fence import Fence
 from toolkit.store.queries import query
 from toolkit.store.writes import Event, FencedWrite, write_json
@@ -115,7 +118,7 @@ class Write:
         checkpoint: the checkpoint JSON the engine writes here.
         final: the write completes the task.
         records: the engine's evidence records of this write (JSON, ``TASK_ID`` in keys).
-        engine: the engine's ``commit_fenced`` write of one task, built by the engine's own
+        engine: the engine's ``commit_step`` write of one task, built by the engine's own
             code, but for the task, token and evidence records.
     """
 
@@ -178,7 +181,7 @@ def write_plan(workload: Workload) -> list[Write]:
             state="succeeded" if final else "leased", result={} if final else None,
             events=(Event("succeeded"),) if final else (),
         )  # fmt: skip
-        plan.append(Write(state, final, json.dumps(records), write_json(fenced)))
+        plan.append(Write(state, final, json.dumps(records), write_json(fenced, lean=True)))
         records.clear()
 
     begin(ids[0])
@@ -228,7 +231,8 @@ def _claim_minimal(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
 
 def _claim_engine(conn: Connection, worker: Worker) -> list[tuple[int, int]]:
     cursor = conn.cursor(row_factory=dict_row)
-    rows = cursor.execute(query("claim_tasks"), worker.claim_params()).fetchall()
+    params = {**worker.claim_params(), "tenant": TENANT}
+    rows = cursor.execute(query("claim_tasks_one_tenant"), params).fetchall()
     return [(row["id"], row["lease_token"]) for row in rows if row["id"] is not None]
 
 
@@ -261,7 +265,7 @@ def _write_commit_per_write(
 
 
 def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write: Write) -> int:
-    """The engine's group commit: one ``commit_fenced`` statement for the claimed batch."""
+    """The engine's group commit: one ``commit_step`` statement for the claimed batch."""
     writes = [
         {
             **write.engine,
@@ -272,7 +276,7 @@ def _write_engine_sql(conn: Connection, claimed: Claimed, worker: Worker, write:
         for task_id, token in claimed
     ]
     cursor = conn.execute(
-        query("commit_fenced"),
+        query("commit_step"),
         {"worker_id": worker.owner, "writes": Jsonb(writes), "tenant": TENANT, "wake_within": None},
     )
     return cursor.rowcount
@@ -293,6 +297,9 @@ def _drain(dsn: str, plan: Sequence[Write], worker: Worker, mode: Mode) -> int:
     claim, write = STRATEGIES[mode]
     finished = 0
     with psycopg.connect(dsn, autocommit=True) as conn:
+        if mode == "engine-sql":  # as the worker's connections that plan once
+            for setting in (*SESSION_SETTINGS, *PLAN_ONCE_SETTINGS):
+                conn.execute(setting)
         while claimed := claim(conn, worker):
             for step_write in plan:
                 if write(conn, claimed, worker, step_write) != len(claimed):

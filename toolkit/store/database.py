@@ -19,7 +19,7 @@ import contextlib
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, LiteralString
 
 import anyio
 import psycopg
@@ -139,6 +139,15 @@ _Pool = psycopg_pool.AsyncConnectionPool[Any]
 _Pools = tuple[_Pool, _Pool, _Pool]
 
 
+#: What every pooled connection sets (:func:`_configure`).
+SESSION_SETTINGS: tuple[LiteralString, ...] = ("SET jit = off",)
+#: What a connection of the pool that plans once sets besides (:func:`_configure_plan_once`).
+PLAN_ONCE_SETTINGS: tuple[LiteralString, ...] = (
+    "SET plan_cache_mode = force_generic_plan",
+    "SET enable_bitmapscan = off",
+)
+
+
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     """Configure every pooled connection.
 
@@ -147,7 +156,8 @@ async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     """
     conn.cursor_factory = NotifyingCursor
     await conn.set_autocommit(True)
-    await conn.execute("SET jit = off")
+    for setting in SESSION_SETTINGS:
+        await conn.execute(setting)
 
 
 async def _configure_plan_once(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -166,8 +176,8 @@ async def _configure_plan_once(conn: psycopg.AsyncConnection[Any]) -> None:
     tenant's backlog. The statements of these connections read by key or in index order.
     """
     await _configure(conn)
-    await conn.execute("SET plan_cache_mode = force_generic_plan")
-    await conn.execute("SET enable_bitmapscan = off")
+    for setting in PLAN_ONCE_SETTINGS:
+        await conn.execute(setting)
 
 
 async def _probe(dsn: str, timeout: float) -> None:

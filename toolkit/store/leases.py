@@ -495,9 +495,12 @@ class Leases:
     async def _commit_lean(
         self, writes: Sequence[FencedWrite], params: dict[str, Any]
     ) -> dict[int, TaskState]:
-        """:meth:`commit_many` of lean writes (:func:`_lean`) by ``commit_step``; the ends it
-        refers back (an end that does more than its task's row) by ``commit_fenced``, in a
-        transaction of their own (the first left them as they were)."""
+        """:meth:`commit_many` of lean writes (:func:`_lean`): one ``commit_step`` statement.
+
+        The ends it refers back (an end that does more than its task's row) go by
+        ``commit_fenced``, in a transaction of their own (the first left them as they were).
+        Returns and raises as :meth:`commit_many`.
+        """
         rows = await self._db.fetch_all(
             "commit_step", {**params, "writes": writes_param(writes, lean=True)}, plan_once=True
         )
