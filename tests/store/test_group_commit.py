@@ -311,18 +311,42 @@ async def test_commit_step_refers_back_an_end_that_does_more_than_its_row(
     store: Store, case: str
 ) -> None:
     """commit_step leaves out what a task's end does beyond its row: a lean write that ends a
-    task whose end does more is referred back unapplied (for commit_fenced), read off the row
-    as locked: a task awaited after it was claimed too."""
+    task whose end does more is referred back, read off the row as locked (a task awaited
+    after it was claimed too), and its batch with it: nothing of the batch is applied."""
     d = definition(THREE_STEPS)
     await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
     task, bare = await store.leases.claim("w", [d.digest], 2, 30.0)
     surgery, carried = _ENDS_THAT_DO_MORE[case]
     await sql(store, surgery, task.id)
     writes = [_end_write(task, **carried), _end_write(bare)]
-    assert await _run(store, "commit_step", writes) == [(bare.id, "succeeded"), (task.id, None)]
-    rows = await sql(store, _STORED, [task.id], task.id)
-    assert rows[0][0] == "leased" and rows[0][9] is None, rows  # no evidence
-    assert [event[0] for event in rows[0][10]] == ["submitted", "claimed"], rows
+    assert await _run(store, "commit_step", writes) == [(task.id, None)]
+    for row in await sql(store, _STORED, [task.id, bare.id], task.id):
+        assert row[0] == "leased" and row[9] is None, row  # no evidence
+        assert [event[0] for event in row[10]] == ["submitted", "claimed"], row
+
+
+async def test_a_lean_batch_with_an_end_referred_back_commits_whole_or_not_at_all(
+    store: Store,
+) -> None:
+    """Regression (issue 22, found in review): commit_step applied the rest of a batch whose
+    end it referred back, and the end went by commit_fenced in a transaction of its own; when
+    the database refused that one, the batch was half written, though commit_many promises
+    that a refused batch wrote nothing (the group commit then sends each write alone: one
+    without a write id was applied twice). The batch now goes whole by commit_fenced."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}, {"n": 1}])
+    refused, step = await store.leases.claim("w", [d.digest], 2, 30.0)
+    await sql(
+        store, "INSERT INTO toolkit_tenant_budgets (tenant, resource, amount)"
+        " VALUES (%s, 'tokens', 100)", refused.tenant,
+    )  # fmt: skip
+    # a reservation the budget row cannot take back: the database refuses the end
+    writes = [_end_write(refused, fanout={"reserved": {"tokens": "x"}}), _step_write(step)]
+    assert all(map(_lean, writes))
+    with pytest.raises(StoreError):
+        await store.leases.commit_many(writes)
+    for row in await sql(store, _STORED, [refused.id, step.id], step.id):
+        assert row[0] == "leased" and "write" not in row[1] and row[9] is None, row
 
 
 async def test_an_awaited_tasks_lean_end_is_announced(store: Store, dsn: str) -> None:

@@ -497,20 +497,17 @@ class Leases:
     ) -> dict[int, TaskState]:
         """:meth:`commit_many` of lean writes (:func:`_lean`): one ``commit_step`` statement.
 
-        The ends it refers back (an end that does more than its task's row) go by
-        ``commit_fenced``, in a transaction of their own (the first left them as they were).
+        When it refers an end back (one that does more than its task's row), it applies
+        nothing, and the batch goes by ``commit_fenced``: it commits whole or not at all.
         Returns and raises as :meth:`commit_many`.
         """
         rows = await self._db.fetch_all(
             "commit_step", {**params, "writes": writes_param(writes, lean=True)}, plan_once=True
         )
-        applied = {row["id"]: TaskState(row["state"]) for row in rows if not row["referred"]}
-        referred = {row["id"] for row in rows if row["referred"]}
-        if referred:
-            params["writes"] = writes_param([w for w in writes if w.fence.task_id in referred])
+        if any(row["referred"] for row in rows):
+            params["writes"] = writes_param(writes)
             rows = await self._db.fetch_all("commit_fenced", params, plan_once=True)
-            applied |= {row["id"]: TaskState(row["state"]) for row in rows}
-        return applied
+        return {row["id"]: TaskState(row["state"]) for row in rows}
 
     async def next_signal(
         self,

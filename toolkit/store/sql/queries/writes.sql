@@ -50,15 +50,17 @@
 -- branches ended, no signals consumed, no budget change, no evidence that releases
 -- downstream-limit slots. A lean write that ends a task whose end does more than its own row
 -- (a key holder, an awaited task, a scheduled run, a child whose parent waits, a task that
--- still holds reservations: task_ended, woken_parents, budget_use) is not applied but
--- referred back (CTE locked), and the caller sends it again by commit_fenced. For the writes
--- it applies, every CTE of those fragments and task_ended selects nothing (they act on
+-- still holds reservations: task_ended, woken_parents, budget_use) is referred back (CTE
+-- locked), and with it the whole batch, unapplied: the caller sends the batch again by
+-- commit_fenced, so that it still commits whole or not at all. For the writes it applies,
+-- every CTE of those fragments and task_ended selects nothing (they act on
 -- tasks that wait or are queued, on what a write carries, on slots its evidence releases,
 -- or on such ends), so this statement leaves them out: 9 CTEs and init plans where
 -- commit_fenced has 34, each started and run by the server whether it selects anything or
 -- not. Same fencing, replay check, checkpoint, evidence, branch rows and events. Returns a
--- row per write applied or referred (id, state: null when referred, referred), a missing
--- id meaning LeaseLost.
+-- row per write applied or found applied before (id, state, referred false), a missing id
+-- meaning LeaseLost, and one per write referred back (id, null, referred true): with one,
+-- nothing of the batch was applied.
 -- include: fenced_write
 -- include: fenced_write_inserts
 SELECT id, state, false AS referred FROM guard
@@ -182,8 +184,8 @@ WITH w AS (
                'step', w.checkpoint ->> 'cursor') AS cancel_error,
            -- a lean write (commit_step's) that ends a task whose end does more than its own
            -- row (task_ended, budget_use, woken_parents; the triggers of migration 0029) is
-           -- referred back to the caller, unapplied: read off the row as locked, its latest
-           -- version, so a task awaited since the snapshot is referred too
+           -- referred back to the caller with its batch, unapplied: read off the row as
+           -- locked, its latest version, so a task awaited since the snapshot is referred
            coalesce(w.lean, false) AND w.state IN ('succeeded', 'failed', 'cancelled')
            AND (t.key_held OR t.awaited OR t.schedule_name IS NOT NULL
                 OR (t.parent_id IS NOT NULL AND t.map_index IS NULL)
@@ -234,7 +236,9 @@ WITH w AS (
         tags = CASE WHEN w.tags IS NULL THEN t.tags ELSE t.tags || w.tags END,
         updated_at = statement_timestamp()
     FROM w, locked l, ends_in_statement, due_in_statement
-    WHERE t.id = w.task_id AND l.id = w.task_id AND NOT l.referred
+    WHERE t.id = w.task_id AND l.id = w.task_id
+      -- (commit_step applies its batch whole, or none of it when it refers an end back)
+      AND NOT EXISTS (SELECT 1 FROM locked WHERE referred)
       AND (%(tenant)s::text IS NULL OR t.tenant = %(tenant)s)
     RETURNING t.id, t.state, w.token, l.cancelling, t.tenant, t.parent_id, t.map_index,
               t.run_at, l.lease_due,
