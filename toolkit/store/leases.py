@@ -446,13 +446,18 @@ class Leases:
             or any(row.status == "waiting" for row in w.branches)
         ]  # fmt: skip
         ending = [w.fence.task_id for w in writes if w.ends_child]
-        if not waits and not parking and not ending and not distributed:  # the hot path
-            if all(map(_lean, writes)):
-                return await self._commit_lean(writes, params)
-            params["writes"] = writes_param(writes)
+        hot = not waits and not parking and not ending and not distributed  # the hot path
+        if hot and all(map(_lean, writes)):
+            lean = {**params, "writes": writes_param(writes, lean=True)}
+            rows = await self._db.fetch_all("commit_step", lean, plan_once=True)
+            # with an end referred back (one that does more than its task's row) nothing of
+            # the batch was applied: it goes whole by commit_fenced
+            if not any(row["referred"] for row in rows):
+                return {row["id"]: TaskState(row["state"]) for row in rows}
+        params["writes"] = writes_param(writes)
+        if hot:
             rows = await self._db.fetch_all("commit_fenced", params, plan_once=True)
             return {row["id"]: TaskState(row["state"]) for row in rows}
-        params["writes"] = writes_param(writes)
         unwoken: dict[str, int] = {}
         async with self._db.transaction() as conn:
             cursor = conn.cursor(row_factory=dict_row)
@@ -491,23 +496,6 @@ class Leases:
             assert tenant is not None
             await wake_other_tenants(self._db, tenant, unwoken)
         return applied
-
-    async def _commit_lean(
-        self, writes: Sequence[FencedWrite], params: dict[str, Any]
-    ) -> dict[int, TaskState]:
-        """:meth:`commit_many` of lean writes (:func:`_lean`): one ``commit_step`` statement.
-
-        When it refers an end back (one that does more than its task's row), it applies
-        nothing, and the batch goes by ``commit_fenced``: it commits whole or not at all.
-        Returns and raises as :meth:`commit_many`.
-        """
-        rows = await self._db.fetch_all(
-            "commit_step", {**params, "writes": writes_param(writes, lean=True)}, plan_once=True
-        )
-        if any(row["referred"] for row in rows):
-            params["writes"] = writes_param(writes)
-            rows = await self._db.fetch_all("commit_fenced", params, plan_once=True)
-        return {row["id"]: TaskState(row["state"]) for row in rows}
 
     async def next_signal(
         self,
