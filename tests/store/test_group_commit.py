@@ -18,6 +18,7 @@ from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.errors import StoreError
 from toolkit.lifecycle import EventKind, TaskState
 from toolkit.store import Store
+from toolkit.store.database import load_json
 from toolkit.store.fence import Fence
 from toolkit.store.group_commit import GroupCommit
 from toolkit.store.leases import ClaimedTask, _lean
@@ -94,6 +95,32 @@ async def test_a_value_orjson_refuses_is_written_as_the_standard_encoder_writes_
     )
     assert result == {"n": big}, result
     assert stored == {"1": "key not a string"}, stored
+
+
+async def test_a_claim_reads_json_columns_as_the_standard_decoder_reads_them(
+    store: Store,
+) -> None:
+    """JSON columns are read by orjson, which reads an integer past 64 bits as a float: text
+    with a run of 19 digits is read by the standard decoder, so a claimed task's input comes
+    back exactly."""
+    d = definition(THREE_STEPS)
+    value = {"n": 1, "big": 2**70 + 1, "low": -(2**63) - 1, "u64": 2**64 - 1, "f": 0.1,
+             "long": 0.12345678901234568, "text": "é☃",
+             "nested": [{"a": None, "b": True}]}  # fmt: skip
+    await submit(store, THREE_STEPS, [value])
+    (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
+    assert task.input == value and type(task.input["big"]) is int, task.input
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b'{"n": 1180591620717411303425}', b"-9223372036854775809", b"[18446744073709551615]",
+     b'{"a": 0.1, "b": 1e-7, "c": 12.5}', b'"\\ud800"', b"[[[[]]]]",
+     b'{"x": "1234567890123456789"}', b"5e-324", b'{"a": 1, "a": 2}'],
+)  # fmt: skip
+def test_load_json_reads_as_the_standard_decoder(text: bytes) -> None:
+    got, expected = load_json(text), json.loads(text)
+    assert got == expected and repr(got) == repr(expected), (got, expected)
 
 
 def test_the_writes_parameter_holds_what_the_standard_encoder_would_send() -> None:

@@ -16,16 +16,19 @@ whose generic plans are checked (docs/decisions.md, "The hot statements are plan
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, LiteralString
 
 import anyio
+import orjson
 import psycopg
 import psycopg_pool
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import DictRow, dict_row
+from psycopg.types.json import set_json_loads
 
 from toolkit.errors import DatabaseUnavailable, StoreError
 from toolkit.payload import PayloadLimits
@@ -96,7 +99,7 @@ def translated_errors(dsn: str) -> Iterator[None]:
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         if isinstance(exc, psycopg_pool.PoolTimeout):
             raise DatabaseUnavailable(
-                f"no free connection to PostgreSQL at {redact_dsn(dsn)}: {_first_line(exc)} "
+                f"no free connection to PostgreSQL at {redact_dsn(dsn)}: {first_line(exc)} "
                 "(every connection of the pool is in use or the server is unreachable)"
             ) from exc
         if is_unavailable(exc):
@@ -106,7 +109,7 @@ def translated_errors(dsn: str) -> Iterator[None]:
                     f"PostgreSQL at {redact_dsn(dsn)} refused the connection: {refused}"
                 ) from exc
             raise DatabaseUnavailable(
-                f"cannot reach PostgreSQL at {redact_dsn(dsn)}: {_first_line(exc)}"
+                f"cannot reach PostgreSQL at {redact_dsn(dsn)}: {first_line(exc)}"
             ) from exc
         sqlstate = getattr(exc, "sqlstate", None)
         if sqlstate is not None and sqlstate[:2] in _ROLLED_BACK_CLASSES:
@@ -114,10 +117,10 @@ def translated_errors(dsn: str) -> Iterator[None]:
             # succeed later. Treated like an outage, never as a refusal that fails a task.
             raise DatabaseUnavailable(
                 f"PostgreSQL rolled the transaction back ({sqlstate}), try again: "
-                f"{_first_line(exc)}"
+                f"{first_line(exc)}"
             ) from exc
         what = f"database error {sqlstate}" if sqlstate else "database error"
-        raise StoreError(f"{what}: {_first_line(exc)}") from exc
+        raise StoreError(f"{what}: {first_line(exc)}") from exc
 
 
 def _refusal(exc: BaseException) -> str | None:
@@ -125,11 +128,12 @@ def _refusal(exc: BaseException) -> str | None:
 
     E.g. a database or a role that does not exist, or a password refused.
     """
-    _, fatal, reason = _first_line(exc).partition("FATAL:")
+    _, fatal, reason = first_line(exc).partition("FATAL:")
     return (reason.strip() or None) if fatal else None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of the driver's message for ``exc`` (its type's name if it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -148,13 +152,48 @@ PLAN_ONCE_SETTINGS: tuple[LiteralString, ...] = (
 )
 
 
+#: Every byte but an ASCII digit made a space, every digit a zero: a number of 19 digits or
+#: more then reads as this run (:func:`load_json`).
+_DIGITS_AS_ZEROS = bytes(48 if 48 <= b <= 57 else 32 for b in range(256))
+_LONG_RUN = b"0" * 19
+
+
+def load_json(text: str | bytes) -> Any:
+    """The value of a ``json`` or ``jsonb`` column's text, as the standard library reads it.
+
+    Read by orjson, about three times as fast as ``json.loads`` on a claimed task's input
+    and checkpoint (docs/decisions.md, "JSON columns are read by orjson"). orjson reads an
+    integer past 64 bits as a float without an error; text with a run of 19 digits or more
+    (such an integer, or a long fraction) and text orjson refuses are read by
+    ``json.loads``, so every value comes back exactly as before.
+
+    Args:
+        text: the column's text (UTF-8 bytes, as psycopg hands it to a loader).
+
+    Returns:
+        The decoded value.
+
+    Raises:
+        json.JSONDecodeError: the text is not JSON (never, from PostgreSQL's own types).
+    """
+    data = text.encode() if isinstance(text, str) else text
+    if _LONG_RUN not in data.translate(_DIGITS_AS_ZEROS):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
 async def _configure(conn: psycopg.AsyncConnection[Any]) -> None:
     """Configure every pooled connection.
 
-    Autocommit, no JIT compilation (docs/decisions.md), and cursors that send the
-    notifications a statement's result asks for (:class:`NotifyingCursor`).
+    Autocommit, no JIT compilation (docs/decisions.md), cursors that send the
+    notifications a statement's result asks for (:class:`NotifyingCursor`), and JSON
+    columns read by :func:`load_json`.
     """
     conn.cursor_factory = NotifyingCursor
+    set_json_loads(load_json, conn)
     await conn.set_autocommit(True)
     for setting in SESSION_SETTINGS:
         await conn.execute(setting)
