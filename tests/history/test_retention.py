@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.helpers.citus import on_citus
 from tests.helpers.history import deploy, run_until_idle, submit_and_run, with_store
 from tests.helpers.workflows import DEFINITIONS, WAITER
 from toolkit.cli import cli
@@ -81,21 +80,21 @@ async def test_prune_force_deletes_without_export(store: Store, tmp_path: Path) 
     assert report.tasks == 4 and await task_count(store) == 0
 
 
-async def test_prune_deletes_every_row_of_a_task_without_foreign_keys(
-    request: pytest.FixtureRequest, store: Store
-) -> None:
-    """A store distributed by tenant has no foreign keys to cascade a task's delete: the
-    prune statement deletes the rows of every table that has a task id itself."""
-    if on_citus(request.config):
-        pytest.skip("one PostgreSQL's foreign keys, dropped as the distribution drops them")
+async def test_prune_deletes_every_row_of_a_task(store: Store) -> None:
+    """No foreign key cascades a task's delete (migration 0037; a store distributed by
+    tenant never had them): the prune statement deletes the rows of every table that has a
+    task id itself."""
     async with store.db.connection() as conn:
-        foreign_keys = await (await conn.execute(
-            "SELECT conrelid::regclass::text, conname FROM pg_constraint"
-            " WHERE contype = 'f' AND confrelid = 'toolkit_tasks'::regclass ORDER BY 1"
-        )).fetchall()  # fmt: skip
-        for table, name in foreign_keys:
-            await conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-    per_task = [str(table) for table, _ in foreign_keys]  # what one PostgreSQL cascades to
+        per_task = [row[0] for row in await (await conn.execute(
+            "SELECT c.relname FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid"
+            " WHERE c.relkind = 'r' AND c.relname LIKE 'toolkit%' AND a.attname = 'task_id'"
+            " AND NOT a.attisdropped AND c.relname <> 'toolkit_bulk_plan_tasks' ORDER BY 1"
+        )).fetchall()]  # fmt: skip
+        cursor = await conn.execute(
+            "SELECT count(*) FROM pg_constraint"
+            " WHERE contype = 'f' AND confrelid = 'toolkit_tasks'::regclass"
+        )
+        assert await cursor.fetchone() == (0,)
     assert len(per_task) == 8, per_task
     statement = query("prune_tasks")
     assert [t for t in per_task if f"DELETE FROM {t}\n" not in statement] == []

@@ -10,11 +10,18 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
+from tests.conftest import at_schema_version
 from tests.helpers.inprocess import expire_leases
 from tests.helpers.processes import eventually, lock_waits
 from tests.helpers.workflows import THREE_STEPS, definition
 from toolkit.checkpoint import Checkpoint
-from toolkit.errors import DefinitionConflict, InputError, LeaseLost, UnknownDefinition
+from toolkit.errors import (
+    DefinitionConflict,
+    InputError,
+    LeaseLost,
+    StoreError,
+    UnknownDefinition,
+)
 from toolkit.lifecycle import TaskState
 from toolkit.store import Store
 from toolkit.store.database import Database
@@ -232,3 +239,28 @@ async def test_a_rolled_back_transaction_is_a_retryable_error_not_a_refusal(stor
             await conn.execute(
                 "DO $$ BEGIN RAISE EXCEPTION 'deadlock' USING ERRCODE = 'deadlock_detected'; END $$"
             )
+
+
+async def test_a_migration_that_waits_past_its_lock_timeout_is_named_and_rolled_back(
+    empty_dsn: str,
+) -> None:
+    """Migration 0037 locks toolkit_tasks while workers run: behind a transaction that
+    holds the table (a long export, say) it gives up after its lock timeout rather than hold
+    the fleet's writes queued behind it; the error names it, nothing of it stays, and
+    migrating again applies it."""
+    at_schema_version(empty_dsn, 36)
+    db = await Database.connect(empty_dsn, min_size=1, max_size=2)
+    try:
+        with psycopg.connect(empty_dsn) as reader:  # a transaction that reads the tasks
+            reader.execute("SELECT count(*) FROM toolkit_tasks").fetchone()
+            with pytest.raises(StoreError) as refused:
+                await migrate(db)
+        message = str(refused.value)
+        assert "0037_no_foreign_keys_to_tasks" in message and "55P03" in message, message
+        assert "toolkit db migrate" in message, message
+        status = await schema_status(db)
+        assert status.current == 36, status
+        applied = await migrate(db)
+        assert [m.version for m in applied] == [37], applied
+    finally:
+        await db.close()

@@ -13,7 +13,10 @@ import importlib.resources
 import re
 from typing import LiteralString
 
-from toolkit.store.database import Database
+import psycopg
+
+from toolkit.errors import StoreError
+from toolkit.store.database import Database, first_line, is_unavailable
 
 _FILE_NAME = re.compile(r"^(?P<version>\d{4})_(?P<name>\w+)\.sql$")
 
@@ -119,7 +122,10 @@ async def migrate(db: Database) -> list[Migration]:
 
     Raises:
         DatabaseUnavailable: the database cannot be reached.
-        StoreError: a migration failed; it was rolled back and later ones were not tried.
+        StoreError: a migration failed (its file named, with the database's reason, e.g. a
+            lock it waited for past its ``lock_timeout``); it was rolled back, the ones
+            before it stay applied and later ones were not tried: running this again tries
+            it again.
     """
     applied: list[Migration] = []
     async with db.connection() as conn:
@@ -127,13 +133,22 @@ async def migrate(db: Database) -> list[Migration]:
             await conn.execute(_LOCK)
             await conn.execute(_CREATE_VERSION_TABLE)
         for migration in available_migrations():
-            async with conn.transaction():
-                await conn.execute(_LOCK)
-                done = {row[0] for row in await (await conn.execute(_APPLIED)).fetchall()}
-                if migration.version in done:
-                    continue
-                for statement in migration.statements():
-                    await conn.execute(statement)  # SQL of a file shipped in the package
-                await conn.execute(_RECORD, (migration.version, migration.name))
-                applied.append(migration)
+            try:
+                async with conn.transaction():
+                    await conn.execute(_LOCK)
+                    done = {row[0] for row in await (await conn.execute(_APPLIED)).fetchall()}
+                    if migration.version in done:
+                        continue
+                    for statement in migration.statements():
+                        await conn.execute(statement)  # SQL of a file shipped in the package
+                    await conn.execute(_RECORD, (migration.version, migration.name))
+            except psycopg.Error as exc:
+                if is_unavailable(exc):
+                    raise
+                raise StoreError(
+                    f"migration {migration.version:04d}_{migration.name} failed and was rolled"
+                    f" back ({exc.sqlstate or 'no SQLSTATE'}: {first_line(exc)}); the ones"
+                    " before it stay applied: run `toolkit db migrate` again"
+                ) from exc
+            applied.append(migration)
     return applied

@@ -130,8 +130,8 @@ LIMIT %(batch)s;
 -- name: prune_tasks
 -- Deletes one batch of terminal tasks of tenant %(tenant)s (%(ids)s) and every row of
 -- theirs: events, effect evidence, signals, callbacks, branch rows, limit slots, event
--- subscriptions and stream items. One PostgreSQL's foreign keys would cascade to them; a
--- store distributed by tenant has none, and routes this statement to the tenant's shard.
+-- subscriptions and stream items. No foreign key cascades to them (migration 0037); a
+-- store distributed by tenant routes this statement to the tenant's shard.
 -- Rows another transaction holds are skipped (SKIP LOCKED): a worker is never made to
 -- wait, and a task that changed since it was chosen (not terminal any more) is not
 -- deleted.
