@@ -25,7 +25,9 @@ Modes (how one batch's writes reach the server):
   set as the worker's that plans once: the engine minus its Python.
 
 Run: ``.venv/bin/python bench/raw_floor.py [--dsn DSN] [--tasks N] [--steps S]
-[--non-idempotent] [--concurrency C] [--batch B] [--mode M]``.
+[--non-idempotent] [--concurrency C] [--batch B] [--mode M]``; with ``--seeded DSN`` it
+drains that database, seeded already (``bench.workload.seed``), in the one mode given, and
+prints ``processed N`` (the peer harness runs the floor so, as a process of its own).
 """
 
 from __future__ import annotations
@@ -356,8 +358,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--mode", choices=MODES, action="append", help="default: all")
+    parser.add_argument("--seeded", metavar="DSN", help="drain this seeded database (one mode)")
     args = parser.parse_args(argv)
     workload = Workload(args.steps, idempotent=not args.non_idempotent)
+    if args.seeded is not None:
+        if args.mode is None or len(args.mode) != 1:
+            parser.error("--seeded drains in one --mode")
+        result = run_floor(args.seeded, workload, concurrency=args.concurrency,
+                           batch=args.batch, mode=args.mode[0])  # fmt: skip
+        print(f"processed {result.tasks} tasks in {result.wall:.3f} s")
+        return
     with bench_server(args.dsn) as server:
         for mode in args.mode or MODES:
             with scratch_database(server, "bench_floor") as dsn:

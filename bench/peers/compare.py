@@ -10,6 +10,10 @@ Each round, on fresh databases of one server, in turn:
   ``--concurrency`` (``wait=False``);
 - ``dbos``: ``--jobs`` one-step DBOS workflows on a queue, drained by one DBOS process at
   ``--concurrency`` (``worker_concurrency``; the queue polled every 0.1 s);
+- ``raw floor``: the same ``--jobs`` one-step tasks drained by ``bench/raw_floor.py`` in its
+  ``unnest`` mode (the least SQL doing the engine's durable writes, batches of 32), as a
+  process of its own at ``--concurrency`` connections, timed by its own drain (its process's
+  start left out, unlike the others'): the target's other yardstick;
 - ``runifold 5-step`` and ``dbos 5-step``: ``--jobs``/5 five-step no-op workflows of each,
   at ``--five-concurrency``; ``runifold 5-step windowed`` the same with the worker's
   ``--checkpoint-window 0.5`` (the five outcomes of a cycle share its last write).
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,8 +61,9 @@ from bench.workload import (
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
 DEFAULT_VENV = Path(tempfile.gettempdir()) / "runifold-bench-peers"
-SYSTEMS = ("runifold", "pgqueuer", "procrastinate", "dbos", "runifold 5-step",
+SYSTEMS = ("runifold", "pgqueuer", "raw floor", "procrastinate", "dbos", "runifold 5-step",
            "runifold 5-step windowed", "dbos 5-step")  # fmt: skip
+RAW_FLOOR = HERE.parent / "raw_floor.py"
 #: The worker options of ``runifold 5-step windowed``.
 WINDOW = ("--checkpoint-window", "0.5")
 #: What each system is compared with: the one-step runifold, or the five-step.
@@ -91,16 +97,23 @@ def _peer(python: Path, script: str, *args: str) -> list[str]:
     return [str(python), str(HERE / script), *args]
 
 
-def _timed(dsn: str, command: Sequence[str], system: str, jobs: int) -> Drain:
-    """Run a peer's drain process to its exit; its wall, CPU and the server's CPU."""
+def _timed(
+    dsn: str,
+    command: Sequence[str],
+    system: str,
+    jobs: int,
+    own_wall: Callable[[str], float] | None = None,
+) -> Drain:
+    """Run a peer's drain process to its exit; its wall (spawn to exit, or what ``own_wall``
+    reads in its output), CPU and the server's CPU."""
     before = server_cpu(dsn)
     started = time.perf_counter()
     exited = WorkerProcess(command).reap()
-    wall = exited.ended - started
     after = server_cpu(dsn)
     if exited.returncode != 0 or f"processed {jobs}" not in exited.stdout:
         raise SystemExit(f"{system} drain failed ({exited.returncode}):\n{exited.stdout}\n"
                          f"{exited.stderr}")  # fmt: skip
+    wall = exited.ended - started if own_wall is None else own_wall(exited.stdout)
     spent = None if before is None or after is None else after - before
     return Drain(system, jobs, wall, exited.cpu, spent)
 
@@ -121,6 +134,22 @@ def drain_runifold(
     name = "runifold" if steps == 1 else f"runifold {steps}-step"
     name += " windowed" if options else ""
     return Drain(name, jobs, run.wall, run.cpu, spent)
+
+
+def drain_raw_floor(dsn: str, jobs: int, concurrency: int) -> Drain:
+    seed(dsn, Workload(1, idempotent=True), jobs)
+    command = [sys.executable, str(RAW_FLOOR), "--seeded", dsn, "--steps", "1", "--mode",
+               "unnest", "--concurrency", str(concurrency), "--batch", "32"]  # fmt: skip
+    return _timed(dsn, command, "raw floor", jobs, own_wall=_floor_drain_seconds)
+
+
+def _floor_drain_seconds(output: str) -> float:
+    """The floor's drain alone, first thread started to last ended (its process's start, the
+    interpreter and imports, left out: the harder yardstick, as in ``bench/throughput.py``)."""
+    found = re.search(r"processed \d+ tasks in ([\d.]+) s", output)
+    if found is None:
+        raise SystemExit(f"raw floor: no drain time in its output:\n{output}")
+    return float(found.group(1))
 
 
 def drain_pgqueuer(dsn: str, jobs: int, _: int, python: Path) -> Drain:
@@ -149,6 +178,7 @@ def drain_dbos(dsn: str, jobs: int, concurrency: int, python: Path, steps: int =
 DRAINS: dict[str, Callable[[str, int, int, Path, int], Drain]] = {
     "runifold": lambda dsn, jobs, c, python, _: drain_runifold(dsn, jobs, c, python),
     "pgqueuer": lambda dsn, jobs, c, python, _: drain_pgqueuer(dsn, jobs, c, python),
+    "raw floor": lambda dsn, jobs, c, _, __: drain_raw_floor(dsn, jobs, c),
     "procrastinate": lambda dsn, jobs, c, python, _: drain_procrastinate(dsn, jobs, c, python),
     "dbos": lambda dsn, jobs, c, python, _: drain_dbos(dsn, jobs, c, python),
     "runifold 5-step": lambda dsn, jobs, _, python, c5: drain_runifold(

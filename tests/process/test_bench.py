@@ -21,6 +21,8 @@ def test_the_throughput_benchmark_runs_end_to_end(server_dsn: str, tmp_path: Pat
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads(out.read_text())["rows"]
     assert [row["tasks"] for row in rows] == [50, 10], rows
+    # the floor's run beside the engine's, one per round, for the target's same-round ratio
+    assert [len(row["floor_rounds_steps_per_s"]) for row in rows] == [1, 1], rows
 
 
 def test_the_event_and_bulk_redrive_benchmarks_run(server_dsn: str) -> None:
