@@ -164,6 +164,30 @@ async def test_two_writes_of_one_task_in_one_batch_apply_in_order(store: Store) 
     assert [e["record"] for e in await store.tasks.evidence(task.id)] == ["completed"]
 
 
+async def test_a_write_whose_cycle_stops_waiting_applies_and_the_writer_goes_on(
+    store: Store,
+) -> None:
+    """A cycle cancelled while its write waits for the batch: the write applies all the same
+    (it carries what the cycle handed over), and the writer goes on to the next batch."""
+    d = definition(THREE_STEPS)
+    await submit(store, THREE_STEPS, [{"n": 1}])
+    (task,) = await store.leases.claim("w", [d.digest], 1, 30.0)
+    first = FencedWrite(task.fence("w"), {**task.checkpoint, "cursor": "second"})
+    then = FencedWrite(task.fence("w"), {**task.checkpoint, "cursor": "third"})
+    async with anyio.create_task_group() as tg:
+        writer = await _running_writer(tg, store)
+        with anyio.CancelScope() as waiting:
+            waiting.cancel()  # delivered while the write waits for its batch
+            await writer.commit(first)
+        assert waiting.cancelled_caught
+        with anyio.fail_after(10):
+            while (row := await store.tasks.get(task.id)).checkpoint["cursor"] != "second":
+                await anyio.sleep(0.01)
+        assert await writer.commit(then) == "leased", row
+        tg.cancel_scope.cancel()
+    assert (await store.tasks.get(task.id)).checkpoint["cursor"] == "third"
+
+
 # --- fenced writes sent again ------------------------------------------------------------------
 
 
