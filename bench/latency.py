@@ -43,7 +43,8 @@ from bench.workload import (
 from toolkit.store import Store, rotation
 from toolkit.store.queries import query
 
-#: The worker's default claim batch (``toolkit run --claim-batch``).
+#: The worker's default claim batch at concurrency 32 and below (``toolkit run
+#: --claim-batch``; ``SupervisorConfig.claim_size``).
 CLAIM_BATCH = 16
 LEASE_SECONDS = 30.0
 _LISTENING: LiteralString = """

@@ -27,6 +27,16 @@ async def test_worker_refuses_missing_handlers_and_bad_config(store: Store) -> N
         Worker(store, App("empty"), [definition(THREE_STEPS)])
     with pytest.raises(ConfigError, match="at most a third of the lease"):
         SupervisorConfig(lease=3, heartbeat=2)
+    with pytest.raises(ConfigError, match="claim_batch must be at least 1, not 0"):
+        SupervisorConfig(claim_batch=0)
+
+
+def test_a_claim_fills_half_the_slots_by_default_at_least_16() -> None:
+    """docs/decisions.md, "A claim fills half the slots": a busy worker at a high concurrency
+    claims bigger batches; one given a batch keeps it."""
+    sizes = [SupervisorConfig(concurrency=c).claim_size for c in (1, 8, 32, 33, 64, 200)]
+    assert sizes == [16, 16, 16, 16, 32, 100]
+    assert SupervisorConfig(concurrency=64, claim_batch=8).claim_size == 8
 
 
 UNFIT = """

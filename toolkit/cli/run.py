@@ -47,7 +47,11 @@ from toolkit.store import Store
     help="Definition files or folder this worker runs.",
 )
 @click.option("--concurrency", default=8, show_default=True, help="Cycles running steps at most.")
-@click.option("--claim-batch", default=16, show_default=True, help="Tasks per claim at most.")
+@click.option(
+    "--claim-batch",
+    type=int,
+    help="Tasks per claim at most. Default: half the concurrency, at least 16.",
+)
 @click.option(
     "--worker-id",
     envvar="TOOLKIT_WORKER_ID",
@@ -125,7 +129,7 @@ def run(
     app_spec: str,
     definitions_path: Path,
     concurrency: int,
-    claim_batch: int,
+    claim_batch: int | None,
     worker_id: str | None,
     lease: float,
     heartbeat: float,

@@ -16,6 +16,8 @@ from toolkit.errors import ConfigError
 MIN_HEARTBEAT = 0.05
 #: The longest lease, heartbeat, grace or backoff a supervisor takes, seconds (a day).
 MAX_SETTING = 86400.0
+#: The least default claim batch, tasks; the default is half the concurrency when more.
+MIN_CLAIM_BATCH = 16
 
 
 class CancellationToken:
@@ -57,7 +59,9 @@ class SupervisorConfig:
             whose last write (the one that releases its lease) is on its way no longer
             counts: its slot is claimed again while that write is applied.
         claim_batch: tasks claimed per claim statement at most (a claim across tenants reads
-            about what a batch of 16 reads, whatever the batch: docs/tenants.md).
+            about what a batch of 16 reads, whatever the batch: docs/tenants.md); None, the
+            default, claims half the concurrency, at least :data:`MIN_CLAIM_BATCH`
+            (`claim_size`).
         lease: lease duration.
         heartbeat: interval between lease renewals; at most a third of ``lease``.
         idle_backoff_min: first idle wait after an empty claim.
@@ -83,7 +87,7 @@ class SupervisorConfig:
     """
 
     concurrency: int = 8
-    claim_batch: int = 16
+    claim_batch: int | None = None
     lease: float = 30.0
     heartbeat: float = 10.0
     idle_backoff_min: float = 0.05
@@ -98,7 +102,7 @@ class SupervisorConfig:
     def __post_init__(self) -> None:
         if self.concurrency < 1:
             raise ConfigError(f"concurrency must be at least 1, not {self.concurrency}")
-        if self.claim_batch < 1:
+        if self.claim_batch is not None and self.claim_batch < 1:
             raise ConfigError(f"claim_batch must be at least 1, not {self.claim_batch}")
         _seconds("heartbeat", self.heartbeat, MIN_HEARTBEAT)
         _seconds("lease", self.lease, 3 * MIN_HEARTBEAT)
@@ -117,6 +121,17 @@ class SupervisorConfig:
             raise ConfigError("idle backoff needs 0 < min <= max")
         if not 0 <= self.idle_jitter <= 1:
             raise ConfigError("idle_jitter must be between 0 and 1")
+
+    @property
+    def claim_size(self) -> int:
+        """Tasks per claim at most.
+
+        ``claim_batch``, or by default half the concurrency, at least :data:`MIN_CLAIM_BATCH`
+        (docs/decisions.md, "A claim fills half the slots").
+        """
+        if self.claim_batch is not None:
+            return self.claim_batch
+        return max(MIN_CLAIM_BATCH, self.concurrency // 2)
 
 
 def _seconds(name: str, value: float, least: float, *, strictly: bool = False) -> None:

@@ -198,7 +198,7 @@ class WorkflowSupervisor:
         backoff = config.idle_backoff_min
         # Claim in batches: while cycles run, wait until a good share of the slots is free
         # rather than claiming one task each time one cycle ends.
-        refill = max(1, min(config.claim_batch, config.concurrency) // 2)
+        refill = max(1, min(config.claim_size, config.concurrency) // 2)
         while not shutdown.cancelled:
             free = config.concurrency - self._in_flight + self._ending
             if free <= 0 or (free < refill and self._in_flight > 0):
@@ -211,7 +211,7 @@ class WorkflowSupervisor:
                 with anyio.CancelScope() as self._claim_scope:
                     with self.metrics.claim_latency.time():
                         tasks = await self.worker.claim(
-                            min(free, config.claim_batch), config.lease,
+                            min(free, config.claim_size), config.lease,
                             deferring=config.checkpoint_window > 0,
                         )  # fmt: skip
                     if not tasks:
