@@ -205,7 +205,7 @@ def report(rounds: Sequence[Round], args: argparse.Namespace) -> str:
     """The rounds side by side, then the medians and the cluster's ratios to one server."""
     lines = [
         f"{args.tasks} one-step workflows over {args.tenants} tenants, one worker at"
-        f" concurrency {args.concurrency}; claims of {CLAIM_BATCH}; the cluster's tables in"
+        f" concurrency {args.concurrency}; probe claims of {CLAIM_BATCH}; the cluster's tables in"
         f" {args.shards} shards each",
         "",
         "| round | layout | drain wf/s | claim p50 / p99 ms | worker CPU ms/wf |"

@@ -43,8 +43,8 @@ from bench.workload import (
 from toolkit.store import Store, rotation
 from toolkit.store.queries import query
 
-#: The worker's default claim batch at concurrency 32 and below (``toolkit run
-#: --claim-batch``; ``SupervisorConfig.claim_size``).
+#: The probe's claim batch: the worker's default at concurrency 32 and below (``toolkit
+#: run --claim-batch``; ``SupervisorConfig.claim_size``), the target scenario's.
 CLAIM_BATCH = 16
 LEASE_SECONDS = 30.0
 _LISTENING: LiteralString = """

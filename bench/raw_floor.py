@@ -366,7 +366,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error("--seeded drains in one --mode")
         result = run_floor(args.seeded, workload, concurrency=args.concurrency,
                            batch=args.batch, mode=args.mode[0])  # fmt: skip
-        print(f"processed {result.tasks} tasks in {result.wall:.3f} s")
+        states = task_states(args.seeded)
+        if result.tasks == 0 or set(states) != {"succeeded"}:
+            sys.exit(f"--seeded: drained {result.tasks} tasks, states after {states} (are "
+                     f"--steps and --non-idempotent the seeded workload's?)")  # fmt: skip
+        print(f"processed {result.tasks} tasks in {result.wall:.6f} s")
         return
     with bench_server(args.dsn) as server:
         for mode in args.mode or MODES:

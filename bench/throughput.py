@@ -772,7 +772,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--repeat",
         type=int,
         default=3,
-        help="runs of the worker, of each floor mode and of each idle latency (3)",
+        help="runs of the worker (each with a floor run beside it), of each floor mode and of "
+        "each idle latency (3)",
     )
     add("--json", type=Path, help="write the rows and idle latencies to this file")
     add("--profile", type=Path, help="one extra worker run per scenario under py-spy (folder)")

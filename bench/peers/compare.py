@@ -1,19 +1,20 @@
 """Peers side by side: runifold against plain Postgres queues on the same server (issue 22).
 
-Each round, on fresh databases of one server, in turn:
+Each round, on fresh databases of one server, in turn (every other round in the reverse
+order):
 
 - ``runifold``: ``--jobs`` one-step no-op workflows (one idempotent no-op effect), drained
   by one worker process (``python -m toolkit run --until-idle``) at ``--concurrency``;
 - ``pgqueuer``: ``--jobs`` no-op jobs drained by one PgQueuer worker with its defaults
   (batch size 10, ``mode=drain``);
-- ``procrastinate``: ``--jobs`` no-op jobs drained by one async Procrastinate worker at
-  ``--concurrency`` (``wait=False``);
-- ``dbos``: ``--jobs`` one-step DBOS workflows on a queue, drained by one DBOS process at
-  ``--concurrency`` (``worker_concurrency``; the queue polled every 0.1 s);
 - ``raw floor``: the same ``--jobs`` one-step tasks drained by ``bench/raw_floor.py`` in its
   ``unnest`` mode (the least SQL doing the engine's durable writes, batches of 32), as a
   process of its own at ``--concurrency`` connections, timed by its own drain (its process's
   start left out, unlike the others'): the target's other yardstick;
+- ``procrastinate``: ``--jobs`` no-op jobs drained by one async Procrastinate worker at
+  ``--concurrency`` (``wait=False``);
+- ``dbos``: ``--jobs`` one-step DBOS workflows on a queue, drained by one DBOS process at
+  ``--concurrency`` (``worker_concurrency``; the queue polled every 0.1 s);
 - ``runifold 5-step`` and ``dbos 5-step``: ``--jobs``/5 five-step no-op workflows of each,
   at ``--five-concurrency``; ``runifold 5-step windowed`` the same with the worker's
   ``--checkpoint-window 0.5`` (the five outcomes of a cycle share its last write).
@@ -147,7 +148,7 @@ def _floor_drain_seconds(output: str) -> float:
     """The floor's drain alone, first thread started to last ended (its process's start, the
     interpreter and imports, left out: the harder yardstick, as in ``bench/throughput.py``)."""
     found = re.search(r"processed \d+ tasks in ([\d.]+) s", output)
-    if found is None:
+    if found is None or float(found.group(1)) <= 0:
         raise SystemExit(f"raw floor: no drain time in its output:\n{output}")
     return float(found.group(1))
 
@@ -217,13 +218,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     with bench_server(args.dsn) as server:
         for n in range(args.rounds):
             drains = {}
-            for system in (name for name in SYSTEMS if name in systems):
+            order = [name for name in SYSTEMS if name in systems]
+            # every other round in the reverse order: no system always runs first or last
+            for system in order[::-1] if n % 2 else order:
                 name = f"bench_peer_{system.replace(' ', '_').replace('-', '_')}"
                 with scratch_database(server, name) as dsn:
                     drains[system] = DRAINS[system](
                         dsn, args.jobs, args.concurrency, python, args.five_concurrency
                     )
-            rounds.append(drains)
+            rounds.append({system: drains[system] for system in order})
             print(f"round {n + 1}: " + ", ".join(
                 f"{s} {d.rate:,.0f}/s" for s, d in drains.items()), flush=True)  # fmt: skip
     print(f"{args.jobs} no-op jobs (runifold, DBOS: one-step workflows) and {args.jobs // 5} "
