@@ -795,11 +795,11 @@ def run_scenarios(server: str, args: argparse.Namespace) -> list[Row]:
         for plan, baseline, measured, floors in zip(plans, baselines, runs, floor_rounds,
                                                     strict=True):  # fmt: skip
             mode, _ = best_floor(baseline.floors)
-            floor_first = mode is not None and round_ % 2 == 0
-            if floor_first and mode is not None:
+            floor_first = round_ % 2 == 0  # the floor's run before the engine's, or after
+            if mode is not None and floor_first:
                 floors.append(floor_beside(plan, server, batch=args.floor_batch, mode=mode))
             measured.append(measure_engine(plan, server))
-            if not floor_first and mode is not None:
+            if mode is not None and not floor_first:
                 floors.append(floor_beside(plan, server, batch=args.floor_batch, mode=mode))
             rate = plan.steps / measured[-1].run.wall
             beside_text = f", floor beside {floors[-1]:,.0f}" if floors else ""
